@@ -1,0 +1,112 @@
+"""The one GPU interface every other module talks to.
+
+Two implementations live beside this module: `nvml.NVMLGPU` (real NVIDIA GPUs through
+nvidia-ml-py) and `emulated.EmulatedGPU` (a DVFS model, for machines without a GPU and for
+tests). Units are in the names: clocks in MHz, power in mW, energy in mJ, as NVML reports
+them; conversion to W and J happens in the callers that do arithmetic.
+
+```
+GPUError
+├── GPUNotSupportedError    the operation is not supported by this GPU / backend
+├── GPUPermissionError      needs root or SYS_ADMIN (locking clocks, setting power limits)
+├── GPUValueError           a clock or power value outside the device's range
+└── GPUInitError            the backend could not be initialised (no driver, bad index)
+```
+"""
+
+from __future__ import annotations
+
+import abc
+
+__all__ = [
+    "GPU",
+    "GPUError",
+    "GPUInitError",
+    "GPUNotSupportedError",
+    "GPUPermissionError",
+    "GPUValueError",
+]
+
+
+class GPUError(Exception):
+    """Root of the device layer's errors. Carries the GPU index when known."""
+
+    def __init__(self, message: str, *, gpu_index: int | None = None):
+        if gpu_index is not None:
+            message = f"GPU {gpu_index}: {message}"
+        super().__init__(message)
+        self.gpu_index = gpu_index
+
+
+class GPUNotSupportedError(GPUError):
+    """The GPU or backend does not support the operation."""
+
+
+class GPUPermissionError(GPUError):
+    """The operation needs more privileges (root or CAP_SYS_ADMIN)."""
+
+
+class GPUValueError(GPUError, ValueError):
+    """A requested clock or power value is outside what the GPU supports."""
+
+
+class GPUInitError(GPUError):
+    """The backend could not be initialised."""
+
+
+class GPU(abc.ABC):
+    """One GPU. Instances are cheap handles; make them with `zeus_power.device.open_gpus`."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    @abc.abstractmethod
+    def name(self) -> str:
+        """Product name, e.g. "NVIDIA A40"."""
+
+    @abc.abstractmethod
+    def supported_memory_clocks_mhz(self) -> list[int]:
+        """Supported memory clocks, descending."""
+
+    @abc.abstractmethod
+    def supported_sm_clocks_mhz(self, memory_clock_mhz: int | None = None) -> list[int]:
+        """Supported SM (graphics) clocks for a memory clock (default: the highest), descending."""
+
+    @abc.abstractmethod
+    def lock_sm_clocks(self, min_mhz: int, max_mhz: int) -> None:
+        """Lock the SM clock into [min_mhz, max_mhz]. Equal bounds pin one frequency."""
+
+    @abc.abstractmethod
+    def reset_sm_clocks(self) -> None:
+        """Undo `lock_sm_clocks`."""
+
+    @abc.abstractmethod
+    def power_limit_constraints_mw(self) -> tuple[int, int]:
+        """(min, max) settable power limit in mW."""
+
+    @abc.abstractmethod
+    def default_power_limit_mw(self) -> int:
+        """The default (factory) power limit in mW."""
+
+    @abc.abstractmethod
+    def get_power_limit_mw(self) -> int:
+        """The power limit in force, in mW."""
+
+    @abc.abstractmethod
+    def set_power_limit_mw(self, limit_mw: int) -> None:
+        """Set the power limit in mW; `GPUValueError` outside the constraints."""
+
+    @abc.abstractmethod
+    def supports_energy_counter(self) -> bool:
+        """Whether `total_energy_mj` is available (Volta and newer on NVML)."""
+
+    @abc.abstractmethod
+    def total_energy_mj(self) -> int:
+        """Monotone energy counter in mJ since an arbitrary origin (driver load)."""
+
+    @abc.abstractmethod
+    def power_usage_mw(self) -> int:
+        """Instantaneous power draw in mW (for GPUs without an energy counter)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(index={self.index})"
