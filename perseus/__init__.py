@@ -1,0 +1,44 @@
+"""Perseus: remove energy bloat from pipeline-parallel training.
+
+Profile → DAG → frontier solver → plan → scheduler → coordinator → per-rank client → GPU.
+"""
+
+from perseus.errors import (
+    ConfigurationError,
+    CoordinatorError,
+    JobNotFoundError,
+    PerseusError,
+    PlanError,
+    ProfileError,
+    RankError,
+    ScheduleError,
+    SolverError,
+)
+from perseus.models import (
+    FrequencySchedule,
+    InstructionProfilingResult,
+    JobInfo,
+    OfflineProfilingResult,
+    PerseusSettings,
+    ProfilingResult,
+    RankInfo,
+)
+
+__all__ = [
+    "ConfigurationError",
+    "CoordinatorError",
+    "FrequencySchedule",
+    "InstructionProfilingResult",
+    "JobInfo",
+    "JobNotFoundError",
+    "OfflineProfilingResult",
+    "PerseusError",
+    "PerseusSettings",
+    "PlanError",
+    "ProfileError",
+    "ProfilingResult",
+    "RankError",
+    "RankInfo",
+    "ScheduleError",
+    "SolverError",
+]

@@ -1,0 +1,197 @@
+"""Frequency plans, plan files, and the exact time/energy accounting every number uses.
+
+A plan assigns one profiled SM frequency to every instruction of one iteration. Its
+accounting is exact with respect to the profile:
+
+- iteration time ``T`` = the longest path of the instruction DAG, each instruction taking
+  its profiled time at its planned frequency;
+- energy of one pipeline ``E = Σ eᵢ + P_block · (S·T − Σ tᵢ)``: the profiled energy of every
+  instruction, plus the power ``P_block`` each of the S GPUs draws while it is not computing
+  (blocked on P2P communication or idle in a pipeline bubble) for the rest of the iteration.
+
+Plan files are JSON, never code::
+
+    {"version": 1, "schedule": "1f1b", "num_stages": S, "num_microbatches": M, "num_chunks": 1,
+     "p2p_power": W, "iteration_time": T, "energy": E,
+     "frequencies": [[["forward", 1410], ["forward", 1395], ["backward", 1380], ...], ...]}
+
+with one list per stage, in that stage's execution order (`FrequencySchedule.frequencies`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from perseus.dag import PipelineSchedule, make_schedule
+from perseus.errors import PlanError
+from perseus.models import _atomic_write_text
+from perseus.profile import InstructionProfile
+
+__all__ = ["Evaluation", "Plan", "evaluate", "max_frequencies"]
+
+PLAN_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The exact accounting of one plan (see the module docstring)."""
+
+    iteration_time_s: float
+    energy_j: float
+    compute_energy_j: float
+    blocking_energy_j: float
+
+
+def _check_shape(schedule: PipelineSchedule, frequencies: list[list[int]]) -> None:
+    if len(frequencies) != schedule.num_stages:
+        raise PlanError(
+            f"The plan has {len(frequencies)} stage(s) but the schedule has {schedule.num_stages}"
+        )
+    for stage, (order, freqs) in enumerate(zip(schedule.orders, frequencies, strict=True)):
+        if len(freqs) != len(order):
+            raise PlanError(
+                f"Stage {stage}: the plan has {len(freqs)} instruction(s) but the "
+                f"{schedule.name} schedule with {schedule.num_microbatches} microbatch(es) has {len(order)}"
+            )
+
+
+def evaluate(
+    profile: InstructionProfile,
+    schedule: PipelineSchedule,
+    frequencies: list[list[int]],
+    p2p_power_w: float,
+) -> Evaluation:
+    """Exact iteration time and energy of a plan (`frequencies`: per stage, execution order)."""
+    schedule.check_profile(profile)
+    _check_shape(schedule, frequencies)
+    duration: dict = {}
+    compute_energy = 0.0
+    compute_time = 0.0
+    for stage, (order, freqs) in enumerate(zip(schedule.orders, frequencies, strict=True)):
+        for instr, freq in zip(order, freqs, strict=True):
+            opts = schedule.options(profile, instr)
+            try:
+                i = opts.index_of(int(freq))
+            except KeyError:
+                raise PlanError(
+                    f"Stage {stage}: {instr.kind} at {freq} MHz is not in the profile "
+                    f"(profiled {int(opts.freq_mhz.min())}..{int(opts.freq_mhz.max())} MHz)"
+                ) from None
+            t = float(opts.time_s[i])
+            duration[instr] = t
+            compute_time += t
+            compute_energy += float(opts.energy_j[i])
+    finish: dict = {}
+    dag = schedule.dag()
+    for node in schedule.instructions():
+        start = max((finish[p] for p in dag.predecessors(node)), default=0.0)
+        finish[node] = start + duration[node]
+    iteration_time = max(finish.values())
+    blocking = p2p_power_w * (schedule.num_stages * iteration_time - compute_time)
+    return Evaluation(iteration_time, compute_energy + blocking, compute_energy, blocking)
+
+
+def max_frequencies(profile: InstructionProfile, schedule: PipelineSchedule) -> list[list[int]]:
+    """The all-maximum-frequency plan (each instruction at its highest profiled frequency)."""
+    schedule.check_profile(profile)
+    return [[int(schedule.options(profile, i).freq_mhz.max()) for i in order] for order in schedule.orders]
+
+
+class Plan(BaseModel):
+    """A plan file: a frequency for every instruction, with the numbers it was scored at."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = PLAN_FORMAT_VERSION
+    schedule: str
+    num_stages: int = Field(ge=1)
+    num_microbatches: int = Field(ge=1)
+    num_chunks: int = Field(default=1, ge=1)
+    p2p_power: float = Field(ge=0)
+    iteration_time: float
+    energy: float
+    frequencies: list[list[tuple[str, int]]]
+
+    @field_validator("version")
+    @classmethod
+    def _check_version(cls, v: int) -> int:
+        if v != PLAN_FORMAT_VERSION:
+            raise ValueError(f"plan format version {v} is not supported (this Perseus reads {PLAN_FORMAT_VERSION})")
+        return v
+
+    @classmethod
+    def from_frequencies(
+        cls,
+        schedule: PipelineSchedule,
+        frequencies: list[list[int]],
+        *,
+        p2p_power_w: float,
+        evaluation: Evaluation,
+    ) -> Plan:
+        _check_shape(schedule, frequencies)
+        return cls(
+            schedule=schedule.name,
+            num_stages=schedule.num_stages,
+            num_microbatches=schedule.num_microbatches,
+            num_chunks=schedule.num_chunks,
+            p2p_power=p2p_power_w,
+            iteration_time=evaluation.iteration_time_s,
+            energy=evaluation.energy_j,
+            frequencies=[
+                [(i.kind, int(f)) for i, f in zip(order, freqs, strict=True)]
+                for order, freqs in zip(schedule.orders, frequencies, strict=True)
+            ],
+        )
+
+    def pipeline_schedule(self) -> PipelineSchedule:
+        """The schedule this plan is for; checks the plan's instruction names against it."""
+        schedule = make_schedule(self.schedule, self.num_stages, self.num_microbatches, num_chunks=self.num_chunks)
+        _check_shape(schedule, self.stage_frequencies())
+        for stage, (order, entries) in enumerate(zip(schedule.orders, self.frequencies, strict=True)):
+            for k, (instr, (name, _)) in enumerate(zip(order, entries, strict=True)):
+                if instr.kind != name:
+                    raise PlanError(
+                        f"Stage {stage}, instruction #{k}: the plan says {name!r} but the "
+                        f"{schedule.name} schedule runs {instr.kind!r} there"
+                    )
+        return schedule
+
+    def stage_frequencies(self) -> list[list[int]]:
+        """Just the frequencies, per stage."""
+        return [[int(f) for _, f in entries] for entries in self.frequencies]
+
+    def evaluate(self, profile: InstructionProfile) -> Evaluation:
+        """Re-score this plan against a profile with the exact accounting."""
+        return evaluate(profile, self.pipeline_schedule(), self.stage_frequencies(), self.p2p_power)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """Read and validate a plan file; `PlanError` with the reason on any problem."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise PlanError(f"Cannot read plan file {str(p)!r}: {exc.strerror or exc}") from exc
+        try:
+            json.loads(text)
+            plan = cls.model_validate_json(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"Plan file {str(p)!r} is not valid JSON: {exc}") from None
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:5]
+            )
+            raise PlanError(f"Plan file {str(p)!r} is invalid: {problems}") from None
+        if not (math.isfinite(plan.iteration_time) and math.isfinite(plan.energy)):
+            raise PlanError(f"Plan file {str(p)!r} has a non-finite iteration_time or energy")
+        return plan
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan as JSON (atomically)."""
+        _atomic_write_text(Path(path), self.model_dump_json(indent=None) + "\n")

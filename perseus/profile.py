@@ -1,0 +1,184 @@
+"""Instruction profiles: the measured time and energy of every (stage, instruction, frequency).
+
+A profile is the solver's ground truth. It is read from CSV (`InstructionProfilingResult`'s
+long form or the short ``stage,instruction,frequency,time,energy`` form) and validated: every
+stage ``0..S-1`` must have both a forward and a backward, times must be positive and finite,
+energies non-negative and finite.
+
+With tensor parallelism a stage has several GPUs: the profile of a stage is then the
+slowest GPU's time and the sum of the GPUs' energies, over the first data-parallel
+pipeline present (all pipelines run the same plan).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perseus.errors import PlanError, ProfileError
+from perseus.models import INSTRUCTIONS, InstructionProfilingResult, OfflineProfilingResult
+
+__all__ = ["InstructionOptions", "InstructionProfile"]
+
+
+@dataclass(frozen=True)
+class InstructionOptions:
+    """The profiled options of one (stage, instruction), sorted by frequency descending.
+
+    All profiled rows are kept, dominated ones included; the solver prunes.
+    """
+
+    freq_mhz: np.ndarray
+    time_s: np.ndarray
+    energy_j: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.freq_mhz)
+
+    def scaled(self, factor: float) -> InstructionOptions:
+        """The same options with time and energy multiplied by `factor` (interleaved chunks)."""
+        return InstructionOptions(self.freq_mhz, self.time_s * factor, self.energy_j * factor)
+
+    def index_of(self, freq_mhz: int) -> int:
+        """Position of a frequency; `KeyError` if it was not profiled."""
+        hits = np.flatnonzero(self.freq_mhz == freq_mhz)
+        if len(hits) == 0:
+            raise KeyError(freq_mhz)
+        return int(hits[0])
+
+
+class InstructionProfile:
+    """Per-stage, per-instruction profiled options. Build with `from_csv` or `from_frame`."""
+
+    def __init__(self, options: dict[tuple[int, str], InstructionOptions], *, source: str = "<memory>"):
+        stages = sorted({stage for stage, _ in options})
+        if not stages:
+            raise ProfileError(f"Profile {source} has no rows")
+        if stages != list(range(len(stages))):
+            missing = sorted(set(range(max(stages) + 1)) - set(stages))
+            raise ProfileError(
+                f"Profile {source} is missing stage(s) {missing}: stages must be numbered 0..S-1"
+            )
+        for stage in stages:
+            for instruction in INSTRUCTIONS:
+                if (stage, instruction) not in options or len(options[stage, instruction]) == 0:
+                    raise ProfileError(f"Profile {source} has no {instruction} rows for stage {stage}")
+        self._options = dict(options)
+        self.num_stages = len(stages)
+        self.source = source
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_csv(cls, path: str | os.PathLike[str]) -> InstructionProfile:
+        """Read and validate a profile CSV (long or short form)."""
+        result = InstructionProfilingResult.from_csv(path)
+        return cls.from_result(result, source=str(path))
+
+    @classmethod
+    def from_result(cls, result: InstructionProfilingResult, *, source: str = "<memory>") -> InstructionProfile:
+        """Aggregate per-rank results into per-stage options (see the module docstring)."""
+        ranks: list[OfflineProfilingResult] = list(result.root)
+        if not ranks:
+            raise ProfileError(f"Profile {source} has no rows")
+        first_dp = min(r.dp_rank for r in ranks)
+        per_stage: dict[int, list[OfflineProfilingResult]] = {}
+        for r in ranks:
+            if r.dp_rank == first_dp:
+                per_stage.setdefault(r.pp_rank, []).append(r)
+        options: dict[tuple[int, str], InstructionOptions] = {}
+        for stage, members in per_stage.items():
+            for instruction in INSTRUCTIONS:
+                freq_sets = [set(getattr(m, f"{instruction}_time")) for m in members]
+                common = set.intersection(*freq_sets) if freq_sets else set()
+                freqs = np.array(sorted(common, reverse=True), dtype=np.int64)
+                times = np.array(
+                    [max(getattr(m, f"{instruction}_time")[f] for m in members) for f in freqs], dtype=float
+                )
+                energies = np.array(
+                    [sum(getattr(m, f"{instruction}_energy")[f] for m in members) for f in freqs], dtype=float
+                )
+                options[stage, instruction] = InstructionOptions(freqs, times, energies)
+        return cls(options, source=source)
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame, *, source: str = "<frame>") -> InstructionProfile:
+        """Build from a DataFrame with columns ``stage,instruction,frequency,time,energy``."""
+        needed = ["stage", "instruction", "frequency", "time", "energy"]
+        missing = [c for c in needed if c not in frame.columns]
+        if missing:
+            raise ProfileError(f"Profile {source} lacks column(s) {', '.join(missing)}")
+        df = frame[needed].copy()
+        for col in ("time", "energy"):
+            values = pd.to_numeric(df[col], errors="coerce")
+            bad = ~np.isfinite(values.to_numpy(dtype=float))
+            if bad.any():
+                raise ProfileError(f"Profile {source}: column {col!r} has {int(bad.sum())} NaN/non-numeric value(s)")
+            df[col] = values
+        if (df["time"] <= 0).any():
+            raise ProfileError(f"Profile {source}: times must be positive")
+        if (df["energy"] < 0).any():
+            raise ProfileError(f"Profile {source}: energies must be non-negative")
+        unknown = sorted(set(df["instruction"]) - set(INSTRUCTIONS))
+        if unknown:
+            raise ProfileError(f"Profile {source}: unknown instruction(s) {unknown}; expected forward/backward")
+        options: dict[tuple[int, str], InstructionOptions] = {}
+        for (stage, instruction), group in df.groupby(["stage", "instruction"], sort=True):
+            group = group.sort_values("frequency", ascending=False)
+            options[int(stage), str(instruction)] = InstructionOptions(
+                group["frequency"].to_numpy(dtype=np.int64),
+                group["time"].to_numpy(dtype=float),
+                group["energy"].to_numpy(dtype=float),
+            )
+        return cls(options, source=source)
+
+    # ---------------------------------------------------------------- queries
+    def options(self, stage: int, instruction: str) -> InstructionOptions:
+        """The profiled options of one stage's forward or backward."""
+        try:
+            return self._options[stage, instruction]
+        except KeyError:
+            raise ProfileError(
+                f"Profile {self.source} has no {instruction!r} for stage {stage} "
+                f"(it has stages 0..{self.num_stages - 1}, instructions forward/backward)"
+            ) from None
+
+    def lookup(self, stage: int, instruction: str, freq_mhz: int) -> tuple[float, float]:
+        """(time_s, energy_j) of one instruction at one profiled frequency."""
+        opts = self.options(stage, instruction)
+        try:
+            i = opts.index_of(freq_mhz)
+        except KeyError:
+            raise PlanError(
+                f"Frequency {freq_mhz} MHz was not profiled for stage {stage} {instruction} "
+                f"(profiled: {int(opts.freq_mhz.min())}..{int(opts.freq_mhz.max())} MHz)"
+            ) from None
+        return float(opts.time_s[i]), float(opts.energy_j[i])
+
+    def frequencies(self) -> list[int]:
+        """All frequencies that appear anywhere in the profile, descending."""
+        return sorted({int(f) for o in self._options.values() for f in o.freq_mhz}, reverse=True)
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        return iter(sorted(self._options))
+
+    def to_frame(self) -> pd.DataFrame:
+        """The short-form table (one row per stage, instruction, frequency)."""
+        rows = [
+            (stage, instruction, int(f), float(t), float(e))
+            for (stage, instruction), o in sorted(self._options.items())
+            for f, t, e in zip(o.freq_mhz, o.time_s, o.energy_j, strict=True)
+        ]
+        return pd.DataFrame(rows, columns=["stage", "instruction", "frequency", "time", "energy"])
+
+    def to_csv(self, path: str | os.PathLike[str]) -> None:
+        """Write the short-form CSV."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.to_frame().to_csv(path, index=False)
+
+    def __repr__(self) -> str:
+        return f"InstructionProfile(num_stages={self.num_stages}, source={self.source!r})"
