@@ -23,6 +23,7 @@ Schedules:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal
@@ -70,7 +71,7 @@ class PipelineSchedule:
         g = nx.DiGraph()
         for order in self.orders:
             g.add_nodes_from(order)
-            g.add_edges_from(zip(order, order[1:], strict=False))
+            g.add_edges_from(itertools.pairwise(order))
         S, V = self.num_stages, self.num_chunks
         last_piece = S * V - 1
         for j in range(self.num_microbatches):
@@ -78,10 +79,12 @@ class PipelineSchedule:
                 here = (piece % S, piece // S)
                 there = ((piece + 1) % S, (piece + 1) // S)
                 g.add_edge(
-                    Instruction(here[0], "forward", j, here[1]), Instruction(there[0], "forward", j, there[1])
+                    Instruction(here[0], "forward", j, here[1]),
+                    Instruction(there[0], "forward", j, there[1]),
                 )
                 g.add_edge(
-                    Instruction(there[0], "backward", j, there[1]), Instruction(here[0], "backward", j, here[1])
+                    Instruction(there[0], "backward", j, there[1]),
+                    Instruction(here[0], "backward", j, here[1]),
                 )
             s, c = last_piece % S, last_piece // S
             g.add_edge(Instruction(s, "forward", j, c), Instruction(s, "backward", j, c))
@@ -126,8 +129,12 @@ class PipelineSchedule:
         """
         if self.name == "interleaved" and self.num_chunks > 1:
             if profile.num_stages == self.num_stages * self.num_chunks:
-                return profile.options(instruction.chunk * self.num_stages + instruction.stage, instruction.kind)
-            return profile.options(instruction.stage, instruction.kind).scaled(1.0 / self.num_chunks)
+                return profile.options(
+                    instruction.chunk * self.num_stages + instruction.stage, instruction.kind
+                )
+            return profile.options(instruction.stage, instruction.kind).scaled(
+                1.0 / self.num_chunks
+            )
         return profile.options(instruction.stage, instruction.kind)
 
 
@@ -145,7 +152,8 @@ def _one_f_one_b(S: int, M: int) -> list[list[Instruction]]:
 
 def _gpipe(S: int, M: int) -> list[list[Instruction]]:
     return [
-        [Instruction(s, "forward", j) for j in range(M)] + [Instruction(s, "backward", j) for j in range(M)]
+        [Instruction(s, "forward", j) for j in range(M)]
+        + [Instruction(s, "backward", j) for j in range(M)]
         for s in range(S)
     ]
 
@@ -170,7 +178,9 @@ def _interleaved(S: int, M: int, V: int) -> list[list[Instruction]]:
     for s in range(S):
         warmup = total if M == S else min((S - s - 1) * 2 + (V - 1) * S, total)
         fwd = [Instruction(s, "forward", microbatch_of(k), chunk_of(k, True)) for k in range(total)]
-        bwd = [Instruction(s, "backward", microbatch_of(k), chunk_of(k, False)) for k in range(total)]
+        bwd = [
+            Instruction(s, "backward", microbatch_of(k), chunk_of(k, False)) for k in range(total)
+        ]
         order = fwd[:warmup]
         for k in range(total - warmup):
             order += [fwd[warmup + k], bwd[k]]
@@ -179,26 +189,41 @@ def _interleaved(S: int, M: int, V: int) -> list[list[Instruction]]:
     return orders
 
 
-def make_schedule(name: str, num_stages: int, num_microbatches: int, *, num_chunks: int = 2) -> PipelineSchedule:
+def make_schedule(
+    name: str, num_stages: int, num_microbatches: int, *, num_chunks: int = 2
+) -> PipelineSchedule:
     """Build a pipeline schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved"``.
 
     `num_chunks` (virtual stages per stage) is used by ``interleaved`` only.
     """
     key = name.lower().replace("-", "").replace("_", "")
-    key = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved", "interleaved1f1b": "interleaved"}.get(key, key)
+    key = {
+        "1f1b": "1f1b",
+        "gpipe": "gpipe",
+        "interleaved": "interleaved",
+        "interleaved1f1b": "interleaved",
+    }.get(key, key)
     if key not in SCHEDULES:
-        raise ScheduleError(f"Unknown pipeline schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+        raise ScheduleError(
+            f"Unknown pipeline schedule {name!r}; choose one of {', '.join(SCHEDULES)}"
+        )
     if not isinstance(num_stages, int) or num_stages < 1:
         raise ScheduleError(f"The number of stages must be at least 1, got {num_stages!r}")
     if not isinstance(num_microbatches, int) or num_microbatches < 1:
-        raise ScheduleError(f"The number of microbatches must be at least 1, got {num_microbatches!r}")
+        raise ScheduleError(
+            f"The number of microbatches must be at least 1, got {num_microbatches!r}"
+        )
     if key == "interleaved":
         if num_chunks < 1:
             raise ScheduleError(f"The number of chunks must be at least 1, got {num_chunks!r}")
         orders = _interleaved(num_stages, num_microbatches, num_chunks)
         chunks = num_chunks
     else:
-        orders = _one_f_one_b(num_stages, num_microbatches) if key == "1f1b" else _gpipe(num_stages, num_microbatches)
+        orders = (
+            _one_f_one_b(num_stages, num_microbatches)
+            if key == "1f1b"
+            else _gpipe(num_stages, num_microbatches)
+        )
         chunks = 1
     return PipelineSchedule(
         name=key,
