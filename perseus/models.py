@@ -58,7 +58,17 @@ REPORT_RESULT_URL = "/result/{job_id}"
 STRAGGLER_URL = "/straggler/{job_id}"
 INFO_URL = "/info"
 
-CSV_COLUMNS = ("rank", "dp_rank", "pp_rank", "tp_rank", "stage", "instruction", "frequency", "time", "energy")
+CSV_COLUMNS = (
+    "rank",
+    "dp_rank",
+    "pp_rank",
+    "tp_rank",
+    "stage",
+    "instruction",
+    "frequency",
+    "time",
+    "energy",
+)
 SHORT_CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 INSTRUCTIONS = ("forward", "backward")
 
@@ -80,7 +90,9 @@ def resolve_scheduler(name: str) -> type:
         try:
             cls = getattr(module, attr)
         except AttributeError as exc:
-            raise ConfigurationError(f"Module {module_name!r} has no scheduler class {attr!r}") from exc
+            raise ConfigurationError(
+                f"Module {module_name!r} has no scheduler class {attr!r}"
+            ) from exc
         if not inspect.isclass(cls):
             raise ConfigurationError(f"Scheduler plugin {name!r} is not a class")
         return cls
@@ -141,11 +153,20 @@ class PerseusSettings(BaseSettings):
     def _validate_scheduler_args(self) -> PerseusSettings:
         """Check the args against the scheduler's constructor (job_info etc. are implied)."""
         signature = inspect.signature(self.scheduler)
-        full_args = {"job_info": None, "rank_infos": None, "perseus_settings": None, **self.scheduler_args}
+        full_args = {
+            "job_info": None,
+            "rank_infos": None,
+            "perseus_settings": None,
+            **self.scheduler_args,
+        }
         try:
             signature.bind(**full_args)
         except TypeError as exc:
-            params = [p for p in signature.parameters if p not in ("job_info", "rank_infos", "perseus_settings")]
+            params = [
+                p
+                for p in signature.parameters
+                if p not in ("job_info", "rank_infos", "perseus_settings")
+            ]
             raise ConfigurationError(
                 f"Invalid scheduler_args {self.scheduler_args!r} for {self.scheduler.__name__}: {exc}. "
                 f"It accepts: {', '.join(params) or 'no arguments'}."
@@ -322,10 +343,19 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
                         raise ValueError(
                             f"rank {res.rank}: {instruction} at {freq} MHz has a time but no energy"
                         )
-                    lines.append([
-                        res.rank, res.dp_rank, res.pp_rank, res.tp_rank, res.pp_rank,
-                        instruction, freq, repr(times[freq]), repr(energies[freq]),
-                    ])
+                    lines.append(
+                        [
+                            res.rank,
+                            res.dp_rank,
+                            res.pp_rank,
+                            res.tp_rank,
+                            res.pp_rank,
+                            instruction,
+                            freq,
+                            repr(times[freq]),
+                            repr(energies[freq]),
+                        ]
+                    )
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(CSV_COLUMNS)
@@ -360,7 +390,12 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
             try:
                 stage = int(row["stage"])
                 ids = (
-                    (int(row["rank"]), int(row["dp_rank"]), int(row["pp_rank"]), int(row["tp_rank"]))
+                    (
+                        int(row["rank"]),
+                        int(row["dp_rank"]),
+                        int(row["pp_rank"]),
+                        int(row["tp_rank"]),
+                    )
                     if long_form
                     else (stage, 0, stage, 0)
                 )
@@ -375,18 +410,26 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
                     f"{path}:{lineno}: instruction {instruction!r} is not one of {', '.join(INSTRUCTIONS)}"
                 )
             if not (math.isfinite(time_s) and time_s > 0):
-                raise ProfileError(f"{path}:{lineno}: time must be a positive number, got {row['time']!r}")
+                raise ProfileError(
+                    f"{path}:{lineno}: time must be a positive number, got {row['time']!r}"
+                )
             if not (math.isfinite(energy_j) and energy_j >= 0):
-                raise ProfileError(f"{path}:{lineno}: energy must be a non-negative number, got {row['energy']!r}")
-            entry = by_rank.setdefault(ids, {f"{i}_{q}": {} for i in INSTRUCTIONS for q in ("time", "energy")})
+                raise ProfileError(
+                    f"{path}:{lineno}: energy must be a non-negative number, got {row['energy']!r}"
+                )
+            entry = by_rank.setdefault(
+                ids, {f"{i}_{q}": {} for i in INSTRUCTIONS for q in ("time", "energy")}
+            )
             entry[f"{instruction}_time"][freq] = time_s
             entry[f"{instruction}_energy"][freq] = energy_j
         if not by_rank:
             raise ProfileError(f"Profile {str(path)!r} has no rows")
-        return cls([
-            OfflineProfilingResult(rank=r, dp_rank=d, pp_rank=p, tp_rank=t, **data)
-            for (r, d, p, t), data in sorted(by_rank.items())
-        ])
+        return cls(
+            [
+                OfflineProfilingResult(rank=r, dp_rank=d, pp_rank=p, tp_rank=t, **data)
+                for (r, d, p, t), data in sorted(by_rank.items())
+            ]
+        )
 
 
 class _ProfilingResultList(RootModel[list[ProfilingResult]]):
@@ -401,7 +444,9 @@ class _RankInfoList(RootModel[list[RankInfo]]):
     pass
 
 
-async def save_prof(data: list[ProfilingResult], directory: str | os.PathLike[str], schedule_num: int) -> None:
+async def save_prof(
+    data: list[ProfilingResult], directory: str | os.PathLike[str], schedule_num: int
+) -> None:
     """Save a list of `ProfilingResult`s in the designated directory."""
     text = _ProfilingResultList(data).model_dump_json()
     await asyncio.to_thread(_atomic_write_text, Path(directory) / f"{schedule_num}.prof.json", text)
@@ -413,10 +458,14 @@ def load_prof(directory: str | os.PathLike[str], schedule_num: int) -> list[Prof
     return _ProfilingResultList.model_validate_json(text).root
 
 
-async def save_sched(data: list[FrequencySchedule], directory: str | os.PathLike[str], schedule_num: int) -> None:
+async def save_sched(
+    data: list[FrequencySchedule], directory: str | os.PathLike[str], schedule_num: int
+) -> None:
     """Save a list of `FrequencySchedule`s in the designated directory."""
     text = _FrequencyScheduleList(data).model_dump_json()
-    await asyncio.to_thread(_atomic_write_text, Path(directory) / f"{schedule_num}.sched.json", text)
+    await asyncio.to_thread(
+        _atomic_write_text, Path(directory) / f"{schedule_num}.sched.json", text
+    )
 
 
 def load_sched(directory: str | os.PathLike[str], schedule_num: int) -> list[FrequencySchedule]:

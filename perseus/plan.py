@@ -100,7 +100,10 @@ def evaluate(
 def max_frequencies(profile: InstructionProfile, schedule: PipelineSchedule) -> list[list[int]]:
     """The all-maximum-frequency plan (each instruction at its highest profiled frequency)."""
     schedule.check_profile(profile)
-    return [[int(schedule.options(profile, i).freq_mhz.max()) for i in order] for order in schedule.orders]
+    return [
+        [int(schedule.options(profile, i).freq_mhz.max()) for i in order]
+        for order in schedule.orders
+    ]
 
 
 class Plan(BaseModel):
@@ -122,7 +125,9 @@ class Plan(BaseModel):
     @classmethod
     def _check_version(cls, v: int) -> int:
         if v != PLAN_FORMAT_VERSION:
-            raise ValueError(f"plan format version {v} is not supported (this Perseus reads {PLAN_FORMAT_VERSION})")
+            raise ValueError(
+                f"plan format version {v} is not supported (this Perseus reads {PLAN_FORMAT_VERSION})"
+            )
         return v
 
     @classmethod
@@ -151,9 +156,13 @@ class Plan(BaseModel):
 
     def pipeline_schedule(self) -> PipelineSchedule:
         """The schedule this plan is for; checks the plan's instruction names against it."""
-        schedule = make_schedule(self.schedule, self.num_stages, self.num_microbatches, num_chunks=self.num_chunks)
+        schedule = make_schedule(
+            self.schedule, self.num_stages, self.num_microbatches, num_chunks=self.num_chunks
+        )
         _check_shape(schedule, self.stage_frequencies())
-        for stage, (order, entries) in enumerate(zip(schedule.orders, self.frequencies, strict=True)):
+        for stage, (order, entries) in enumerate(
+            zip(schedule.orders, self.frequencies, strict=True)
+        ):
             for k, (instr, (name, _)) in enumerate(zip(order, entries, strict=True)):
                 if instr.kind != name:
                     raise PlanError(
@@ -185,7 +194,8 @@ class Plan(BaseModel):
             raise PlanError(f"Plan file {str(p)!r} is not valid JSON: {exc}") from None
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:5]
+                f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}"
+                for e in exc.errors()[:5]
             )
             raise PlanError(f"Plan file {str(p)!r} is invalid: {problems}") from None
         if not (math.isfinite(plan.iteration_time) and math.isfinite(plan.energy)):

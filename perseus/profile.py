@@ -55,7 +55,9 @@ class InstructionOptions:
 class InstructionProfile:
     """Per-stage, per-instruction profiled options. Build with `from_csv` or `from_frame`."""
 
-    def __init__(self, options: dict[tuple[int, str], InstructionOptions], *, source: str = "<memory>"):
+    def __init__(
+        self, options: dict[tuple[int, str], InstructionOptions], *, source: str = "<memory>"
+    ):
         stages = sorted({stage for stage, _ in options})
         if not stages:
             raise ProfileError(f"Profile {source} has no rows")
@@ -67,7 +69,9 @@ class InstructionProfile:
         for stage in stages:
             for instruction in INSTRUCTIONS:
                 if (stage, instruction) not in options or len(options[stage, instruction]) == 0:
-                    raise ProfileError(f"Profile {source} has no {instruction} rows for stage {stage}")
+                    raise ProfileError(
+                        f"Profile {source} has no {instruction} rows for stage {stage}"
+                    )
         self._options = dict(options)
         self.num_stages = len(stages)
         self.source = source
@@ -80,7 +84,9 @@ class InstructionProfile:
         return cls.from_result(result, source=str(path))
 
     @classmethod
-    def from_result(cls, result: InstructionProfilingResult, *, source: str = "<memory>") -> InstructionProfile:
+    def from_result(
+        cls, result: InstructionProfilingResult, *, source: str = "<memory>"
+    ) -> InstructionProfile:
         """Aggregate per-rank results into per-stage options (see the module docstring)."""
         ranks: list[OfflineProfilingResult] = list(result.root)
         if not ranks:
@@ -97,10 +103,12 @@ class InstructionProfile:
                 common = set.intersection(*freq_sets) if freq_sets else set()
                 freqs = np.array(sorted(common, reverse=True), dtype=np.int64)
                 times = np.array(
-                    [max(getattr(m, f"{instruction}_time")[f] for m in members) for f in freqs], dtype=float
+                    [max(getattr(m, f"{instruction}_time")[f] for m in members) for f in freqs],
+                    dtype=float,
                 )
                 energies = np.array(
-                    [sum(getattr(m, f"{instruction}_energy")[f] for m in members) for f in freqs], dtype=float
+                    [sum(getattr(m, f"{instruction}_energy")[f] for m in members) for f in freqs],
+                    dtype=float,
                 )
                 options[stage, instruction] = InstructionOptions(freqs, times, energies)
         return cls(options, source=source)
@@ -117,7 +125,9 @@ class InstructionProfile:
             values = pd.to_numeric(df[col], errors="coerce")
             bad = ~np.isfinite(values.to_numpy(dtype=float))
             if bad.any():
-                raise ProfileError(f"Profile {source}: column {col!r} has {int(bad.sum())} NaN/non-numeric value(s)")
+                raise ProfileError(
+                    f"Profile {source}: column {col!r} has {int(bad.sum())} NaN/non-numeric value(s)"
+                )
             df[col] = values
         if (df["time"] <= 0).any():
             raise ProfileError(f"Profile {source}: times must be positive")
@@ -125,7 +135,9 @@ class InstructionProfile:
             raise ProfileError(f"Profile {source}: energies must be non-negative")
         unknown = sorted(set(df["instruction"]) - set(INSTRUCTIONS))
         if unknown:
-            raise ProfileError(f"Profile {source}: unknown instruction(s) {unknown}; expected forward/backward")
+            raise ProfileError(
+                f"Profile {source}: unknown instruction(s) {unknown}; expected forward/backward"
+            )
         options: dict[tuple[int, str], InstructionOptions] = {}
         for (stage, instruction), group in df.groupby(["stage", "instruction"], sort=True):
             group = group.sort_values("frequency", ascending=False)

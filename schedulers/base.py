@@ -16,7 +16,9 @@ __all__ = ["FrequencyScheduler"]
 class FrequencyScheduler(abc.ABC):
     """Base class of frequency schedulers."""
 
-    def __init__(self, job_info: JobInfo, rank_infos: list[RankInfo], perseus_settings: PerseusSettings) -> None:
+    def __init__(
+        self, job_info: JobInfo, rank_infos: list[RankInfo], perseus_settings: PerseusSettings
+    ) -> None:
         self.job_info = job_info
         self.rank_infos = sorted(rank_infos, key=lambda r: r.rank)
         self.settings = perseus_settings
