@@ -28,12 +28,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from perseus.dag import PipelineSchedule, make_schedule
+from perseus.dag import Instruction, PipelineSchedule, make_schedule
 from perseus.errors import PlanError
 from perseus.models import _atomic_write_text
 from perseus.profile import InstructionProfile
 
-__all__ = ["Evaluation", "Plan", "evaluate", "max_frequencies"]
+__all__ = ["Evaluation", "Plan", "ScheduledInstruction", "evaluate", "max_frequencies", "timeline"]
 
 PLAN_FORMAT_VERSION = 1
 
@@ -61,18 +61,26 @@ def _check_shape(schedule: PipelineSchedule, frequencies: list[list[int]]) -> No
             )
 
 
-def evaluate(
+@dataclass(frozen=True)
+class ScheduledInstruction:
+    """One instruction placed on the timeline: as-soon-as-possible start and finish."""
+
+    instruction: Instruction
+    freq_mhz: int
+    start_s: float
+    finish_s: float
+    energy_j: float
+
+
+def timeline(
     profile: InstructionProfile,
     schedule: PipelineSchedule,
     frequencies: list[list[int]],
-    p2p_power_w: float,
-) -> Evaluation:
-    """Exact iteration time and energy of a plan (`frequencies`: per stage, execution order)."""
+) -> list[ScheduledInstruction]:
+    """Place every instruction at its earliest start (in a topological order of the DAG)."""
     schedule.check_profile(profile)
     _check_shape(schedule, frequencies)
-    duration: dict = {}
-    compute_energy = 0.0
-    compute_time = 0.0
+    cost: dict[Instruction, tuple[int, float, float]] = {}
     for stage, (order, freqs) in enumerate(zip(schedule.orders, frequencies, strict=True)):
         for instr, freq in zip(order, freqs, strict=True):
             opts = schedule.options(profile, instr)
@@ -83,16 +91,29 @@ def evaluate(
                     f"Stage {stage}: {instr.kind} at {freq} MHz is not in the profile "
                     f"(profiled {int(opts.freq_mhz.min())}..{int(opts.freq_mhz.max())} MHz)"
                 ) from None
-            t = float(opts.time_s[i])
-            duration[instr] = t
-            compute_time += t
-            compute_energy += float(opts.energy_j[i])
-    finish: dict = {}
+            cost[instr] = (int(freq), float(opts.time_s[i]), float(opts.energy_j[i]))
+    finish: dict[Instruction, float] = {}
+    placed = []
     dag = schedule.dag()
     for node in schedule.instructions():
         start = max((finish[p] for p in dag.predecessors(node)), default=0.0)
-        finish[node] = start + duration[node]
-    iteration_time = max(finish.values())
+        freq, t, e = cost[node]
+        finish[node] = start + t
+        placed.append(ScheduledInstruction(node, freq, start, start + t, e))
+    return placed
+
+
+def evaluate(
+    profile: InstructionProfile,
+    schedule: PipelineSchedule,
+    frequencies: list[list[int]],
+    p2p_power_w: float,
+) -> Evaluation:
+    """Exact iteration time and energy of a plan (`frequencies`: per stage, execution order)."""
+    placed = timeline(profile, schedule, frequencies)
+    iteration_time = max(p.finish_s for p in placed)
+    compute_time = sum(p.finish_s - p.start_s for p in placed)
+    compute_energy = sum(p.energy_j for p in placed)
     blocking = p2p_power_w * (schedule.num_stages * iteration_time - compute_time)
     return Evaluation(iteration_time, compute_energy + blocking, compute_energy, blocking)
 
