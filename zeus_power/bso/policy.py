@@ -1,0 +1,183 @@
+"""The batch-size exploration policy, as pure functions of a job's trial records.
+
+The server keeps no exploration state besides the trials themselves: every decision is
+recomputed from the job's config and its trials inside one database transaction, so
+concurrent clients can never see (or leave) a half-updated state.
+
+Exploration has two stages.
+
+**Pruning** (`num_pruning_rounds` rounds). Round 1 starts at the default batch size, then
+tries smaller batch sizes in descending order, then larger ones in ascending order; a
+failure (not converged, or early-stopped) ends that direction. The batch sizes that
+converged survive. Round r > 1 repeats over the survivors of round r − 1, starting at the
+cheapest of them. While the trial the walk waits on is still running, concurrent
+requests get a *filler* trial: the best converged batch size so far (or the current
+pivot); fillers never steer pruning but their costs count as observations.
+
+**Thompson sampling** over the surviving arms with a Gaussian model of the reward −cost:
+arms with fewer than `mab_num_explorations` observations (counting those in flight) are
+tried first; then one posterior sample per arm, the largest wins. The generator is seeded
+by (job seed, trial number), so a decision is reproducible.
+
+Only converged trials can become the best; `cost_ub` = β × best cost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from zeus_power.bso.models import JobConfig, JobStage, TrialRecord, TrialStage
+from zeus_power.errors import ZeusBSOConflictError
+
+__all__ = ["Decision", "PruningOutcome", "best_trial", "decide", "pruning_outcome", "stage_of"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The next trial to hand out."""
+
+    batch_size: int
+    stage: TrialStage
+    round: int | None = None
+
+
+@dataclass(frozen=True)
+class PruningOutcome:
+    """Where the pruning walk stands.
+
+    Exactly one of: `next` (a batch size to try in `round`), `waiting` (the walk waits on
+    a trial in flight), `survivors` (pruning is over), `infeasible` (nothing converged).
+    """
+
+    round: int | None = None
+    next: int | None = None
+    waiting: bool = False
+    pivot: int | None = None
+    survivors: list[int] | None = None
+    infeasible: bool = False
+
+
+def best_trial(trials: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The cheapest converged trial (earliest on ties), or None."""
+    done = [t for t in trials if t.converged and t.cost is not None]
+    if not done:
+        return None
+    return min(done, key=lambda t: (t.cost, t.trial_number))
+
+
+def pruning_outcome(config: JobConfig, trials: Sequence[TrialRecord]) -> PruningOutcome:
+    """Walk the pruning rounds over the recorded pruning trials."""
+    candidates = list(config.batch_sizes)
+    pivot = config.default_batch_size
+    for rnd in range(1, config.num_pruning_rounds + 1):
+        results = {t.batch_size: t for t in trials if t.stage == "pruning" and t.round == rnd}
+        smaller = [b for b in reversed(candidates) if b < pivot]
+        larger = [b for b in candidates if b > pivot]
+        for direction in ([pivot], smaller, larger):
+            for bs in direction:
+                trial = results.get(bs)
+                if trial is None:
+                    return PruningOutcome(round=rnd, next=bs, pivot=pivot)
+                if trial.status == "dispatched":
+                    return PruningOutcome(round=rnd, waiting=True, pivot=pivot)
+                if not trial.converged and bs != pivot:
+                    break
+        converged = [t for t in results.values() if t.converged and t.cost is not None]
+        if not converged:
+            if rnd == 1:
+                return PruningOutcome(infeasible=True)
+            break  # A noisy later round keeps the previous survivors.
+        candidates = sorted(t.batch_size for t in converged)
+        pivot = min(converged, key=lambda t: (t.cost, t.batch_size)).batch_size
+    return PruningOutcome(survivors=candidates)
+
+
+def stage_of(config: JobConfig, trials: Sequence[TrialRecord]) -> tuple[JobStage, list[int] | None]:
+    """The job's stage and, once pruning is over, the surviving batch sizes."""
+    outcome = pruning_outcome(config, trials)
+    if outcome.infeasible:
+        return "infeasible", None
+    if outcome.survivors is not None:
+        return "mab", outcome.survivors
+    return "pruning", None
+
+
+def decide(config: JobConfig, trials: Sequence[TrialRecord]) -> Decision:
+    """The next trial for a job, given all its trials so far (ordered by trial number).
+
+    Raises:
+        ZeusBSOConflictError: No batch size reached the target metric in pruning round 1.
+    """
+    outcome = pruning_outcome(config, trials)
+    if outcome.infeasible:
+        raise ZeusBSOConflictError(
+            f"Job {config.job_id!r}: no batch size of {config.batch_sizes} reached the target "
+            f"metric {config.target_metric} in the first pruning round; relax target_metric "
+            f"or raise max_epochs (currently {config.max_epochs}) and register a new job id."
+        )
+    if outcome.next is not None:
+        return Decision(batch_size=outcome.next, stage="pruning", round=outcome.round)
+    if outcome.waiting:
+        best = best_trial(trials)
+        filler = best.batch_size if best is not None else outcome.pivot
+        assert filler is not None
+        return Decision(batch_size=filler, stage="filler")
+    assert outcome.survivors is not None
+    return Decision(batch_size=_thompson(config, trials, outcome.survivors), stage="mab")
+
+
+def _thompson(config: JobConfig, trials: Sequence[TrialRecord], arms: list[int]) -> int:
+    costs: dict[int, list[float]] = {arm: [] for arm in arms}
+    in_flight: dict[int, int] = dict.fromkeys(arms, 0)
+    for t in trials:
+        if t.batch_size not in costs:
+            continue
+        if t.status == "dispatched":
+            in_flight[t.batch_size] += 1
+        elif t.cost is not None:
+            costs[t.batch_size].append(t.cost)
+    if config.window_size > 0:
+        costs = {arm: c[-config.window_size :] for arm, c in costs.items()}
+
+    # Exploration: arms that have not been observed often enough go first.
+    seen = {arm: len(costs[arm]) + in_flight[arm] for arm in arms}
+    unexplored = [arm for arm in arms if seen[arm] < config.mab_num_explorations]
+    if unexplored:
+        return min(unexplored, key=lambda arm: (seen[arm], arm))
+
+    # Reward precision: the arm's own variance, else the pooled variance of the others.
+    variances = [float(np.var(c)) for c in costs.values() if len(c) >= 2]
+    pooled_var = float(np.mean(variances)) if variances else 0.0
+    rng = np.random.default_rng([config.seed, len(trials) + 1])
+    samples: dict[int, float] = {}
+    for arm in arms:
+        rewards = -np.asarray(costs[arm], dtype=float)
+        var = float(np.var(rewards)) if len(rewards) >= 2 else pooled_var
+        samples[arm] = _posterior_sample(
+            rewards, var, config.mab_prior_mean, config.mab_prior_precision, rng
+        )
+    return max(arms, key=lambda arm: (samples[arm], -arm))
+
+
+def _posterior_sample(
+    rewards: np.ndarray,
+    reward_var: float,
+    prior_mean: float,
+    prior_precision: float,
+    rng: np.random.Generator,
+) -> float:
+    """One sample of the arm's mean reward from its Gaussian posterior (known variance)."""
+    if len(rewards) == 0:
+        if prior_precision == 0.0:
+            return math.inf  # An arm never observed is worth a try.
+        return float(rng.normal(prior_mean, 1.0 / math.sqrt(prior_precision)))
+    if reward_var <= 0.0:
+        return float(np.mean(rewards))  # Noise-free observations: the mean is known.
+    reward_precision = 1.0 / reward_var
+    precision = prior_precision + len(rewards) * reward_precision
+    mean = (prior_precision * prior_mean + reward_precision * float(np.sum(rewards))) / precision
+    return float(rng.normal(mean, 1.0 / math.sqrt(precision)))

@@ -1,0 +1,79 @@
+"""`create_app(settings)`: the batch-size optimizer's FastAPI application.
+
+Nothing is built at import time. The lifespan builds the engine and the service, keeps
+the service on `app.state` and disposes of the engine on shutdown. Domain errors become
+HTTP statuses in one place (`_STATUS`); clients never see a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from zeus_power.bso.server.db import make_engine
+from zeus_power.bso.server.routes import jobs
+from zeus_power.bso.server.service import BSOService
+from zeus_power.bso.server.settings import BSOSettings
+from zeus_power.errors import (
+    ZeusBSOConfigError,
+    ZeusBSOConflictError,
+    ZeusBSOError,
+    ZeusBSOJobNotFoundError,
+    ZeusBSORuntimeError,
+)
+
+__all__ = ["create_app"]
+
+_STATUS: dict[type[ZeusBSOError], int] = {
+    ZeusBSOJobNotFoundError: 404,
+    ZeusBSOConfigError: 409,
+    ZeusBSOConflictError: 409,
+    ZeusBSORuntimeError: 503,
+}
+
+
+def _status_of(exc: ZeusBSOError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in _STATUS:
+            return _STATUS[cls]  # type: ignore[index]
+    return 400
+
+
+async def _bso_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ZeusBSOError)
+    return JSONResponse(
+        status_code=_status_of(exc),
+        content={"detail": str(exc), "error": type(exc).__name__},
+    )
+
+
+def create_app(settings: BSOSettings | None = None) -> FastAPI:
+    """Build the server app; `settings` defaults to `BSOSettings()` (the environment)."""
+    settings = settings if settings is not None else BSOSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        logging.getLogger("zeus_power.bso.server").setLevel(settings.log_level.upper())
+        engine = make_engine(settings.db_url, sqlite_busy_timeout_s=settings.sqlite_busy_timeout_s)
+        service = BSOService(engine)
+        service.create_tables()
+        app.state.service = service
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(title="Zeus batch-size optimizer", version="1", lifespan=lifespan)
+    app.state.settings = settings
+    app.include_router(jobs.router)
+    app.add_exception_handler(ZeusBSOError, _bso_error_handler)
+
+    @app.get("/health", tags=["health"])
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,98 @@
+"""SQLAlchemy tables and the engine factory of the batch-size optimizer server.
+
+Concurrency comes from the database, not from process-local locks: on SQLite every
+transaction starts with `BEGIN IMMEDIATE` (one writer at a time, readers see committed
+state), on PostgreSQL the job row is locked with `SELECT ... FOR UPDATE`. Two clients
+racing on a job therefore serialise on that job.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    Engine,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.pool import StaticPool
+
+__all__ = ["Base", "JobRow", "TrialRow", "make_engine"]
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the server's tables."""
+
+
+class JobRow(Base):
+    """A registered job; its config is the validated `JobConfig` as JSON."""
+
+    __tablename__ = "bso_jobs"
+
+    job_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    config_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+
+
+class TrialRow(Base):
+    """One trial of a job: handed out, then reported once."""
+
+    __tablename__ = "bso_trials"
+    __table_args__ = (UniqueConstraint("job_id", "trial_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("bso_jobs.job_id", ondelete="CASCADE"))
+    trial_number: Mapped[int]
+    batch_size: Mapped[int]
+    stage: Mapped[str] = mapped_column(String(16))
+    round: Mapped[int | None]
+    status: Mapped[str] = mapped_column(String(16))
+    energy_j: Mapped[float | None]
+    time_s: Mapped[float | None]
+    cost: Mapped[float | None]
+    converged: Mapped[bool | None]
+    epochs: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(default=_now)
+    finished_at: Mapped[datetime | None]
+
+
+def make_engine(db_url: str, *, sqlite_busy_timeout_s: float = 30.0) -> Engine:
+    """Build the engine for `db_url`; on SQLite, make every transaction `BEGIN IMMEDIATE`."""
+    url = make_url(db_url)
+    if url.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+
+    in_memory = url.database in (None, "", ":memory:")
+    engine = create_engine(
+        url,
+        connect_args={"check_same_thread": False, "timeout": sqlite_busy_timeout_s},
+        poolclass=StaticPool if in_memory else None,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        # Let SQLAlchemy, not pysqlite, decide when transactions begin (SQLAlchemy docs,
+        # "Serializable isolation / Savepoints / Transactional DDL" for pysqlite).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        if not in_memory:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine

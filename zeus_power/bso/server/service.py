@@ -1,0 +1,273 @@
+"""The batch-size optimizer service: the job/trial logic behind the routes.
+
+Every public method is one database transaction: it locks the job (see `db`), reads its
+trials, lets `zeus_power.bso.policy` decide, and writes the result. SQLAlchemy errors
+become `ZeusBSORuntimeError` here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import TypeVar
+
+from pydantic import ValidationError
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from zeus_power.bso.models import (
+    JobConfig,
+    JobState,
+    TrialAssignment,
+    TrialRecord,
+    TrialResult,
+)
+from zeus_power.bso.policy import best_trial, decide, stage_of
+from zeus_power.bso.server.db import Base, JobRow, TrialRow
+from zeus_power.errors import (
+    ZeusBSOConfigError,
+    ZeusBSOConflictError,
+    ZeusBSOError,
+    ZeusBSOJobNotFoundError,
+    ZeusBSORuntimeError,
+)
+from zeus_power.metric import zeus_cost
+
+__all__ = ["BSOService"]
+
+logger = logging.getLogger("zeus_power.bso.server")
+
+_T = TypeVar("_T")
+
+
+def _to_record(row: TrialRow) -> TrialRecord:
+    return TrialRecord(
+        job_id=row.job_id,
+        trial_number=row.trial_number,
+        batch_size=row.batch_size,
+        stage=row.stage,  # type: ignore[arg-type]
+        round=row.round,
+        status=row.status,  # type: ignore[arg-type]
+        energy_j=row.energy_j,
+        time_s=row.time_s,
+        cost=row.cost,
+        converged=row.converged,
+        epochs=row.epochs,
+    )
+
+
+class BSOService:
+    """Jobs and trials of the batch-size optimizer, kept in a SQL database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def create_tables(self) -> None:
+        """Create the tables if they do not exist."""
+        self._guard(lambda: Base.metadata.create_all(self._engine))
+
+    # ----------------------------------------------------------------- public API
+
+    def register_job(self, config: JobConfig) -> tuple[JobState, bool]:
+        """Register `config`, or check it against the registered one.
+
+        Returns the job state and whether the job was created now.
+
+        Raises:
+            ZeusBSOConfigError: The job id is registered with a different config.
+        """
+
+        def run(session: Session) -> tuple[JobState, bool]:
+            row = self._lock_job(session, config.job_id)
+            if row is None:
+                session.add(JobRow(job_id=config.job_id, config_json=config.model_dump_json()))
+                session.flush()
+                return self._state(config, []), True
+            registered = self._config(row)
+            if registered != config:
+                diff = {
+                    key: (value, getattr(config, key))
+                    for key, value in registered.model_dump().items()
+                    if getattr(config, key) != value
+                }
+                raise ZeusBSOConfigError(
+                    f"Job {config.job_id!r} is registered with a different config; "
+                    f"(registered, given) values differ for {diff}. Use the registered "
+                    f"config or a new job_id."
+                )
+            return self._state(registered, self._trials(session, config.job_id)), False
+
+        try:
+            return self._transaction(run)
+        except ZeusBSORuntimeError as exc:
+            # Two first registrations raced (PostgreSQL): the loser re-reads and compares.
+            if isinstance(exc.__cause__, IntegrityError):
+                return self._transaction(run)
+            raise
+
+    def get_job(self, job_id: str) -> JobState:
+        """The job's config and exploration state."""
+
+        def run(session: Session) -> JobState:
+            config = self._config(self._require_job(session, job_id, lock=False))
+            return self._state(config, self._trials(session, job_id))
+
+        return self._transaction(run)
+
+    def list_trials(self, job_id: str) -> list[TrialRecord]:
+        """All trials of the job, by trial number."""
+
+        def run(session: Session) -> list[TrialRecord]:
+            self._require_job(session, job_id, lock=False)
+            return self._trials(session, job_id)
+
+        return self._transaction(run)
+
+    def next_trial(self, job_id: str) -> TrialAssignment:
+        """Decide the next batch size for the job and record the trial as dispatched.
+
+        Raises:
+            ZeusBSOJobNotFoundError: Unknown job.
+            ZeusBSOConflictError: No batch size reached the target metric.
+        """
+
+        def run(session: Session) -> TrialAssignment:
+            config = self._config(self._require_job(session, job_id, lock=True))
+            trials = self._trials(session, job_id)
+            decision = decide(config, trials)
+            number = (
+                session.scalar(
+                    select(func.max(TrialRow.trial_number)).where(TrialRow.job_id == job_id)
+                )
+                or 0
+            ) + 1
+            session.add(
+                TrialRow(
+                    job_id=job_id,
+                    trial_number=number,
+                    batch_size=decision.batch_size,
+                    stage=decision.stage,
+                    round=decision.round,
+                    status="dispatched",
+                )
+            )
+            best = best_trial(trials)
+            cost_ub = None
+            if best is not None and best.cost is not None and config.beta_knob is not None:
+                cost_ub = config.beta_knob * best.cost
+            logger.info(
+                "job %s trial %d: batch size %d (%s)",
+                job_id,
+                number,
+                decision.batch_size,
+                decision.stage,
+            )
+            return TrialAssignment(
+                job_id=job_id,
+                trial_number=number,
+                batch_size=decision.batch_size,
+                stage=decision.stage,
+                round=decision.round,
+                cost_ub=cost_ub,
+            )
+
+        return self._transaction(run)
+
+    def report(self, job_id: str, trial_number: int, result: TrialResult) -> TrialRecord:
+        """Record the result of a dispatched trial.
+
+        Raises:
+            ZeusBSOJobNotFoundError: Unknown job or trial.
+            ZeusBSOConflictError: The trial was already reported.
+        """
+
+        def run(session: Session) -> TrialRecord:
+            config = self._config(self._require_job(session, job_id, lock=True))
+            row = session.scalar(
+                select(TrialRow).where(
+                    TrialRow.job_id == job_id, TrialRow.trial_number == trial_number
+                )
+            )
+            if row is None:
+                raise ZeusBSOConflictError(
+                    f"Job {job_id!r} has no trial {trial_number}; report the trial_number "
+                    f"that POST /jobs/{job_id}/trials returned."
+                )
+            if row.status != "dispatched":
+                raise ZeusBSOConflictError(
+                    f"Trial {trial_number} of job {job_id!r} was already reported "
+                    f"({row.status}); a trial is reported once."
+                )
+            row.status = "succeeded" if result.converged else "failed"
+            row.energy_j = result.energy_j
+            row.time_s = result.time_s
+            row.converged = result.converged
+            row.epochs = result.epochs
+            row.cost = zeus_cost(
+                result.energy_j, result.time_s, config.eta_knob, config.total_max_power_w
+            )
+            row.finished_at = datetime.now(timezone.utc)
+            session.flush()
+            return _to_record(row)
+
+        return self._transaction(run)
+
+    # ----------------------------------------------------------------- helpers
+
+    def _transaction(self, fn: Callable[[Session], _T]) -> _T:
+        def run() -> _T:
+            with self._sessions.begin() as session:
+                return fn(session)
+
+        return self._guard(run)
+
+    @staticmethod
+    def _guard(fn: Callable[[], _T]) -> _T:
+        try:
+            return fn()
+        except ZeusBSOError:
+            raise
+        except SQLAlchemyError as exc:
+            raise ZeusBSORuntimeError(f"Database error: {type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    def _lock_job(session: Session, job_id: str) -> JobRow | None:
+        return session.scalar(select(JobRow).where(JobRow.job_id == job_id).with_for_update())
+
+    def _require_job(self, session: Session, job_id: str, *, lock: bool) -> JobRow:
+        row = self._lock_job(session, job_id) if lock else session.get(JobRow, job_id)
+        if row is None:
+            raise ZeusBSOJobNotFoundError(job_id)
+        return row
+
+    @staticmethod
+    def _config(row: JobRow) -> JobConfig:
+        try:
+            return JobConfig.model_validate_json(row.config_json)
+        except ValidationError as exc:
+            raise ZeusBSORuntimeError(
+                f"Stored config of job {row.job_id!r} is invalid: {exc}"
+            ) from exc
+
+    @staticmethod
+    def _trials(session: Session, job_id: str) -> list[TrialRecord]:
+        rows = session.scalars(
+            select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.trial_number)
+        )
+        return [_to_record(row) for row in rows]
+
+    @staticmethod
+    def _state(config: JobConfig, trials: list[TrialRecord]) -> JobState:
+        stage, survivors = stage_of(config, trials)
+        best = best_trial(trials)
+        return JobState(
+            config=config,
+            stage=stage,
+            survivors=survivors,
+            best_batch_size=best.batch_size if best else None,
+            best_cost=best.cost if best else None,
+            num_trials=len(trials),
+        )
