@@ -1,0 +1,22 @@
+"""The `perseus` command line."""
+
+from __future__ import annotations
+
+import typer
+
+from perseus.cli import plot as _plot
+from perseus.cli import solve as _solve
+
+app = typer.Typer(
+    name="perseus",
+    help="Perseus: time–energy frontiers and per-instruction GPU frequency plans for pipeline training.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command("solve")(_solve.solve)
+app.command("evaluate")(_solve.evaluate_plan)
+app.command("choose")(_solve.choose)
+app.add_typer(_plot.app, name="plot")
+
+__all__ = ["app"]

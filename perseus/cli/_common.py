@@ -1,0 +1,66 @@
+"""Shared CLI plumbing: one place where domain errors become a clean message and exit 2."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+from perseus.errors import PerseusError
+
+__all__ = ["cli_errors", "console", "err_console", "resolve_profile_path"]
+
+console = Console()
+err_console = Console(stderr=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [PerseusError, FileNotFoundError, PermissionError]
+    try:
+        from zeus_power.device.base import GPUError
+
+        errors.append(GPUError)
+    except ImportError:  # pragma: no cover - zeus_power is part of this distribution
+        pass
+    return tuple(errors)
+
+
+def cli_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Print expected errors as one red line on stderr and exit with status 2 (no traceback)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except _known_errors() as exc:
+            err_console.print(f"[bold red]Error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def resolve_profile_path(value: str) -> Path:
+    """A profile argument: a CSV path, or the name of a profile shipped in `profiles/`."""
+    path = Path(value)
+    if path.is_file():
+        return path
+    if path.suffix in ("", ".csv") and path.parent == Path("."):
+        import profiles
+
+        try:
+            return profiles.path(value)
+        except FileNotFoundError:
+            pass
+    import profiles
+
+    shipped = ", ".join(profiles.available()) or "none"
+    raise FileNotFoundError(
+        f"Profile {value!r} is neither a file nor a shipped profile (shipped: {shipped})"
+    )

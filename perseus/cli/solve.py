@@ -1,0 +1,165 @@
+"""`perseus solve`, `perseus evaluate`, `perseus choose`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from perseus.cli._common import cli_errors, console, resolve_profile_path
+from perseus.dag import SCHEDULES, make_schedule
+from perseus.errors import PerseusError
+from perseus.plan import Plan, evaluate, max_frequencies
+from perseus.profile import InstructionProfile
+
+__all__ = ["choose", "evaluate_plan", "solve"]
+
+DEFAULT_P2P_POWER_W = 70.38  # measured on the A40 while blocked on P2P (Perseus artifact)
+
+
+@cli_errors
+def solve(
+    profile: Annotated[str, typer.Argument(help="Profile CSV, or the name of a shipped profile.")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Output directory for frontier.csv and plans/.")
+    ],
+    microbatches: Annotated[
+        int, typer.Option("--microbatches", "-m", help="Microbatches per iteration (M).")
+    ],
+    stages: Annotated[
+        int | None,
+        typer.Option("--stages", "-s", help="Pipeline stages (S); default: the profile's."),
+    ] = None,
+    schedule: Annotated[
+        str, typer.Option(help=f"Pipeline schedule: {' | '.join(SCHEDULES)}.")
+    ] = "1f1b",
+    chunks: Annotated[int, typer.Option(help="Model chunks per stage (interleaved only).")] = 2,
+    p2p_power: Annotated[
+        float,
+        typer.Option("--p2p-power", help="GPU power (W) while blocked on P2P / idle in bubbles."),
+    ] = DEFAULT_P2P_POWER_W,
+    plots: Annotated[bool, typer.Option(help="Also write frontier.png and timeline PNGs.")] = True,
+) -> None:
+    """Compute the whole iteration-time vs energy frontier and write one plan per point."""
+    from perseus.solver import solve_frontier
+
+    if p2p_power < 0:
+        raise PerseusError(f"--p2p-power must be non-negative, got {p2p_power}")
+    prof = InstructionProfile.from_csv(resolve_profile_path(profile))
+    sched = make_schedule(
+        schedule, stages if stages is not None else prof.num_stages, microbatches, num_chunks=chunks
+    )
+    sched.check_profile(prof)
+    base = evaluate(prof, sched, max_frequencies(prof, sched), p2p_power)
+    with Progress(
+        TextColumn("[bold]solving[/] {task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(
+            f"{sched.name} S={sched.num_stages} M={sched.num_microbatches}", total=1.0
+        )
+        frontier = solve_frontier(
+            prof,
+            sched,
+            p2p_power_w=p2p_power,
+            progress=lambda f: progress.update(task, completed=f),
+        )
+    frontier.write(out)
+    points = frontier.points
+    table = Table(
+        title=f"Frontier of {prof.source} — {sched.name}, S={sched.num_stages}, M={sched.num_microbatches}"
+    )
+    table.add_column("plan")
+    table.add_column("iteration time (s)", justify="right")
+    table.add_column("energy (J)", justify="right")
+    table.add_column("slowdown", justify="right")
+    table.add_column("energy saved", justify="right")
+    table.add_row(
+        "all max frequency", f"{base.iteration_time_s:.4f}", f"{base.energy_j:.1f}", "—", "—"
+    )
+    shown = {}
+    for label, slowdown in (("no slowdown", 0.0), ("≤ 1 % slower", 0.01), ("≤ 5 % slower", 0.05)):
+        shown[label] = frontier.choose(max_slowdown=slowdown)
+    shown["minimum energy"] = min(points, key=lambda p: p.energy_j)
+    for label, point in shown.items():
+        table.add_row(
+            label,
+            f"{point.iteration_time_s:.4f}",
+            f"{point.energy_j:.1f}",
+            f"{100 * (point.iteration_time_s / base.iteration_time_s - 1):+.2f} %",
+            f"{100 * (1 - point.energy_j / base.energy_j):.2f} %",
+        )
+    console.print(table)
+    console.print(
+        f"{len(points)} frontier points written to [bold]{out / 'frontier.csv'}[/] and {out / 'plans'}/"
+    )
+    if plots:
+        from perseus.plotting import plot_frontier, plot_timeline
+
+        png = plot_frontier(out, baseline=(base.iteration_time_s, base.energy_j))
+        fastest = Plan.load(out / "plans" / "plan_00000.json")
+        chosen_index = points.index(shown["no slowdown"])
+        plot_timeline(prof, fastest, out / "timeline_fastest.png")
+        chosen = Plan.load(out / "plans" / f"plan_{chosen_index:05d}.json")
+        plot_timeline(prof, chosen, out / "timeline_no_slowdown.png")
+        console.print(
+            f"Plots: {png}, {out / 'timeline_fastest.png'}, {out / 'timeline_no_slowdown.png'}"
+        )
+
+
+@cli_errors
+def evaluate_plan(
+    profile: Annotated[str, typer.Argument(help="Profile CSV, or the name of a shipped profile.")],
+    plan: Annotated[Path, typer.Argument(help="Plan JSON file.")],
+) -> None:
+    """Score a plan exactly against a profile; prints JSON."""
+    prof = InstructionProfile.from_csv(resolve_profile_path(profile))
+    ev = Plan.load(plan).evaluate(prof)
+    typer.echo(
+        json.dumps(
+            {
+                "iteration_time": ev.iteration_time_s,
+                "energy": ev.energy_j,
+                "compute_energy": ev.compute_energy_j,
+                "blocking_energy": ev.blocking_energy_j,
+            }
+        )
+    )
+
+
+@cli_errors
+def choose(
+    frontier_dir: Annotated[Path, typer.Argument(help="Directory written by `perseus solve`.")],
+    max_slowdown: Annotated[
+        float | None,
+        typer.Option("--max-slowdown", help="Allowed slowdown vs. the fastest plan, e.g. 0.05."),
+    ] = None,
+    deadline: Annotated[
+        float | None, typer.Option("--deadline", help="Iteration time limit in seconds.")
+    ] = None,
+) -> None:
+    """Print the path of the minimum-energy plan that meets a slowdown or a deadline."""
+    from perseus.plotting import read_frontier_csv
+
+    if (max_slowdown is None) == (deadline is None):
+        raise PerseusError("Give exactly one of --max-slowdown or --deadline")
+    if max_slowdown is not None and max_slowdown < 0:
+        raise PerseusError(f"--max-slowdown must be non-negative, got {max_slowdown}")
+    df = read_frontier_csv(frontier_dir).sort_values("index")
+    fastest = float(df["iteration_time"].iloc[0])
+    limit = deadline if deadline is not None else fastest * (1 + max_slowdown) * (1 + 1e-12)
+    feasible = df[df["iteration_time"] <= limit]
+    if feasible.empty:
+        raise PerseusError(
+            f"No plan meets an iteration time of {limit:.6g} s; the fastest takes {fastest:.6g} s"
+        )
+    best = feasible.sort_values(["energy", "iteration_time"]).iloc[0]
+    typer.echo(str(Path(frontier_dir) / str(best["plan"])))

@@ -1,0 +1,160 @@
+"""Pictures: the time–energy frontier and a per-stage Gantt chart of a plan.
+
+Figures are drawn with matplotlib's object API on an Agg canvas, so no display and no
+global backend state are needed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from perseus.errors import PerseusError
+from perseus.plan import Plan, timeline
+from perseus.profile import InstructionProfile
+
+__all__ = ["plot_frontier", "plot_timeline"]
+
+FRONTIER_COLUMNS = ("index", "iteration_time", "energy", "lower_bound", "plan")
+
+
+def _save(fig: Figure, out_png: str | os.PathLike[str]) -> Path:
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    return out
+
+
+def read_frontier_csv(frontier_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """Read ``DIR/frontier.csv`` with a clear error when it is missing or malformed."""
+    path = Path(frontier_dir) / "frontier.csv"
+    if not path.is_file():
+        raise PerseusError(
+            f"No frontier at {str(path)!r}: run `perseus solve ... --out {frontier_dir}` first"
+        )
+    df = pd.read_csv(path)
+    missing = [c for c in FRONTIER_COLUMNS if c not in df.columns]
+    if missing:
+        raise PerseusError(f"{path} lacks column(s) {', '.join(missing)}")
+    return df
+
+
+def plot_frontier(
+    frontier_dir: str | os.PathLike[str],
+    out_png: str | os.PathLike[str] | None = None,
+    *,
+    baseline: tuple[float, float] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Energy vs iteration time of every frontier plan, with the LP lower bound.
+
+    `baseline` marks a reference point (e.g. all-max frequency) as (time_s, energy_j).
+    Returns the PNG path (default ``DIR/frontier.png``).
+    """
+    df = read_frontier_csv(frontier_dir)
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    ax.plot(
+        df["iteration_time"], df["lower_bound"], "--", color="0.6", lw=1, label="LP lower bound"
+    )
+    ax.plot(
+        df["iteration_time"],
+        df["energy"],
+        "-o",
+        ms=2.5,
+        lw=1.2,
+        color="tab:blue",
+        label="Perseus plans",
+    )
+    if baseline is not None:
+        ax.plot(*baseline, "*", ms=12, color="tab:red", label="all max frequency")
+    ax.set_xlabel("iteration time (s)")
+    ax.set_ylabel("energy per iteration (J)")
+    ax.set_title(title or f"Time–energy frontier ({len(df)} plans)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, out_png or Path(frontier_dir) / "frontier.png")
+
+
+def plot_timeline(
+    profile: InstructionProfile,
+    plan: Plan,
+    out_png: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+) -> Path:
+    """A per-stage Gantt chart of one iteration under `plan`, coloured by SM frequency.
+
+    Forwards are drawn plain, backwards hatched; each box is labelled by its microbatch.
+    """
+    schedule = plan.pipeline_schedule()
+    placed = timeline(profile, schedule, plan.stage_frequencies())
+    freqs = [p.freq_mhz for p in placed]
+    norm = Normalize(
+        vmin=min(freqs), vmax=max(freqs) if max(freqs) > min(freqs) else min(freqs) + 1
+    )
+    cmap = colormaps["viridis"]
+    fig = Figure(
+        figsize=(
+            min(24, 6 + 0.12 * len(placed) / max(1, schedule.num_stages)),
+            1.2 + 0.55 * schedule.num_stages,
+        )
+    )
+    ax = fig.add_subplot()
+    end = max(p.finish_s for p in placed)
+    for p in placed:
+        instr = p.instruction
+        ax.barh(
+            instr.stage,
+            p.finish_s - p.start_s,
+            left=p.start_s,
+            height=0.8,
+            color=cmap(norm(p.freq_mhz)),
+            edgecolor="black",
+            linewidth=0.3,
+            hatch="//" if instr.kind == "backward" else None,
+        )
+        if (p.finish_s - p.start_s) / end > 0.012:
+            ax.text(
+                (p.start_s + p.finish_s) / 2,
+                instr.stage,
+                str(instr.microbatch),
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white",
+            )
+    ax.set_yticks(range(schedule.num_stages), [f"stage {s}" for s in range(schedule.num_stages)])
+    ax.invert_yaxis()
+    ax.set_xlim(0, end * 1.01)
+    ax.set_xlabel("time (s)")
+    ax.set_title(
+        title
+        or f"{schedule.name} S={schedule.num_stages} M={schedule.num_microbatches}: "
+        f"T={plan.iteration_time:.4g} s, E={plan.energy:.5g} J"
+    )
+    sm = fig.colorbar(
+        ScalarMappable(norm=norm, cmap=cmap),
+        ax=ax,
+        pad=0.01,
+    )
+    sm.set_label("SM frequency (MHz)")
+    ax.legend(
+        handles=[
+            Patch(facecolor="white", edgecolor="black", label="forward"),
+            Patch(facecolor="white", edgecolor="black", hatch="//", label="backward"),
+        ],
+        loc="upper right",
+        fontsize=7,
+        framealpha=0.8,
+    )
+    return _save(fig, out_png)
