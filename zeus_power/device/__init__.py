@@ -1,0 +1,170 @@
+"""The device layer: one `GPU` interface, two backends, and a factory.
+
+```python
+from zeus_power.device import open_gpus, VirtualClock, Workload
+
+gpus = open_gpus([0, 1], backend="emulated", gpu_type="A40", clock=VirtualClock())
+gpus[0].lock_sm_clocks(1200, 1200)
+gpus[0].execute(Workload(compute_s_at_max=0.1, memory_s=0.03))   # advances the clock
+```
+
+`open_gpus` chooses the backend from its argument or `ZEUS_GPU_BACKEND` (`nvml`,
+`emulated`, or `auto`: NVML when it initialises, else the emulator). There is no global
+GPU object; callers hold the list they were given. Errors are the `GPUError` tree in
+`zeus_power.device.base`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from zeus_power.device.base import (
+    GPU,
+    GPUError,
+    GPUInitError,
+    GPUNotSupportedError,
+    GPUPermissionError,
+    GPUValueError,
+)
+from zeus_power.device.emulated import (
+    DEFAULT_ACTIVITY,
+    DVFSModel,
+    EmulatedGPU,
+    Execution,
+    VirtualClock,
+    Workload,
+)
+from zeus_power.device.specs import GPU_SPECS, GPUSpec, get_gpu_spec, gpu_type_names
+
+__all__ = [  # noqa: RUF022 -- plain sorted(), as the export test checks
+    "BACKENDS",
+    "DEFAULT_ACTIVITY",
+    "DVFSModel",
+    "DeviceSettings",
+    "EmulatedGPU",
+    "Execution",
+    "GPU",
+    "GPUError",
+    "GPUInitError",
+    "GPUNotSupportedError",
+    "GPUPermissionError",
+    "GPUSpec",
+    "GPUValueError",
+    "GPU_SPECS",
+    "VirtualClock",
+    "Workload",
+    "get_gpu_spec",
+    "gpu_type_names",
+    "open_gpus",
+]
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "emulated", "nvml")
+"""Valid values of `open_gpus(backend=...)` and `ZEUS_GPU_BACKEND`."""
+
+
+class DeviceSettings(BaseSettings):
+    """Device-layer settings, read from `ZEUS_*` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="ZEUS_", extra="forbid", frozen=True)
+
+    gpu_backend: Literal["auto", "emulated", "nvml"] = "auto"
+    """`ZEUS_GPU_BACKEND`: which backend `open_gpus` uses when none is passed."""
+    emulated_gpu: str = "A100-SXM"
+    """`ZEUS_EMULATED_GPU`: the emulated GPU type."""
+    emulated_gpu_count: int | None = Field(default=None, ge=1)
+    """`ZEUS_EMULATED_GPU_COUNT`: how many emulated GPUs exist (default 1, or the indices asked)."""
+    emulated_noise: float = Field(default=0.0, ge=0.0)
+    """`ZEUS_EMULATED_NOISE`: relative std of the emulator's measurement noise (0: exact)."""
+
+
+def _load_settings() -> DeviceSettings:
+    try:
+        return DeviceSettings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"ZEUS_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise GPUValueError(f"Invalid device settings in the environment: {problems}") from exc
+
+
+def open_gpus(
+    indices: Sequence[int] | None = None,
+    *,
+    backend: str | None = None,
+    gpu_type: str | None = None,
+    clock: Callable[[], float] | None = None,
+    seed: int | None = None,
+    noise: float | None = None,
+) -> list[GPU]:
+    """Open GPUs by (CUDA-visible) index; default: all of them.
+
+    Args:
+        indices: Which GPUs; `None` opens every visible GPU (emulated: `ZEUS_EMULATED_GPU_COUNT`).
+        backend: "nvml", "emulated" or "auto"; default `ZEUS_GPU_BACKEND`, else "auto".
+        gpu_type: Emulated GPU type; default `ZEUS_EMULATED_GPU`, else "A100-SXM".
+        clock: Time source for emulated GPUs (e.g. a shared `VirtualClock`).
+        seed: Seed of the emulator's noise (each GPU draws from its own stream).
+        noise: Emulator noise level; default `ZEUS_EMULATED_NOISE`, else 0.
+
+    Raises:
+        GPUValueError: Unknown backend or GPU type, or bad settings.
+        GPUInitError: NVML asked for but unavailable; an index out of range.
+    """
+    settings = _load_settings()
+    chosen = settings.gpu_backend if backend is None else backend.strip().lower()
+    if chosen not in BACKENDS:
+        raise GPUValueError(
+            f"Unknown GPU backend {backend!r}; valid backends: {', '.join(BACKENDS)}"
+        )
+    if indices is not None:
+        indices = [int(i) for i in indices]
+        if len(set(indices)) != len(indices):
+            raise GPUValueError(f"GPU indices {indices} contain duplicates")
+    if chosen in ("nvml", "auto"):
+        from zeus_power.device.nvml import open_nvml_gpus
+
+        try:
+            return list(open_nvml_gpus(indices))
+        except GPUInitError:
+            if chosen == "nvml":
+                raise
+            logger.info("NVML unavailable; using emulated GPUs (set ZEUS_GPU_BACKEND to choose)")
+    return _open_emulated(indices, settings, gpu_type=gpu_type, clock=clock, seed=seed, noise=noise)
+
+
+def _open_emulated(
+    indices: list[int] | None,
+    settings: DeviceSettings,
+    *,
+    gpu_type: str | None,
+    clock: Callable[[], float] | None,
+    seed: int | None,
+    noise: float | None,
+) -> list[GPU]:
+    spec = get_gpu_spec(settings.emulated_gpu if gpu_type is None else gpu_type)
+    count = settings.emulated_gpu_count
+    if indices is None:
+        indices = list(range(count or 1))
+    for index in indices:
+        if index < 0 or (count is not None and index >= count):
+            limit = "" if count is None else f" (ZEUS_EMULATED_GPU_COUNT={count})"
+            raise GPUInitError(f"Emulated GPU index {index} is out of range{limit}")
+    return [
+        EmulatedGPU(
+            index,
+            gpu_type=spec,
+            clock=time.monotonic if clock is None else clock,
+            seed=seed,
+            noise=settings.emulated_noise if noise is None else noise,
+        )
+        for index in indices
+    ]
