@@ -1,0 +1,127 @@
+"""The exact accounting, plan files, and profile validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from perseus.dag import make_schedule
+from perseus.errors import PlanError, ProfileError, ScheduleError
+from perseus.plan import Plan, evaluate, max_frequencies
+from perseus.profile import InstructionProfile
+
+
+def _profile() -> InstructionProfile:
+    rows = []
+    for stage, scale in ((0, 1.0), (1, 2.0)):
+        for kind, base in (("forward", 1.0), ("backward", 2.0)):
+            rows += [
+                (stage, kind, 1000, base * scale, 10 * base * scale),
+                (stage, kind, 500, 2 * base * scale, 6 * base * scale),
+            ]
+    return InstructionProfile.from_frame(
+        pd.DataFrame(rows, columns=["stage", "instruction", "frequency", "time", "energy"])
+    )
+
+
+def test_evaluate_by_hand() -> None:
+    # S=2, M=1, 1F1B: F@s0 (1) → F@s1 (2) → B@s1 (4) → B@s0 (2): T = 9 at max frequency.
+    prof, sched = _profile(), make_schedule("1f1b", 2, 1)
+    ev = evaluate(prof, sched, max_frequencies(prof, sched), p2p_power_w=5.0)
+    assert ev.iteration_time_s == pytest.approx(9.0)
+    assert ev.compute_energy_j == pytest.approx(10 + 20 + 40 + 20)
+    # Each stage is busy 3 resp. 6 of the 9 s → blocked 6 + 3 = 9 s at 5 W.
+    assert ev.blocking_energy_j == pytest.approx(45.0)
+    assert ev.energy_j == pytest.approx(135.0)
+    # Slowing stage 0's forward to 500 MHz adds 1 s to the critical path.
+    slow = evaluate(prof, sched, [[500, 1000], [1000, 1000]], p2p_power_w=5.0)
+    assert slow.iteration_time_s == pytest.approx(10.0)
+    assert slow.compute_energy_j == pytest.approx(6 + 20 + 40 + 20)
+
+
+def test_plan_file_round_trip_and_format(tmp_path: Path) -> None:
+    prof, sched = _profile(), make_schedule("1f1b", 2, 2)
+    freqs = max_frequencies(prof, sched)
+    ev = evaluate(prof, sched, freqs, 5.0)
+    plan = Plan.from_frequencies(sched, freqs, p2p_power_w=5.0, evaluation=ev)
+    plan.save(tmp_path / "p.json")
+    raw = json.loads((tmp_path / "p.json").read_text())
+    assert raw["frequencies"][0] == [
+        ["forward", 1000],
+        ["forward", 1000],
+        ["backward", 1000],
+        ["backward", 1000],
+    ]
+    assert raw["schedule"] == "1f1b" and raw["num_stages"] == 2 and raw["num_microbatches"] == 2
+    loaded = Plan.load(tmp_path / "p.json")
+    assert loaded == plan
+    assert loaded.evaluate(prof) == ev
+
+
+def _write_plan(tmp_path: Path, **changes: object) -> Path:
+    prof, sched = _profile(), make_schedule("1f1b", 2, 2)
+    freqs = max_frequencies(prof, sched)
+    plan = Plan.from_frequencies(
+        sched, freqs, p2p_power_w=5.0, evaluation=evaluate(prof, sched, freqs, 5.0)
+    )
+    data = json.loads(plan.model_dump_json()) | changes
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_plan_with_wrong_instruction_count(tmp_path: Path) -> None:
+    path = _write_plan(tmp_path, frequencies=[[["forward", 1000]], [["forward", 1000]]])
+    with pytest.raises(PlanError, match="Stage 0: the plan has 1 instruction"):
+        Plan.load(path).evaluate(_profile())
+
+
+def test_plan_with_unprofiled_frequency(tmp_path: Path) -> None:
+    path = _write_plan(tmp_path)
+    data = json.loads(path.read_text())
+    data["frequencies"][1][2][1] = 777
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="777 MHz is not in the profile"):
+        Plan.load(path).evaluate(_profile())
+
+
+def test_plan_with_wrong_instruction_name(tmp_path: Path) -> None:
+    path = _write_plan(tmp_path)
+    data = json.loads(path.read_text())
+    data["frequencies"][0][0][0] = "backward"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="runs 'forward' there"):
+        Plan.load(path).evaluate(_profile())
+
+
+def test_plan_file_not_json_or_python(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text("frequencies = [[('forward', 1000)]]")
+    with pytest.raises(PlanError, match="not valid JSON"):
+        Plan.load(path)
+    path.write_text('{"schedule": "1f1b"}')
+    with pytest.raises(PlanError, match="invalid"):
+        Plan.load(path)
+
+
+def test_profile_stage_count_must_match_schedule() -> None:
+    with pytest.raises(ScheduleError, match="profile has 2 stage"):
+        evaluate(_profile(), make_schedule("1f1b", 3, 2), [[1000] * 4] * 3, 5.0)
+
+
+def test_profile_missing_stage_or_instruction() -> None:
+    df = _profile().to_frame()
+    with pytest.raises(ProfileError, match=r"missing stage\(s\) \[1\]"):
+        InstructionProfile.from_frame(df.assign(stage=df["stage"].replace({1: 2})))
+    with pytest.raises(ProfileError, match="no backward rows for stage 1"):
+        InstructionProfile.from_frame(df[~((df.stage == 1) & (df.instruction == "backward"))])
+
+
+def test_real_profile_loads(real_profile_path: Path) -> None:
+    prof = InstructionProfile.from_csv(real_profile_path)
+    assert prof.num_stages == 8
+    opts = prof.options(7, "backward")
+    assert opts.freq_mhz[0] == 1740 and opts.freq_mhz[-1] == 855 and len(opts) == 60
