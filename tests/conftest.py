@@ -26,3 +26,9 @@ def real_profile_path() -> Path:
     if not path.is_file():
         pytest.skip(f"reference data not present at {path}")
     return path
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A selection that collects no test (exit 5) is not a failure of the suite."""
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK
