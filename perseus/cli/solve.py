@@ -45,8 +45,6 @@ def solve(
     plots: Annotated[bool, typer.Option(help="Also write frontier.png and timeline PNGs.")] = True,
 ) -> None:
     """Compute the whole iteration-time vs energy frontier and write one plan per point."""
-    from perseus.solver import solve_frontier
-
     if p2p_power < 0:
         raise PerseusError(f"--p2p-power must be non-negative, got {p2p_power}")
     prof = InstructionProfile.from_csv(resolve_profile_path(profile))
@@ -55,6 +53,8 @@ def solve(
     )
     sched.check_profile(prof)
     base = evaluate(prof, sched, max_frequencies(prof, sched), p2p_power)
+    from perseus.solver import solve_frontier
+
     with Progress(
         TextColumn("[bold]solving[/] {task.description}"),
         BarColumn(),

@@ -1,0 +1,150 @@
+"""The command line: bad input gets one clear line and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from perseus.cli import app
+
+runner = CliRunner()
+
+GOOD = (
+    "stage,instruction,frequency,time,energy\n"
+    "0,forward,1000,1.0,10\n0,forward,500,2.0,6\n0,backward,1000,2.0,20\n0,backward,500,4.0,12\n"
+    "1,forward,1000,2.0,20\n1,forward,500,4.0,12\n1,backward,1000,4.0,40\n1,backward,500,8.0,24\n"
+)
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def _profile(tmp_path: Path, text: str = GOOD) -> Path:
+    path = tmp_path / "profile.csv"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (GOOD.replace("energy\n", "joules\n", 1), "lacks column(s) energy"),
+        (
+            GOOD.replace("0,forward,500,2.0,6", "0,forward,500,nan,6"),
+            "time must be a positive number",
+        ),
+        (
+            GOOD.replace("0,forward,500,2.0,6", "0,forward,500,-2.0,6"),
+            "time must be a positive number",
+        ),
+        (GOOD.replace("1,", "2,"), "missing stage(s) [1]"),
+        (
+            "\n".join(line for line in GOOD.splitlines() if not line.startswith("1,backward"))
+            + "\n",
+            "no backward rows for stage 1",
+        ),
+    ],
+    ids=["missing-column", "nan-time", "negative-time", "missing-stage", "missing-instruction"],
+)
+def test_solve_rejects_bad_profiles(tmp_path: Path, text: str, message: str) -> None:
+    code, out = _run(
+        "solve", _profile(tmp_path, text), "--microbatches", "2", "--out", tmp_path / "o"
+    )
+    assert code == 2, out
+    assert message in " ".join(out.split()), out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--stages", "0", "--microbatches", "2"], "stages must be at least 1"),
+        (["--microbatches", "0"], "microbatches must be at least 1"),
+        (["--stages", "3", "--microbatches", "2"], "profile has 2 stage(s)"),
+        (["--microbatches", "2", "--schedule", "zigzag"], "Unknown pipeline schedule"),
+    ],
+)
+def test_solve_rejects_bad_parameters(tmp_path: Path, args: list[str], message: str) -> None:
+    code, out = _run("solve", _profile(tmp_path), *args, "--out", tmp_path / "o")
+    assert code == 2, out
+    assert message in " ".join(out.split()), out
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_profile_names_shipped_ones(tmp_path: Path) -> None:
+    code, out = _run("solve", tmp_path / "nope.csv", "--microbatches", "2", "--out", tmp_path / "o")
+    assert code == 2 and "neither a file nor a shipped profile" in " ".join(out.split())
+
+
+def _plan(tmp_path: Path) -> Path:
+    plan = {
+        "schedule": "1f1b",
+        "num_stages": 2,
+        "num_microbatches": 1,
+        "p2p_power": 5.0,
+        "iteration_time": 9.0,
+        "energy": 135.0,
+        "frequencies": [
+            [["forward", 1000], ["backward", 1000]],
+            [["forward", 1000], ["backward", 1000]],
+        ],
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_evaluate_prints_exact_numbers(tmp_path: Path) -> None:
+    code, out = _run("evaluate", _profile(tmp_path), _plan(tmp_path))
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["iteration_time"] == pytest.approx(9.0)
+    assert data["energy"] == pytest.approx(135.0)
+
+
+def test_evaluate_rejects_bad_plans(tmp_path: Path) -> None:
+    path = _plan(tmp_path)
+    data = json.loads(path.read_text())
+    data["frequencies"][0] = [["forward", 1000]]
+    path.write_text(json.dumps(data))
+    code, out = _run("evaluate", _profile(tmp_path), path)
+    assert code == 2 and "Stage 0: the plan has 1 instruction(s)" in " ".join(out.split())
+    data["frequencies"][0] = [["forward", 1000], ["backward", 999]]
+    path.write_text(json.dumps(data))
+    code, out = _run("evaluate", _profile(tmp_path), path)
+    assert code == 2 and "999 MHz is not in the profile" in out
+    assert "Traceback" not in out
+
+
+def test_choose_from_frontier_csv(tmp_path: Path) -> None:
+    pd.DataFrame(
+        {
+            "index": [0, 1, 2],
+            "iteration_time": [10.0, 10.4, 11.0],
+            "energy": [100.0, 90.0, 80.0],
+            "lower_bound": [99.0, 89.0, 79.0],
+            "plan": [f"plans/plan_{i:05d}.json" for i in range(3)],
+        }
+    ).to_csv(tmp_path / "frontier.csv", index=False)
+    assert _run("choose", tmp_path, "--max-slowdown", "0.05") == (
+        0,
+        f"{tmp_path}/plans/plan_00001.json\n",
+    )
+    assert _run("choose", tmp_path, "--max-slowdown", "0") == (
+        0,
+        f"{tmp_path}/plans/plan_00000.json\n",
+    )
+    assert _run("choose", tmp_path, "--deadline", "20") == (
+        0,
+        f"{tmp_path}/plans/plan_00002.json\n",
+    )
+    code, out = _run("choose", tmp_path, "--deadline", "5")
+    assert code == 2 and "No plan meets" in out
+    code, out = _run("choose", tmp_path / "empty", "--deadline", "5")
+    assert code == 2 and "run `perseus solve" in " ".join(out.split())
