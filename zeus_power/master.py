@@ -1,0 +1,493 @@
+"""`ZeusMaster`: drive a recurring training job across recurrences.
+
+The master launches the training script once per trial as a subprocess and controls it
+through environment variables (see `TrainingEnv`); the script reports its energy, time
+and whether it reached the target metric by writing a `TrainingResult` JSON file to
+`ZEUS_RESULT_PATH`. The batch size of each trial comes from a batch-size optimizer with
+the `BSOService` methods (`LocalBatchSizeOptimizer` in-process, by default).
+
+Environment of a training subprocess:
+
+| variable                  | meaning                                                   |
+|---------------------------|-----------------------------------------------------------|
+| ZEUS_JOB_ID               | the job's name                                            |
+| ZEUS_BATCH_SIZE           | batch size to train with                                  |
+| ZEUS_LEARNING_RATE        | learning rate, scaled from the default for the batch size |
+| ZEUS_SEED                 | random seed                                               |
+| ZEUS_ETA_KNOB             | η of the cost                                             |
+| ZEUS_COST_THRESH          | stop when the next epoch would pass this cost ("inf")     |
+| ZEUS_MAX_POWER_W          | max_power of the cost (max power limit × GPUs)            |
+| ZEUS_TARGET_METRIC        | target validation metric                                  |
+| ZEUS_HIGHER_IS_BETTER     | "1" if the metric converges upwards                       |
+| ZEUS_MAX_EPOCHS           | epoch budget                                              |
+| ZEUS_LOG_DIR              | directory for logs                                        |
+| ZEUS_RESULT_PATH          | where to write the `TrainingResult` JSON                  |
+| ZEUS_MONITOR_PATH         | power monitor binary, if any (Zeus compatibility)         |
+| ZEUS_PROFILE_PARAMS       | "warmup_iters,measure_iters" for the power-limit optimizer|
+| ZEUS_USE_OPTIMAL_PL       | "0" in observer mode (always the max power limit)         |
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Literal, Protocol
+
+import numpy as np
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+
+from zeus_power.bso.local import LocalBatchSizeOptimizer
+from zeus_power.bso.models import JobConfig, JobState, TrialAssignment, TrialRecord, TrialResult
+from zeus_power.errors import ZeusConfigError, ZeusMasterError
+from zeus_power.metric import check_eta_knob
+
+__all__ = [
+    "BatchSizeOptimizerBackend",
+    "HistoryEntry",
+    "Job",
+    "TrainingEnv",
+    "TrainingResult",
+    "ZeusMaster",
+]
+
+logger = logging.getLogger(__name__)
+
+_PLACEHOLDERS = ("batch_size", "learning_rate", "seed", "max_epochs", "result_path", "log_dir")
+
+
+class BatchSizeOptimizerBackend(Protocol):
+    """What `ZeusMaster` needs of a batch-size optimizer (`LocalBatchSizeOptimizer`,
+    or the server's `BSOService`)."""
+
+    def register_job(self, config: JobConfig) -> tuple[JobState, bool]: ...
+
+    def next_trial(self, job_id: str) -> TrialAssignment: ...
+
+    def report(self, job_id: str, trial_number: int, result: TrialResult) -> TrialRecord: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """A recurring training job.
+
+    `command` is the argv of the training script; its arguments may contain the
+    placeholders `{batch_size}`, `{learning_rate}`, `{seed}`, `{max_epochs}`,
+    `{result_path}` and `{log_dir}`, replaced verbatim (no format-string evaluation).
+    """
+
+    name: str
+    """Job name; the batch-size optimizer's job id."""
+    command: tuple[str, ...]
+    default_batch_size: int
+    default_learning_rate: float
+    target_metric: float
+    max_epochs: int
+    higher_is_better_metric: bool = True
+    lr_scaling: Literal["none", "linear", "sqrt"] = "sqrt"
+    """How the learning rate follows the batch size (sqrt suits Adam, linear SGD)."""
+    workdir: str | None = None
+    """Working directory of the training subprocess (default: the master's)."""
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ZeusConfigError(f"Job {self.name!r}: command is empty; give the script argv.")
+        if self.default_batch_size <= 0:
+            raise ZeusConfigError(
+                f"Job {self.name!r}: default_batch_size={self.default_batch_size} must be > 0."
+            )
+        if not self.default_learning_rate > 0:
+            raise ZeusConfigError(
+                f"Job {self.name!r}: default_learning_rate={self.default_learning_rate} "
+                "must be > 0."
+            )
+        if self.max_epochs < 1:
+            raise ZeusConfigError(f"Job {self.name!r}: max_epochs={self.max_epochs} must be >= 1.")
+        object.__setattr__(self, "command", tuple(self.command))
+
+    def scale_lr(self, batch_size: int) -> float:
+        """The learning rate for `batch_size`, scaled from the default one."""
+        ratio = batch_size / self.default_batch_size
+        if self.lr_scaling == "linear":
+            return self.default_learning_rate * ratio
+        if self.lr_scaling == "sqrt":
+            return self.default_learning_rate * math.sqrt(ratio)
+        return self.default_learning_rate
+
+    def gen_command(self, values: Mapping[str, object]) -> list[str]:
+        """The argv with placeholders replaced by `values`."""
+        argv = []
+        for arg in self.command:
+            for key in _PLACEHOLDERS:
+                if key in values:
+                    arg = arg.replace("{" + key + "}", str(values[key]))
+            argv.append(arg)
+        return argv
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TrainingResult(BaseModel):
+    """What a training subprocess writes to `ZEUS_RESULT_PATH` (also Zeus's field names)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    energy_j: float = Field(ge=0.0, validation_alias=AliasChoices("energy_j", "energy"))
+    time_s: float = Field(ge=0.0, validation_alias=AliasChoices("time_s", "time"))
+    reached: bool
+    epochs: int | None = Field(default=None, ge=0)
+
+    def write(self, path: str | Path) -> None:
+        """Write this result as JSON to `path`."""
+        Path(path).write_text(self.model_dump_json())
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingEnv:
+    """The environment `ZeusMaster` gives a training subprocess, parsed."""
+
+    job_id: str
+    batch_size: int
+    learning_rate: float
+    seed: int
+    eta_knob: float
+    cost_thresh: float
+    max_power_w: float
+    target_metric: float
+    higher_is_better_metric: bool
+    max_epochs: int
+    log_dir: Path
+    result_path: Path
+    monitor_path: str | None = None
+    profile_warmup_iters: int = 10
+    profile_measure_iters: int = 40
+    use_optimal_pl: bool = True
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> TrainingEnv:
+        """Parse `environ` (default `os.environ`); names the missing or bad variable."""
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> str:
+            try:
+                return env[name]
+            except KeyError:
+                raise ZeusConfigError(
+                    f"{name} is not set: run this script through ZeusMaster.run_job."
+                ) from None
+
+        try:
+            warmup, measure = (int(x) for x in env.get("ZEUS_PROFILE_PARAMS", "10,40").split(","))
+            return cls(
+                job_id=get("ZEUS_JOB_ID"),
+                batch_size=int(get("ZEUS_BATCH_SIZE")),
+                learning_rate=float(get("ZEUS_LEARNING_RATE")),
+                seed=int(get("ZEUS_SEED")),
+                eta_knob=float(get("ZEUS_ETA_KNOB")),
+                cost_thresh=float(get("ZEUS_COST_THRESH")),
+                max_power_w=float(get("ZEUS_MAX_POWER_W")),
+                target_metric=float(get("ZEUS_TARGET_METRIC")),
+                higher_is_better_metric=get("ZEUS_HIGHER_IS_BETTER") == "1",
+                max_epochs=int(get("ZEUS_MAX_EPOCHS")),
+                log_dir=Path(get("ZEUS_LOG_DIR")),
+                result_path=Path(get("ZEUS_RESULT_PATH")),
+                monitor_path=env.get("ZEUS_MONITOR_PATH") or None,
+                profile_warmup_iters=warmup,
+                profile_measure_iters=measure,
+                use_optimal_pl=env.get("ZEUS_USE_OPTIMAL_PL", "1") == "1",
+            )
+        except ValueError as exc:
+            raise ZeusConfigError(f"Bad ZEUS_* environment variable: {exc}") from exc
+
+    def converged(self, metric: float) -> bool:
+        """Whether `metric` reaches the target."""
+        if self.higher_is_better_metric:
+            return metric >= self.target_metric
+        return metric <= self.target_metric
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One trial of one recurrence."""
+
+    rec_i: int
+    try_i: int
+    batch_size: int
+    energy_j: float
+    time_s: float
+    reached: bool
+    cost: float
+    power_limit_w: int | None = None
+    """Power limit used, when the driver knows it (the simulator); None otherwise."""
+    stage: str = field(default="")
+
+    # Zeus-compatible names.
+    @property
+    def bs(self) -> int:
+        """Alias of `batch_size`."""
+        return self.batch_size
+
+    @property
+    def energy(self) -> float:
+        """Alias of `energy_j`."""
+        return self.energy_j
+
+    @property
+    def time(self) -> float:
+        """Alias of `time_s`."""
+        return self.time_s
+
+
+class ZeusMaster:
+    """Drives a job across recurrences, searching for and exploiting the best batch size.
+
+    Args:
+        batch_size_optimizer: Where batch sizes come from (default: a fresh
+            `LocalBatchSizeOptimizer`). Its job id is the job's name.
+        log_base: Directory under which a log directory per `run` is created.
+        monitor_path: Power monitor binary passed on as ZEUS_MONITOR_PATH (may be None).
+        seed: Seed of the per-recurrence training seeds and of Thompson sampling.
+        observer_mode: Scripts keep the max power limit (ZEUS_USE_OPTIMAL_PL=0).
+        profile_warmup_iters: Warmup iterations per power limit, passed to the script.
+        profile_measure_iters: Measured iterations per power limit, passed to the script.
+        max_power_w: Max power limit of one GPU for the cost; default: read from GPU 0.
+        number_of_gpus: GPUs per training run.
+        max_tries: Trials per recurrence before giving up.
+        timeout_s: Wall-clock limit of one training subprocess (None: no limit).
+    """
+
+    def __init__(
+        self,
+        batch_size_optimizer: BatchSizeOptimizerBackend | None,
+        log_base: str | Path,
+        monitor_path: str | None = None,
+        seed: int = 123456,
+        observer_mode: bool = False,
+        profile_warmup_iters: int = 10,
+        profile_measure_iters: int = 40,
+        *,
+        max_power_w: float | None = None,
+        number_of_gpus: int = 1,
+        max_tries: int = 20,
+        timeout_s: float | None = None,
+    ) -> None:
+        if profile_warmup_iters < 0 or profile_measure_iters < 1:
+            raise ZeusConfigError(
+                f"profile_warmup_iters={profile_warmup_iters} must be >= 0 and "
+                f"profile_measure_iters={profile_measure_iters} >= 1."
+            )
+        if number_of_gpus < 1 or max_tries < 1:
+            raise ZeusConfigError(
+                f"number_of_gpus={number_of_gpus} and max_tries={max_tries} must be >= 1."
+            )
+        self.bso: BatchSizeOptimizerBackend = (
+            batch_size_optimizer if batch_size_optimizer is not None else LocalBatchSizeOptimizer()
+        )
+        self.log_base = Path(log_base)
+        self.monitor_path = monitor_path
+        self.seed = seed
+        self.observer_mode = observer_mode
+        self.profile_warmup_iters = profile_warmup_iters
+        self.profile_measure_iters = profile_measure_iters
+        self.number_of_gpus = number_of_gpus
+        self.max_tries = max_tries
+        self.timeout_s = timeout_s
+        if max_power_w is None:
+            from zeus_power.device import open_gpus
+
+            max_power_w = open_gpus([0])[0].power_limit_constraints_mw()[1] / 1000.0
+        if not max_power_w > 0:
+            raise ZeusConfigError(f"max_power_w={max_power_w} must be > 0.")
+        self.max_power_w = float(max_power_w)
+
+    def build_logdir(
+        self,
+        job: Job,
+        num_recurrence: int,
+        eta_knob: float,
+        beta_knob: float | None,
+        exist_ok: bool = True,
+    ) -> str:
+        """Create and return the log directory of a `run`.
+
+        Its name is `{job}+x{num_recurrence}+eta{eta}+beta{beta}+{YYYYmmddHHMMSS}`.
+        """
+        now = datetime.now().strftime("%Y%m%d%H%M%S")
+        logdir = self.log_base / f"{job}+x{num_recurrence}+eta{eta_knob}+beta{beta_knob}+{now}"
+        logdir.mkdir(parents=True, exist_ok=exist_ok)
+        return str(logdir)
+
+    def run_job(
+        self,
+        job: Job,
+        batch_size: int,
+        learning_rate: float,
+        seed: int,
+        logdir: str | Path,
+        rec_i: int,
+        tries: int,
+        eta_knob: float,
+        cost_ub: float,
+    ) -> tuple[float, float, bool]:
+        """Launch the training script once and return (energy J, time s, reached target).
+
+        Raises:
+            ZeusMasterError: The script exited without writing a valid result (its log
+                is in `logdir`), or ran past `timeout_s`.
+        """
+        check_eta_knob(eta_knob)
+        logdir = Path(logdir)
+        stem = f"rec{rec_i:02d}+try{tries:02d}"
+        result_path = logdir / f"{stem}.result.json"
+        log_path = logdir / f"{stem}.train.log"
+        result_path.unlink(missing_ok=True)
+        values: dict[str, object] = {
+            "batch_size": batch_size,
+            "learning_rate": learning_rate,
+            "seed": seed,
+            "max_epochs": job.max_epochs,
+            "result_path": result_path,
+            "log_dir": logdir,
+        }
+        env = dict(os.environ)
+        env.update(
+            {
+                "ZEUS_JOB_ID": job.name,
+                "ZEUS_BATCH_SIZE": str(batch_size),
+                "ZEUS_LEARNING_RATE": repr(float(learning_rate)),
+                "ZEUS_SEED": str(seed),
+                "ZEUS_ETA_KNOB": repr(float(eta_knob)),
+                "ZEUS_COST_THRESH": "inf" if math.isinf(cost_ub) else repr(float(cost_ub)),
+                "ZEUS_MAX_POWER_W": repr(self.max_power_w * self.number_of_gpus),
+                "ZEUS_TARGET_METRIC": repr(float(job.target_metric)),
+                "ZEUS_HIGHER_IS_BETTER": "1" if job.higher_is_better_metric else "0",
+                "ZEUS_MAX_EPOCHS": str(job.max_epochs),
+                "ZEUS_LOG_DIR": str(logdir),
+                "ZEUS_RESULT_PATH": str(result_path),
+                "ZEUS_MONITOR_PATH": self.monitor_path or "",
+                "ZEUS_PROFILE_PARAMS": f"{self.profile_warmup_iters},{self.profile_measure_iters}",
+                "ZEUS_USE_OPTIMAL_PL": "0" if self.observer_mode else "1",
+            }
+        )
+        argv = job.gen_command(values)
+        logger.info("rec %d try %d: %s", rec_i, tries, " ".join(argv))
+        with log_path.open("w") as log:
+            try:
+                proc = subprocess.run(
+                    argv,
+                    cwd=job.workdir,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=self.timeout_s,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise ZeusMasterError(
+                    f"Training of job {job.name!r} ({stem}) ran past {self.timeout_s} s; "
+                    f"see {log_path}."
+                ) from exc
+            except OSError as exc:
+                raise ZeusMasterError(
+                    f"Cannot launch {argv!r} for job {job.name!r}: {exc}"
+                ) from exc
+        if not result_path.exists():
+            tail = log_path.read_text()[-2000:]
+            raise ZeusMasterError(
+                f"Training of job {job.name!r} ({stem}) exited with code {proc.returncode} "
+                f"without writing {result_path}; log {log_path} ends with:\n{tail}"
+            )
+        try:
+            result = TrainingResult.model_validate_json(result_path.read_text())
+        except ValidationError as exc:
+            raise ZeusMasterError(
+                f"Training of job {job.name!r} ({stem}) wrote an invalid result "
+                f"{result_path}: {exc}"
+            ) from exc
+        if proc.returncode != 0:
+            logger.info("%s exited with code %d (result written)", stem, proc.returncode)
+        return result.energy_j, result.time_s, result.reached
+
+    def run(
+        self,
+        job: Job,
+        num_recurrence: int,
+        batch_sizes: Sequence[int],
+        beta_knob: float | None,
+        eta_knob: float,
+    ) -> list[HistoryEntry]:
+        """Run a job that recurs `num_recurrence` times, sequentially, without overlap.
+
+        A recurrence ends when a trial reaches the target metric; a failed trial is
+        retried (with the batch size the optimizer picks next) up to `max_tries` times.
+        The history is also written as JSON lines to `<logdir>/history.jsonl`.
+        """
+        check_eta_knob(eta_knob)
+        if num_recurrence < 1:
+            raise ZeusConfigError(f"num_recurrence={num_recurrence} must be >= 1.")
+        config = JobConfig(
+            job_id=job.name,
+            batch_sizes=list(batch_sizes),
+            default_batch_size=job.default_batch_size,
+            eta_knob=eta_knob,
+            beta_knob=beta_knob,
+            target_metric=job.target_metric,
+            higher_is_better_metric=job.higher_is_better_metric,
+            max_epochs=job.max_epochs,
+            mab_seed=self.seed,
+            max_power_w=self.max_power_w,
+            number_of_gpus=self.number_of_gpus,
+        )
+        self.bso.register_job(config)
+        logdir = Path(self.build_logdir(job, num_recurrence, eta_knob, beta_knob))
+        rng = np.random.default_rng(self.seed)
+        history: list[HistoryEntry] = []
+        with (logdir / "history.jsonl").open("w") as history_file:
+            for rec_i in range(1, num_recurrence + 1):
+                for tries in range(1, self.max_tries + 1):
+                    trial = self.bso.next_trial(job.name)
+                    cost_ub = trial.cost_ub if trial.cost_ub is not None else math.inf
+                    energy_j, time_s, reached = self.run_job(
+                        job,
+                        trial.batch_size,
+                        job.scale_lr(trial.batch_size),
+                        int(rng.integers(2**31)),
+                        logdir,
+                        rec_i,
+                        tries,
+                        eta_knob,
+                        cost_ub,
+                    )
+                    record = self.bso.report(
+                        job.name,
+                        trial.trial_number,
+                        TrialResult(energy_j=energy_j, time_s=time_s, converged=reached),
+                    )
+                    entry = HistoryEntry(
+                        rec_i=rec_i,
+                        try_i=tries,
+                        batch_size=trial.batch_size,
+                        energy_j=energy_j,
+                        time_s=time_s,
+                        reached=reached,
+                        cost=record.cost if record.cost is not None else math.nan,
+                        stage=trial.stage,
+                    )
+                    history.append(entry)
+                    history_file.write(json.dumps(asdict(entry)) + "\n")
+                    history_file.flush()
+                    if reached:
+                        break
+                else:
+                    raise ZeusMasterError(
+                        f"Recurrence {rec_i} of job {job.name!r} did not reach the target in "
+                        f"{self.max_tries} tries; see {logdir}."
+                    )
+        return history
