@@ -12,17 +12,6 @@ from zeus_power.device.base import GPUInitError, GPUValueError
 from zeus_power.device.emulated import EmulatedGPU, VirtualClock, Workload
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in (
-        "ZEUS_GPU_BACKEND",
-        "ZEUS_EMULATED_GPU",
-        "ZEUS_EMULATED_GPU_COUNT",
-        "ZEUS_EMULATED_NOISE",
-    ):
-        monkeypatch.delenv(name, raising=False)
-
-
 def _nvml_available() -> bool:
     import pynvml
 

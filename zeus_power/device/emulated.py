@@ -36,12 +36,13 @@ __all__ = [
     "DVFSModel",
     "EmulatedGPU",
     "Execution",
+    "Sweep",
     "VirtualClock",
     "Workload",
 ]
 
 DEFAULT_ACTIVITY = 0.8
-"""Activity of a typical large-model training instruction (A40 fits give 0.7 to 0.9)."""
+"""Activity of a typical large-model training instruction (A40 fits give 0.75 to 0.83)."""
 
 
 def _check_finite(name: str, value: float, *, minimum: float = 0.0, strict: bool = False) -> float:
@@ -59,7 +60,7 @@ class Workload:
 
     `compute_s_at_max` is the compute-bound time at the max SM clock (it scales as 1/f);
     `memory_s` is the frequency-insensitive (memory-bound) time; `activity` scales the
-    dynamic power (1.0: the heaviest GEMM; 0.8 is typical of transformer training).
+    dynamic power (0.8 is typical of transformer training; 1.0 draws `dynamic_power_w`).
     """
 
     compute_s_at_max: float
@@ -126,6 +127,17 @@ def as_workload(workload: WorkloadLike) -> Workload:
 
 
 @dataclass(frozen=True)
+class Sweep:
+    """`DVFSModel.sweep`: one entry per requested clock (arrays of equal length)."""
+
+    freq_mhz: np.ndarray
+    effective_freq_mhz: np.ndarray
+    time_s: np.ndarray
+    power_w: np.ndarray
+    energy_j: np.ndarray
+
+
+@dataclass(frozen=True)
 class Execution:
     """The outcome of running one workload: time, energy, the clock it ran at, its power."""
 
@@ -170,13 +182,7 @@ class DVFSModel:
         """Index (into the descending clocks) of the highest supported clock <= freq_mhz."""
         if freq_mhz is None:
             return 0
-        s = self.spec
-        if not s.min_sm_clock_mhz <= freq_mhz <= s.max_sm_clock_mhz:
-            raise GPUValueError(
-                f"SM clock {freq_mhz} MHz is outside the {s.gpu_type}'s supported range "
-                f"{s.min_sm_clock_mhz}..{s.max_sm_clock_mhz} MHz"
-            )
-        return math.ceil((s.max_sm_clock_mhz - freq_mhz) / s.sm_clock_step_mhz - 1e-9)
+        return int(self._clock_indices(np.array([float(freq_mhz)]))[0])
 
     def floor_clock_mhz(self, freq_mhz: float) -> int:
         """The highest supported clock at or below `freq_mhz` (which must be in range)."""
@@ -187,6 +193,51 @@ class DVFSModel:
         w = as_workload(workload)
         shape = float(self._shape[self._clock_index(freq_mhz)])
         return self.spec.static_power_w + w.activity * self.spec.dynamic_power_w * shape
+
+    def _clock_indices(self, freq_mhz: np.ndarray) -> np.ndarray:
+        s = self.spec
+        bad = (freq_mhz < s.min_sm_clock_mhz) | (freq_mhz > s.max_sm_clock_mhz)
+        if bad.any():
+            raise GPUValueError(
+                f"SM clock {freq_mhz[bad][0]} MHz is outside the {s.gpu_type}'s supported range "
+                f"{s.min_sm_clock_mhz}..{s.max_sm_clock_mhz} MHz"
+            )
+        steps = np.ceil((s.max_sm_clock_mhz - freq_mhz) / s.sm_clock_step_mhz - 1e-9)
+        return steps.astype(np.int64)
+
+    def _cap_index(self, activity: float, power_limit_w: float | None) -> int:
+        """Index of the highest clock whose busy power fits the limit (the last if none)."""
+        if power_limit_w is None:
+            return 0
+        powers = self.spec.static_power_w + activity * self.spec.dynamic_power_w * self._shape
+        within = np.nonzero(powers <= power_limit_w)[0]
+        return int(within[0]) if within.size else len(self._clocks) - 1
+
+    def sweep(
+        self,
+        workload: WorkloadLike,
+        freqs_mhz: np.ndarray | list[int] | None = None,
+        power_limit_w: float | None = None,
+    ) -> Sweep:
+        """`run` over many locked clocks at once (default: every supported clock, descending)."""
+        w = as_workload(workload)
+        if freqs_mhz is None:
+            freqs = self._clocks.astype(float)
+        else:
+            freqs = np.atleast_1d(np.asarray(freqs_mhz, dtype=float))
+        index = np.maximum(self._clock_indices(freqs), self._cap_index(w.activity, power_limit_w))
+        f_eff = self._clocks[index]
+        time_s = w.compute_s_at_max * self.spec.max_sm_clock_mhz / f_eff + w.memory_s
+        power_w = (
+            self.spec.static_power_w + w.activity * self.spec.dynamic_power_w * self._shape[index]
+        )
+        return Sweep(
+            freq_mhz=freqs,
+            effective_freq_mhz=f_eff,
+            time_s=time_s,
+            power_w=power_w,
+            energy_j=power_w * time_s,
+        )
 
     def effective_freq_mhz(
         self,
@@ -199,14 +250,7 @@ class DVFSModel:
         The highest supported clock at or below `freq_mhz` whose busy power is within the
         limit; the min clock if even that one exceeds it.
         """
-        w = as_workload(workload)
-        start = self._clock_index(freq_mhz)
-        if power_limit_w is None:
-            return int(self._clocks[start])
-        powers = self.spec.static_power_w + w.activity * self.spec.dynamic_power_w * self._shape
-        within = np.nonzero(powers[start:] <= power_limit_w)[0]
-        index = start + int(within[0]) if within.size else len(self._clocks) - 1
-        return int(self._clocks[index])
+        return self.run(workload, freq_mhz, power_limit_w).freq_mhz
 
     def run(
         self,
@@ -215,11 +259,14 @@ class DVFSModel:
         power_limit_w: float | None = None,
     ) -> Execution:
         """Time, energy, effective clock and power of `workload`."""
-        w = as_workload(workload)
-        f_eff = self.effective_freq_mhz(w, freq_mhz, power_limit_w)
-        time_s = w.compute_s_at_max * self.spec.max_sm_clock_mhz / f_eff + w.memory_s
-        power_w = self.power_w(w, f_eff)
-        return Execution(time_s=time_s, energy_j=power_w * time_s, freq_mhz=f_eff, power_w=power_w)
+        freq = self.spec.max_sm_clock_mhz if freq_mhz is None else freq_mhz
+        sweep = self.sweep(workload, [freq], power_limit_w)
+        return Execution(
+            time_s=float(sweep.time_s[0]),
+            energy_j=float(sweep.energy_j[0]),
+            freq_mhz=int(sweep.effective_freq_mhz[0]),
+            power_w=float(sweep.power_w[0]),
+        )
 
     def time_s(
         self,
@@ -253,9 +300,8 @@ class DVFSModel:
         self, workload: WorkloadLike, power_limit_w: float | None = None
     ) -> int:
         """The supported clock with the least energy for `workload` (ties: the faster one)."""
-        w = as_workload(workload)
-        energies = [self.energy_j(w, f, power_limit_w) for f in self.supported_sm_clocks_mhz()]
-        return self.supported_sm_clocks_mhz()[int(np.argmin(energies))]
+        sweep = self.sweep(workload, None, power_limit_w)
+        return int(self._clocks[int(np.argmin(sweep.energy_j))])
 
 
 class VirtualClock:
