@@ -1,0 +1,127 @@
+"""Emulated frequency control for a process doing real work in place of a GPU.
+
+With an `EmulatedGPU` there is no hardware to slow down when a lower SM clock is locked, so
+the per-rank hook does it: when an instruction ends, `InstructionEmulator.finish` stretches
+its wall time by the DVFS model's ratio (sleeping the difference) and adds the model's busy
+power times the stretched time to the GPU's energy counter. A CPU-only `torchrun` job then
+behaves like a GPU job under frequency control: lower clocks really take longer, and the
+energy counter reads what the model says.
+
+Two modes, both configurable with ``PERSEUS_EMULATE_*`` environment variables
+(`EmulationSettings`):
+
+- *measured* (default): the instruction's real elapsed time ``t`` is taken as its time at
+  the max clock; at clock ``f`` it lasts ``t · stretch(f)``.
+- *nominal* (``PERSEUS_EMULATE_NOMINAL=1``): each instruction name has a nominal time at
+  the max clock (given by the training job, e.g. proportional to its stage's layers), and
+  lasts ``nominal · stretch(f)`` whatever the real compute took (if that compute took
+  longer, it lasts that long). CPU timing noise on small shared machines is large; this
+  mode makes profiles reproducible, and CI uses it for its numeric assertions.
+
+``PERSEUS_EMULATE_STRETCH=0`` turns stretching off (the hook still measures and records
+energy at the model's power): the overhead benchmark runs that way.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from perseus.errors import ConfigurationError
+from zeus_power.device.emulated import DEFAULT_ACTIVITY, EmulatedGPU, Workload
+
+__all__ = ["EmulationSettings", "InstructionEmulator"]
+
+
+class EmulationSettings(BaseSettings):
+    """How the hook emulates frequency control on an `EmulatedGPU` (env ``PERSEUS_EMULATE_*``).
+
+    Attributes:
+        stretch: Stretch each instruction's wall time by the model's ratio for the clock in
+            force (``PERSEUS_EMULATE_STRETCH``). Off: measure only.
+        nominal: Use the nominal per-instruction time at the max clock instead of the
+            measured one (``PERSEUS_EMULATE_NOMINAL``).
+        memory_fraction: Share of an instruction's time at the max clock that does not
+            scale with the SM clock (``PERSEUS_EMULATE_MEMORY_FRACTION``).
+        activity: Dynamic-power activity of an instruction (``PERSEUS_EMULATE_ACTIVITY``).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="PERSEUS_EMULATE_", extra="ignore", frozen=True)
+
+    stretch: bool = True
+    nominal: bool = False
+    memory_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    activity: float = Field(default=DEFAULT_ACTIVITY, gt=0.0)
+
+
+class InstructionEmulator:
+    """Stretches instructions and feeds the energy counter of one `EmulatedGPU`.
+
+    Args:
+        gpu: The emulated GPU of this rank.
+        settings: The emulation mode.
+        nominal_time_s: Instruction name → time at the max clock, for nominal mode.
+    """
+
+    def __init__(
+        self,
+        gpu: EmulatedGPU,
+        settings: EmulationSettings,
+        *,
+        nominal_time_s: Mapping[str, float] | None = None,
+    ) -> None:
+        self.gpu = gpu
+        self.settings = settings
+        self.nominal_time_s = dict(nominal_time_s or {})
+        for name, value in self.nominal_time_s.items():
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigurationError(
+                    f"Nominal time of {name!r} must be a positive number of seconds, got {value!r}"
+                )
+        if settings.nominal and not self.nominal_time_s:
+            raise ConfigurationError(
+                "PERSEUS_EMULATE_NOMINAL is on but the training job gave no nominal instruction "
+                "times: pass nominal_time_s={'forward': ..., 'backward': ...} to PerseusOptimizer"
+            )
+        self.workload = Workload.from_memory_fraction(
+            settings.memory_fraction, activity=settings.activity
+        )
+        self.slowdown = 1.0
+        """Extra factor on every instruction's time (emulates a straggling pipeline)."""
+
+    def target_time_s(self, name: str, elapsed_s: float, freq_mhz: int) -> float:
+        """How long the instruction should last at `freq_mhz`, having computed `elapsed_s`."""
+        if self.settings.nominal:
+            try:
+                base_s = self.nominal_time_s[name]
+            except KeyError:
+                raise ConfigurationError(
+                    f"No nominal time for instruction {name!r}; known: "
+                    f"{', '.join(sorted(self.nominal_time_s))}"
+                ) from None
+        else:
+            base_s = elapsed_s
+        if not self.settings.stretch:
+            return elapsed_s
+        return base_s * self.gpu.stretch_factor(self.workload, freq_mhz) * self.slowdown
+
+    def finish(self, name: str, start_s: float, freq_mhz: int) -> float:
+        """End an instruction that began at `start_s` (`time.perf_counter`) at `freq_mhz`.
+
+        Sleeps until the instruction has lasted its emulated time, records busy power for
+        that time into the energy counter, and returns the instruction's duration.
+        """
+        elapsed_s = time.perf_counter() - start_s
+        target_s = self.target_time_s(name, elapsed_s, freq_mhz)
+        deadline = start_s + target_s
+        remaining = deadline - time.perf_counter()
+        while remaining > 0:
+            time.sleep(remaining)
+            remaining = deadline - time.perf_counter()
+        duration_s = time.perf_counter() - start_s
+        self.gpu.record_busy(duration_s, self.gpu.busy_power_w(self.workload, freq_mhz))
+        return duration_s
