@@ -1,0 +1,66 @@
+"""`perseus bso ...`: command line of the batch-size optimizer (a typer sub-app).
+
+The lead mounts `app` as `perseus bso`; it also runs alone as
+`python -m zeus_power.cli serve --port 8000`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    name="bso",
+    help="Zeus batch-size optimizer service.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _main() -> None:
+    """Zeus batch-size optimizer service."""
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
+    db_url: Annotated[
+        str | None,
+        typer.Option(
+            help="SQLAlchemy URL (default: ZEUS_BSO_DB_URL, else sqlite:///./zeus_bso.db); "
+            "e.g. postgresql+psycopg://user:pw@host/db.",
+        ),
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option(help="critical, error, warning, info or debug.")
+    ] = None,
+) -> None:
+    """Serve the batch-size optimizer over HTTP."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from zeus_power.bso.server import BSOSettings, create_app
+
+    overrides: dict[str, str] = {}
+    if db_url is not None:
+        overrides["db_url"] = db_url
+    if log_level is not None:
+        overrides["log_level"] = log_level.lower()
+    try:
+        settings = BSOSettings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise typer.BadParameter(f"Invalid settings: {problems}") from exc
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level)
+
+
+if __name__ == "__main__":
+    app()
