@@ -1,0 +1,144 @@
+"""The per-rank hook's parts that need no coordinator: clocks, emulation, bad setups."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from perseus.client import FrequencyController, PerseusOptimizer
+from perseus.demo import free_port
+from perseus.emulation import EmulationSettings, InstructionEmulator
+from perseus.errors import ConfigurationError, CoordinatorError
+from zeus_power.device.base import GPUPermissionError
+from zeus_power.device.emulated import EmulatedGPU, Workload
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+
+@pytest.fixture
+def process_group():
+    """A one-rank gloo group, as the hook needs one."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
+def _layout(**overrides):
+    kwargs = dict(
+        rank=0,
+        dp_rank=0,
+        pp_rank=0,
+        tp_rank=0,
+        device_id=0,
+        dp_degree=1,
+        pp_degree=1,
+        tp_degree=1,
+        world_size=1,
+        server_url="http://127.0.0.1:1",
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def test_frequency_controller_applies_the_latest_clock_and_always_resets():
+    gpu = EmulatedGPU(0)
+    ctl = FrequencyController(gpu)
+    for freq in (1410, 1200, 900, 705):
+        ctl.request(freq)
+    ctl.wait_applied()
+    assert gpu.current_sm_clock_mhz() == 705
+    ctl.request(1005)
+    ctl.wait_applied()
+    assert gpu.current_sm_clock_mhz() == 1005
+    ctl.close()
+    assert gpu.current_sm_clock_mhz() == gpu.spec.max_sm_clock_mhz  # reset on close
+    ctl.close()  # idempotent
+
+
+def test_frequency_controller_raises_gpu_errors_in_the_caller():
+    ctl = FrequencyController(EmulatedGPU(0, privileged=False))
+    ctl.request(900)
+    with pytest.raises(GPUPermissionError, match="root"):
+        ctl.wait_applied()
+    with pytest.raises(GPUPermissionError):  # resetting clocks needs privileges too
+        ctl.close()
+
+
+@pytest.mark.parametrize("freq", [1410, 1005, 600])
+def test_measured_emulation_stretches_wall_time_and_feeds_the_counter(freq):
+    gpu = EmulatedGPU(0)
+    emulator = InstructionEmulator(gpu, EmulationSettings(memory_fraction=0.2))
+    stretch = gpu.model.stretch_factor(Workload.from_memory_fraction(0.2), freq)
+    start_mj = gpu.total_energy_mj()
+    start = time.perf_counter()
+    time.sleep(0.02)  # the "real work"
+    compute_s = time.perf_counter() - start
+    duration = emulator.finish("forward", start, freq)
+    energy_j = (gpu.total_energy_mj() - start_mj) / 1000
+    assert duration == pytest.approx(compute_s * stretch, rel=0.05)
+    assert time.perf_counter() - start == pytest.approx(duration, rel=0.05)
+    power = gpu.busy_power_w(Workload.from_memory_fraction(0.2), freq)
+    assert energy_j == pytest.approx(power * duration, rel=0.02)
+
+
+def test_nominal_emulation_ignores_the_measured_time():
+    gpu = EmulatedGPU(0)
+    emulator = InstructionEmulator(
+        gpu, EmulationSettings(nominal=True), nominal_time_s={"forward": 0.01, "backward": 0.02}
+    )
+    stretch = gpu.stretch_factor(Workload(1.0), 705)  # memory fraction 0: f_max / f
+    assert stretch == pytest.approx(1410 / 705)
+    duration = emulator.finish("backward", time.perf_counter(), 705)
+    assert duration == pytest.approx(0.02 * stretch, rel=0.05)
+    with pytest.raises(ConfigurationError, match="No nominal time for instruction 'optimizer'"):
+        emulator.finish("optimizer", time.perf_counter(), 705)
+
+
+def test_stretching_off_measures_only():
+    gpu = EmulatedGPU(0)
+    emulator = InstructionEmulator(gpu, EmulationSettings(stretch=False))
+    start = time.perf_counter()
+    duration = emulator.finish("forward", start, 210)
+    assert duration < 0.005  # no sleep at the lowest clock
+
+
+def test_emulation_settings_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PERSEUS_EMULATE_STRETCH", "0")
+    monkeypatch.setenv("PERSEUS_EMULATE_NOMINAL", "1")
+    settings = EmulationSettings()
+    assert settings.stretch is False and settings.nominal is True
+    with pytest.raises(ConfigurationError, match="no nominal instruction times"):
+        InstructionEmulator(EmulatedGPU(0), settings)
+    with pytest.raises(ConfigurationError, match="positive number of seconds"):
+        InstructionEmulator(EmulatedGPU(0), settings, nominal_time_s={"forward": -1.0})
+
+
+def test_hook_needs_a_process_group():
+    with pytest.raises(ConfigurationError, match="init_process_group"):
+        PerseusOptimizer(**_layout(), gpu=EmulatedGPU(0))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"world_size": 2}, r"1·1·1 != world_size 2"),
+        ({"pp_rank": 1}, r"pp_rank=1 must be in \[0, 1\)"),
+        ({"server_url": "127.0.0.1:7787"}, "must be an http"),
+        ({"dp_degree": 0, "world_size": 0}, "dp_degree=0"),
+    ],
+)
+def test_bad_layouts_are_named(overrides, message):
+    with pytest.raises(ConfigurationError, match=message):
+        PerseusOptimizer(**_layout(**overrides), gpu=EmulatedGPU(0))
+
+
+def test_unreachable_coordinator_names_the_url(process_group):
+    url = f"http://127.0.0.1:{free_port()}"
+    gpu = EmulatedGPU(0)
+    with pytest.raises(CoordinatorError, match=f"Cannot reach the Perseus coordinator at {url}"):
+        PerseusOptimizer(**_layout(server_url=url), gpu=gpu, timeout_s=5)
+    assert gpu.current_sm_clock_mhz() == gpu.spec.max_sm_clock_mhz
