@@ -4,8 +4,36 @@
 names against; a ``module:Class`` name loads a plugin instead.
 """
 
-from schedulers.base import FrequencyScheduler
+from schedulers.all_max import AllMaxFrequency
+from schedulers.base import FrequencyScheduler, build_scheduler, check_scheduler_args
+from schedulers.envpipe import EnvPipe
+from schedulers.perseus_scheduler import Perseus
+from schedulers.pipeline import PipelineScheduler
+from schedulers.point_solution import PointSolution
+from schedulers.profiler import InstructionProfiler
+from schedulers.zeus import ZeusGlobal, ZeusPerStage
 
-SCHEDULERS: dict[str, type[FrequencyScheduler]] = {}
+SCHEDULERS: dict[str, type[FrequencyScheduler]] = {
+    "AllMaxFrequency": AllMaxFrequency,
+    "EnvPipe": EnvPipe,
+    "InstructionProfiler": InstructionProfiler,
+    "Perseus": Perseus,
+    "PointSolution": PointSolution,
+    "ZeusGlobal": ZeusGlobal,
+    "ZeusPerStage": ZeusPerStage,
+}
 
-__all__ = ["SCHEDULERS", "FrequencyScheduler"]
+__all__ = [
+    "SCHEDULERS",
+    "AllMaxFrequency",
+    "EnvPipe",
+    "FrequencyScheduler",
+    "InstructionProfiler",
+    "Perseus",
+    "PipelineScheduler",
+    "PointSolution",
+    "ZeusGlobal",
+    "ZeusPerStage",
+    "build_scheduler",
+    "check_scheduler_args",
+]

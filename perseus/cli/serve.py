@@ -1,0 +1,73 @@
+"""`perseus serve`: run the coordinator (settings from the ``PERSEUS_*`` environment)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from perseus.cli._common import console, err_console
+
+__all__ = ["serve"]
+
+
+def _settings_or_exit():  # type: ignore[no-untyped-def]
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    from perseus.errors import PerseusError
+    from perseus.models import PerseusSettings
+
+    try:
+        return PerseusSettings()
+    except (PerseusError, ValidationError, SettingsError) as exc:
+        err_console.print(
+            f"[bold red]Error:[/] invalid PERSEUS_* settings: {exc}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(2) from None
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 7787,
+    log_level: Annotated[
+        str | None,
+        typer.Option(help="uvicorn/Perseus log level (default: PERSEUS_LOG_LEVEL or info)."),
+    ] = None,
+    round_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--round-timeout",
+            envvar="PERSEUS_ROUND_TIMEOUT_S",
+            help="Seconds a round waits for every rank to ask before failing the job (504).",
+        ),
+    ] = 120.0,
+) -> None:
+    """Run the Perseus coordinator. Scheduler: PERSEUS_SCHEDULER, PERSEUS_SCHEDULER_ARGS (JSON)."""
+    import uvicorn
+
+    from perseus.errors import PerseusError
+    from perseus.server import create_app
+
+    settings = _settings_or_exit()
+    try:
+        app = create_app(settings, round_timeout_s=round_timeout_s)
+    except (PerseusError, ValueError) as exc:
+        err_console.print(f"[bold red]Error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    level = (log_level or settings.log_level).lower()
+    logging.basicConfig(
+        level="DEBUG" if level == "trace" else level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    console.print(
+        f"Perseus coordinator on http://{host}:{port} — scheduler [bold]{settings.scheduler_name}"
+        f"[/] {settings.scheduler_args or ''}"
+        + (f", dumping to {settings.dump_dir}" if settings.dump_data else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    uvicorn.run(app, host=host, port=port, log_level=level)

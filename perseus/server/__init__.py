@@ -1,0 +1,91 @@
+"""The Perseus coordinator: a FastAPI app that drives every job's frequency scheduler.
+
+Build it with `create_app` (nothing is built at import time)::
+
+    uvicorn --factory perseus.server:create_app          # settings from PERSEUS_* env
+    python -m perseus.server --port 7787                   # the same, with options
+    perseus serve --port 7787
+
+Routes (`perseus.server.routes`): ``GET /info``, ``POST /register_job`` → job id,
+``POST /register_rank/{job_id}``, ``GET /schedule/{job_id}?rank=R`` (the round barrier),
+``POST /result/{job_id}``, ``POST /straggler/{job_id}``. Job state and the barrier:
+`perseus.server.job_manager`. Status codes: `perseus.server.errors`.
+
+With `dump_data`, each job's ``job.json``, ``scheduler.json``, ``ranks.json``,
+``N.sched.json``, ``N.prof.json`` and ``deployed_plan.json`` are written under
+``dump_dir/<job_id>/``, and a coordinator started on the same `dump_dir` restores those
+jobs: their ranks get the deployed plan again. Jobs idle longer than
+`max_job_idle_time` are evicted by a background task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from perseus.models import PerseusSettings
+from perseus.server.errors import install_error_handlers
+from perseus.server.job_manager import JobManager
+from perseus.server.routes import router
+from schedulers.base import check_scheduler_args
+
+__all__ = ["DEFAULT_ROUND_TIMEOUT_S", "create_app"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ROUND_TIMEOUT_S = 120.0
+
+
+async def _evict_forever(manager: JobManager, period_s: float) -> None:
+    while True:
+        await asyncio.sleep(period_s)
+        manager.evict_idle()
+
+
+def create_app(
+    settings: PerseusSettings | None = None, *, round_timeout_s: float = DEFAULT_ROUND_TIMEOUT_S
+) -> FastAPI:
+    """Build the coordinator app.
+
+    Args:
+        settings: Coordinator settings; default: read from the ``PERSEUS_*`` environment.
+        round_timeout_s: How long a round's barrier waits, from its first request, for every
+            rank to ask before all waiting ranks get 504 and the job fails.
+
+    Raises:
+        ConfigurationError: The scheduler's arguments are invalid (checked up front).
+    """
+    settings = settings if settings is not None else PerseusSettings()
+    check_scheduler_args(settings.scheduler, settings.scheduler_args)
+    if not round_timeout_s > 0:
+        raise ValueError(f"round_timeout_s must be positive, got {round_timeout_s!r}")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        manager = JobManager(settings, round_timeout_s=round_timeout_s)
+        app.state.job_manager = manager
+        await manager.reload()
+        period = min(60.0, settings.max_job_idle_time / 2)
+        evictor = asyncio.create_task(_evict_forever(manager, period))
+        try:
+            yield
+        finally:
+            evictor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await evictor
+            await manager.close()
+
+    app = FastAPI(
+        title="Perseus coordinator",
+        summary=f"Frequency scheduling with {settings.scheduler_name}",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.round_timeout_s = round_timeout_s
+    app.include_router(router)
+    install_error_handlers(app)
+    return app

@@ -1,0 +1,52 @@
+"""`AllMaxFrequency`: every instruction at the highest SM frequency (the baseline)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
+from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+
+__all__ = ["AllMaxFrequency"]
+
+
+class AllMaxFrequency(PipelineScheduler):
+    """Run every instruction of every rank at the highest frequency all GPUs support.
+
+    Args (``PERSEUS_SCHEDULER_ARGS``):
+        num_microbatches: Microbatches per iteration (sets the length of each schedule).
+        schedule: The pipeline schedule, ``"1f1b"`` (default) or ``"gpipe"``.
+
+    Results are accepted and ignored, so clients need not report breakdowns.
+    """
+
+    def __init__(
+        self,
+        job_info: JobInfo,
+        rank_infos: list[RankInfo],
+        perseus_settings: PerseusSettings,
+        *,
+        num_microbatches: Annotated[int, Field(ge=1)] | None = None,
+        schedule: str = "1f1b",
+    ) -> None:
+        super().__init__(
+            job_info,
+            rank_infos,
+            perseus_settings,
+            num_microbatches=num_microbatches,
+            schedule=schedule,
+        )
+        self._plan = self.max_plan()
+
+    def plan_next(self) -> StagePlan:
+        return self._plan
+
+    def observe(self, profiling_results: list[ProfilingResult]) -> None:
+        self._observed = True
+
+    def on_measurement(
+        self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
+    ) -> None:
+        return None

@@ -1,0 +1,191 @@
+"""`EnvPipe` (Choi et al., USENIX ATC'23), the frequency-planning part, as a baseline."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import numpy as np
+from pydantic import Field
+
+from perseus.dag import Instruction, PipelineSchedule
+from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
+from perseus.plan import Plan, evaluate, max_frequencies
+from perseus.profile import InstructionProfile
+from schedulers.perseus_scheduler import DEFAULT_P2P_POWER_W
+from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+from schedulers.profiler import PROFILE_FILENAME
+from schedulers.sweep import InstructionSweep
+
+__all__ = ["EnvPipe", "envpipe_frequencies"]
+
+logger = logging.getLogger(__name__)
+
+
+def envpipe_frequencies(
+    profile: InstructionProfile, schedule: PipelineSchedule, p2p_power_w: float
+) -> list[list[int]]:
+    """EnvPipe's plan: slow down instructions in pipeline bubbles, never the iteration.
+
+    The critical stage — the one with the most computation at max frequency (the last
+    stage on ties) — stays at max frequency. Every other instruction, greedily in order of
+    decreasing slack, gets the option with the lowest ``e − P_block·t`` (the change in the
+    pipeline's energy when its time changes but T does not) among those that fit in its
+    current total float (latest finish − earliest finish), so the all-max iteration time
+    never grows. Passes repeat until nothing changes. (EnvPipe also reorders forward
+    passes; this baseline keeps the schedule's order, the same DAG every scheduler uses.)
+    """
+    instrs: list[Instruction] = schedule.instructions()
+    index = {instr: i for i, instr in enumerate(instrs)}
+    dag = schedule.dag()
+    preds = [[index[p] for p in dag.predecessors(instr)] for instr in instrs]
+    succs = [[index[s] for s in dag.successors(instr)] for instr in instrs]
+    options = [schedule.options(profile, instr) for instr in instrs]
+    choice = [int(np.argmax(o.freq_mhz)) for o in options]
+    dur = [float(o.time_s[c]) for o, c in zip(options, choice, strict=True)]
+    busy = [0.0] * schedule.num_stages
+    for instr, d in zip(instrs, dur, strict=True):
+        busy[instr.stage] += d
+    critical = max(range(schedule.num_stages), key=lambda s: (busy[s], s))
+    n = len(instrs)
+
+    def float_of() -> tuple[list[float], float]:
+        finish = [0.0] * n
+        for i in range(n):
+            finish[i] = max((finish[p] for p in preds[i]), default=0.0) + dur[i]
+        makespan = max(finish)
+        latest = [makespan] * n
+        for i in range(n - 1, -1, -1):
+            if succs[i]:
+                latest[i] = min(latest[s] - dur[s] for s in succs[i])
+        return [latest[i] - finish[i] for i in range(n)], makespan
+
+    slack, t0 = float_of()
+    eps = 1e-12 * max(t0, 1.0)
+    candidates = [i for i in range(n) if instrs[i].stage != critical]
+    changed = True
+    while changed:
+        changed = False
+        for i in sorted(candidates, key=lambda i: -slack[i]):
+            if slack[i] <= eps:
+                continue
+            o = options[i]
+            room = dur[i] + slack[i] + eps
+            cost = o.energy_j - p2p_power_w * o.time_s
+            ok = np.flatnonzero(o.time_s <= room)
+            best = int(ok[np.argmin(cost[ok])])
+            if cost[best] < cost[choice[i]] - 1e-12:
+                choice[i] = best
+                dur[i] = float(o.time_s[best])
+                changed = True
+                slack, _ = float_of()
+    freqs_by_instr = {instr: int(options[i].freq_mhz[choice[i]]) for i, instr in enumerate(instrs)}
+    return [[freqs_by_instr[instr] for instr in order] for order in schedule.orders]
+
+
+class EnvPipe(PipelineScheduler):
+    """Profile like `InstructionProfiler`, then deploy `envpipe_frequencies`' plan.
+
+    The iteration time stays that of all-max (checked with `perseus.plan.evaluate`).
+
+    Args (``PERSEUS_SCHEDULER_ARGS``): `num_microbatches`, `schedule`, `p2p_power` (W;
+    default measured like `Perseus`), `profile_path` (skip the sweep), and the sweep's
+    `warmup_rounds`, `freq_step`, `min_frequency`, `early_stop_after`.
+    """
+
+    def __init__(
+        self,
+        job_info: JobInfo,
+        rank_infos: list[RankInfo],
+        perseus_settings: PerseusSettings,
+        *,
+        num_microbatches: Annotated[int, Field(ge=1)] | None = None,
+        schedule: str = "1f1b",
+        p2p_power: Annotated[float, Field(ge=0.0)] | None = None,
+        profile_path: str | None = None,
+        warmup_rounds: Annotated[int, Field(ge=0)] = 1,
+        freq_step: Annotated[int, Field(ge=1)] = 1,
+        min_frequency: Annotated[int, Field(gt=0)] | None = None,
+        early_stop_after: Annotated[int, Field(ge=1)] = 2,
+    ) -> None:
+        super().__init__(
+            job_info,
+            rank_infos,
+            perseus_settings,
+            num_microbatches=num_microbatches,
+            schedule=schedule,
+        )
+        self.p2p_power_w = p2p_power
+        self.profile: InstructionProfile | None = None
+        if profile_path is not None:
+            self.profile = InstructionProfile.from_csv(profile_path)
+            self.pipeline.check_profile(self.profile)
+        self.sweep: InstructionSweep | None = None
+        if self.profile is None or self.p2p_power_w is None:
+            self.sweep = InstructionSweep(
+                self,
+                warmup_rounds=warmup_rounds,
+                freq_step=freq_step,
+                min_frequency=self.max_freq_mhz if self.profile is not None else min_frequency,
+                early_stop_after=early_stop_after,
+            )
+        self.chosen: Plan | None = None
+        self._chosen_plan: StagePlan | None = None
+        if self.sweep is None:
+            self._deploy()
+
+    def plan_next(self) -> StagePlan:
+        if self._chosen_plan is None:
+            assert self.sweep is not None
+            if not self.sweep.done:
+                return self.sweep.current_plan()
+            self._deploy()
+        assert self._chosen_plan is not None
+        return self._chosen_plan
+
+    def on_measurement(
+        self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
+    ) -> None:
+        if self._chosen_plan is None and self.sweep is not None:
+            self.sweep.observe(measurement)
+
+    def _deploy(self) -> None:
+        if self.sweep is not None:
+            if self.profile is None:
+                self.sweep.write_csv(self.job_dir / PROFILE_FILENAME)
+                self.profile = self.sweep.profile()
+            if self.p2p_power_w is None:
+                measured = self.sweep.p2p_power_w()
+                self.p2p_power_w = (
+                    DEFAULT_P2P_POWER_W if measured is None else measured
+                ) * self.job_info.tp_degree
+        assert self.profile is not None and self.p2p_power_w is not None
+        freqs = envpipe_frequencies(self.profile, self.pipeline, self.p2p_power_w)
+        evaluation = evaluate(self.profile, self.pipeline, freqs, self.p2p_power_w)
+        fastest = evaluate(
+            self.profile,
+            self.pipeline,
+            max_frequencies(self.profile, self.pipeline),
+            self.p2p_power_w,
+        )
+        assert evaluation.iteration_time_s <= fastest.iteration_time_s * (1 + 1e-9)
+        self.chosen = Plan.from_frequencies(
+            self.pipeline, freqs, p2p_power_w=self.p2p_power_w, evaluation=evaluation
+        )
+        self._chosen_plan = self.check_plan(self.chosen)
+        logger.info(
+            "Job %s: EnvPipe plan T=%.4f s, E=%.1f J (all-max E=%.1f J)",
+            self.job_info.job_id,
+            evaluation.iteration_time_s,
+            evaluation.energy_j,
+            fastest.energy_j,
+        )
+
+    def deployed_plan(self) -> Plan | None:
+        return self.chosen
+
+    def resume(self, plan: Plan) -> None:
+        """Resume at a persisted plan (restarted coordinator)."""
+        self._chosen_plan = self.check_plan(plan)
+        self.chosen = plan
+        self.sweep = None

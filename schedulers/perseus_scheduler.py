@@ -1,0 +1,345 @@
+"""`Perseus`: profile online, solve the time–energy frontier, deploy a plan, track stragglers."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from typing import Annotated
+
+from pydantic import Field
+
+from perseus.errors import ConfigurationError
+from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
+from perseus.plan import Plan, evaluate
+from perseus.profile import InstructionProfile
+from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+from schedulers.profiler import PROFILE_FILENAME
+from schedulers.sweep import InstructionSweep
+
+__all__ = ["DEFAULT_P2P_POWER_W", "FRONTIER_DIRNAME", "Perseus", "PerseusPhase"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_P2P_POWER_W = 70.0
+"""Blocking power used only when it could not be measured (≈ the A40's measured 70.38 W)."""
+
+FRONTIER_DIRNAME = "frontier"
+
+
+class PerseusPhase(enum.Enum):
+    """PROFILING → DEPLOYED.
+
+    PROFILING: the instruction sweep runs (skipped to a single all-max measuring round when
+    `profile_path` is given, and entirely when `p2p_power` is given too). At the end of the
+    round that completes it, the frontier is solved (synchronously, inside the scheduler
+    call the coordinator runs in a worker thread) and the chosen plan deployed.
+    DEPLOYED (terminal): every round runs the chosen plan; while a data-parallel pipeline
+    straggles, the other pipelines run the slower, cheaper plan that still meets it.
+    """
+
+    PROFILING = "profiling"
+    DEPLOYED = "deployed"
+
+
+class Perseus(PipelineScheduler):
+    """The whole Perseus loop online.
+
+    1. Profile every instruction at every frequency (`schedulers.sweep`), or read a profile.
+    2. Blocking power `p2p_power`: if not given, measured from the all-max rounds as
+       ``(iter_energy − Σ eᵢ) / (iter_time − Σ tᵢ)`` per GPU (× tp_degree per stage);
+       `DEFAULT_P2P_POWER_W` only if no rank ever had idle time.
+    3. `perseus.solver.solve_frontier` on the profile and the job's schedule; the frontier is
+       written to ``dump_dir/<job_id>/frontier/`` (and the swept profile beside it).
+    4. Choose: the minimum-energy point with T ≤ `deadline` seconds if given, else with
+       T ≤ (1 + `max_slowdown`) × the fastest T; deploy it.
+    5. Stragglers: when data-parallel pipeline d is slower than the others — announced with
+       ``POST /straggler`` (`on_straggler`, sticky until a slowdown of 1.0 is announced) or
+       detected from results (its instructions run more than `straggler_threshold` slower,
+       relative to what its plan predicts, than the fastest pipeline's, for
+       `straggler_rounds` rounds in a row) — every other pipeline runs the minimum-energy
+       frontier point with T ≤ slowdown × T(chosen plan). When the straggler recovers
+       (announced 1.0, or `straggler_rounds` rounds within the threshold) all pipelines
+       return to the chosen plan.
+
+    Args (``PERSEUS_SCHEDULER_ARGS``): `num_microbatches`, `schedule` (default "1f1b"),
+    `max_slowdown` (default 0.0), `deadline` (seconds, overrides `max_slowdown`),
+    `p2p_power` (W), `profile_path` (a profile CSV to use instead of sweeping), the sweep's
+    `warmup_rounds`, `freq_step`, `min_frequency`, `early_stop_after`, and
+    `straggler_threshold` (default 0.05), `straggler_rounds` (default 2).
+    """
+
+    def __init__(
+        self,
+        job_info: JobInfo,
+        rank_infos: list[RankInfo],
+        perseus_settings: PerseusSettings,
+        *,
+        num_microbatches: Annotated[int, Field(ge=1)] | None = None,
+        schedule: str = "1f1b",
+        max_slowdown: Annotated[float, Field(ge=0.0)] = 0.0,
+        deadline: Annotated[float, Field(gt=0.0)] | None = None,
+        p2p_power: Annotated[float, Field(ge=0.0)] | None = None,
+        profile_path: str | None = None,
+        warmup_rounds: Annotated[int, Field(ge=0)] = 1,
+        freq_step: Annotated[int, Field(ge=1)] = 1,
+        min_frequency: Annotated[int, Field(gt=0)] | None = None,
+        early_stop_after: Annotated[int, Field(ge=1)] = 2,
+        straggler_threshold: Annotated[float, Field(gt=0.0)] = 0.05,
+        straggler_rounds: Annotated[int, Field(ge=1)] = 2,
+    ) -> None:
+        super().__init__(
+            job_info,
+            rank_infos,
+            perseus_settings,
+            num_microbatches=num_microbatches,
+            schedule=schedule,
+        )
+        self.max_slowdown = max_slowdown
+        self.deadline_s = deadline
+        self.p2p_power_w = p2p_power
+        self.straggler_threshold = straggler_threshold
+        self.straggler_rounds = straggler_rounds
+        self.profile: InstructionProfile | None = None
+        if profile_path is not None:
+            self.profile = InstructionProfile.from_csv(profile_path)
+            self.pipeline.check_profile(self.profile)
+        self.sweep: InstructionSweep | None = None
+        if self.profile is None or self.p2p_power_w is None:
+            self.sweep = InstructionSweep(
+                self,
+                warmup_rounds=warmup_rounds,
+                freq_step=freq_step,
+                # With a given profile, only the blocking power is measured (one max step).
+                min_frequency=self.max_freq_mhz if self.profile is not None else min_frequency,
+                early_stop_after=early_stop_after,
+            )
+        self.phase = PerseusPhase.PROFILING
+        self.frontier = None
+        self.chosen: Plan | None = None
+        self._chosen_plan: StagePlan | None = None
+        self.announced: dict[int, float] = {}
+        self.detected: dict[int, float] = {}
+        self._streak: dict[int, int] = {}
+        self._recover_streak: dict[int, int] = {}
+        self._overrides: dict[int, StagePlan] = {}
+        self._running: dict[int, Plan] = {}
+        if self.sweep is None:
+            self._deploy()
+
+    # ------------------------------------------------------------------ rounds
+    def plan_next(self) -> StagePlan:
+        match self.phase:
+            case PerseusPhase.PROFILING:
+                assert self.sweep is not None
+                if self.sweep.done:
+                    self._deploy()
+                    assert self._chosen_plan is not None
+                    return self._chosen_plan
+                return self.sweep.current_plan()
+            case PerseusPhase.DEPLOYED:
+                assert self._chosen_plan is not None
+                return self._chosen_plan
+
+    def pipeline_overrides(self) -> dict[int, StagePlan]:
+        return self._overrides
+
+    def on_measurement(
+        self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
+    ) -> None:
+        match self.phase:
+            case PerseusPhase.PROFILING:
+                assert self.sweep is not None
+                self.sweep.observe(measurement)
+            case PerseusPhase.DEPLOYED:
+                if measurement is not None:
+                    self._detect_stragglers(measurement)
+
+    # ------------------------------------------------------------------ solve & deploy
+    def _deploy(self) -> None:
+        from perseus.solver import solve_frontier
+
+        if self.sweep is not None:
+            measured = self.sweep.p2p_power_w()
+            if self.profile is None:
+                self.sweep.write_csv(self.job_dir / PROFILE_FILENAME)
+                self.profile = self.sweep.profile()
+            if self.p2p_power_w is None:
+                if measured is None:
+                    logger.warning(
+                        "Job %s: blocking power could not be measured (no idle time); using %.1f W",
+                        self.job_info.job_id,
+                        DEFAULT_P2P_POWER_W,
+                    )
+                    measured = DEFAULT_P2P_POWER_W
+                self.p2p_power_w = measured * self.job_info.tp_degree
+        assert self.profile is not None and self.p2p_power_w is not None
+        logger.info(
+            "Job %s: solving the frontier (%d stages × %d microbatches, P_block %.1f W)",
+            self.job_info.job_id,
+            self.num_stages,
+            self.pipeline.num_microbatches,
+            self.p2p_power_w,
+        )
+        self.frontier = solve_frontier(self.profile, self.pipeline, p2p_power_w=self.p2p_power_w)
+        self.frontier.write(self.job_dir / FRONTIER_DIRNAME)
+        if self.deadline_s is not None:
+            point = self.frontier.choose(deadline_s=self.deadline_s)
+        else:
+            point = self.frontier.choose(max_slowdown=self.max_slowdown)
+        self.chosen = self._plan_of(point.frequencies)
+        self._chosen_plan = self.check_plan(self.chosen)
+        self.phase = PerseusPhase.DEPLOYED
+        logger.info(
+            "Job %s: deployed plan T=%.4f s, E=%.1f J",
+            self.job_info.job_id,
+            self.chosen.iteration_time,
+            self.chosen.energy,
+        )
+        self._update_overrides()
+
+    def _plan_of(self, frequencies: list[list[int]]) -> Plan:
+        assert self.profile is not None and self.p2p_power_w is not None
+        evaluation = evaluate(self.profile, self.pipeline, frequencies, self.p2p_power_w)
+        return Plan.from_frequencies(
+            self.pipeline, frequencies, p2p_power_w=self.p2p_power_w, evaluation=evaluation
+        )
+
+    def deployed_plan(self) -> Plan | None:
+        return self.chosen
+
+    def resume(self, plan: Plan) -> None:
+        """Go straight to DEPLOYED with a persisted plan (restarted coordinator).
+
+        The frontier is read back from ``frontier/`` when present, so straggler handling
+        keeps working; otherwise stragglers are only logged.
+        """
+        self._chosen_plan = self.check_plan(plan)
+        self.chosen = plan
+        self.p2p_power_w = plan.p2p_power
+        frontier_dir = self.job_dir / FRONTIER_DIRNAME
+        if (frontier_dir / "frontier.csv").exists():
+            from perseus.solver import Frontier
+
+            self.frontier = Frontier.read(frontier_dir)
+        profile_csv = self.job_dir / PROFILE_FILENAME
+        if self.profile is None and profile_csv.exists():
+            self.profile = InstructionProfile.from_csv(profile_csv)
+        self.sweep = None
+        self.phase = PerseusPhase.DEPLOYED
+        self._update_overrides()
+
+    # ------------------------------------------------------------------ stragglers
+    def on_straggler(self, dp_rank: int, slowdown: float) -> None:
+        """Announce pipeline `dp_rank` runs `slowdown`× its normal time (1.0: recovered)."""
+        if not 0 <= dp_rank < self.job_info.dp_degree:
+            raise ConfigurationError(
+                f"dp_rank {dp_rank} is out of range: job {self.job_info.job_id} has "
+                f"dp_degree {self.job_info.dp_degree} (valid 0..{self.job_info.dp_degree - 1})"
+            )
+        if not (math.isfinite(slowdown) and slowdown >= 1.0):
+            raise ConfigurationError(
+                f"slowdown must be a finite number >= 1.0 (1.0 = recovered), got {slowdown!r}"
+            )
+        if slowdown == 1.0:
+            self.announced.pop(dp_rank, None)
+        else:
+            self.announced[dp_rank] = slowdown
+        logger.info(
+            "Job %s: straggler announcement dp_rank=%d slowdown=%.3f",
+            self.job_info.job_id,
+            dp_rank,
+            slowdown,
+        )
+        self._update_overrides()
+
+    def stragglers(self) -> dict[int, float]:
+        """Data-parallel rank → slowdown, announced or detected (announcements win)."""
+        return {**self.detected, **self.announced}
+
+    def _update_overrides(self) -> None:
+        """Recompute the other pipelines' plan for the worst straggler."""
+        self._overrides = {}
+        self._running = {}
+        if self.phase is not PerseusPhase.DEPLOYED or self.chosen is None:
+            return
+        stragglers = self.stragglers()
+        if not stragglers or self.frontier is None:
+            if stragglers:
+                logger.warning(
+                    "Job %s: straggler(s) %s but no frontier to slow the others down",
+                    self.job_info.job_id,
+                    stragglers,
+                )
+            return
+        slowdown = max(stragglers.values())
+        deadline = slowdown * self.chosen.iteration_time
+        point = self.frontier.choose(deadline_s=deadline)
+        plan = self._plan_of(point.frequencies)
+        stage_plan = self.check_plan(plan)
+        for dp in range(self.job_info.dp_degree):
+            if dp not in stragglers:
+                self._overrides[dp] = stage_plan
+                self._running[dp] = plan
+        logger.info(
+            "Job %s: straggler(s) %s: other pipelines run T=%.4f s (≤ %.4f s), E=%.1f J",
+            self.job_info.job_id,
+            stragglers,
+            plan.iteration_time,
+            deadline,
+            plan.energy,
+        )
+
+    def running_plan(self, dp_rank: int) -> Plan | None:
+        """The plan pipeline `dp_rank` runs now."""
+        return self._running.get(dp_rank, self.chosen)
+
+    def _expected_busy_s(self, plan: Plan) -> list[float]:
+        assert self.profile is not None
+        return [
+            math.fsum(
+                self.pipeline.options(self.profile, instr).time_s[
+                    self.pipeline.options(self.profile, instr).index_of(freq)
+                ]
+                for instr, (_, freq) in zip(order, entries, strict=True)
+            )
+            for order, entries in zip(self.pipeline.orders, plan.frequencies, strict=True)
+        ]
+
+    def _detect_stragglers(self, m: RoundMeasurement) -> None:
+        if self.profile is None or self.job_info.dp_degree < 2:
+            return
+        ratio: dict[int, float] = {}
+        expected: dict[int, list[float]] = {}
+        for dp in range(self.job_info.dp_degree):
+            plan = self.running_plan(dp)
+            if plan is None:
+                return
+            key = id(plan)
+            if key not in expected:
+                expected[key] = self._expected_busy_s(plan)
+            exp = expected[key]
+            ratio[dp] = max(m.busy_s[dp, s] / exp[s] for s in range(self.num_stages) if exp[s] > 0)
+        base = min(ratio.values())
+        changed = False
+        for dp, r in ratio.items():
+            rel = r / base
+            if rel > 1.0 + self.straggler_threshold:
+                self._recover_streak[dp] = 0
+                self._streak[dp] = self._streak.get(dp, 0) + 1
+                known = self.detected.get(dp)
+                if self._streak[dp] >= self.straggler_rounds and (
+                    known is None or abs(rel - known) > self.straggler_threshold * known
+                ):
+                    self.detected[dp] = rel
+                    changed = True
+            else:
+                self._streak[dp] = 0
+                if dp in self.detected:
+                    self._recover_streak[dp] = self._recover_streak.get(dp, 0) + 1
+                    if self._recover_streak[dp] >= self.straggler_rounds:
+                        del self.detected[dp]
+                        changed = True
+        if changed:
+            logger.info("Job %s: detected stragglers %s", self.job_info.job_id, self.detected)
+            self._update_overrides()

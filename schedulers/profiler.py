@@ -1,0 +1,78 @@
+"""`InstructionProfiler`: profile every instruction at every frequency, online."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
+from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+from schedulers.sweep import InstructionSweep
+
+__all__ = ["PROFILE_FILENAME", "InstructionProfiler"]
+
+PROFILE_FILENAME = "instruction_profile.csv"
+
+
+class InstructionProfiler(PipelineScheduler):
+    """Sweep SM frequencies high → low over rounds, then keep the job at max frequency.
+
+    Each sweep round runs every still-active (stage, instruction) at one frequency; the
+    per-instruction numbers are the mean over the window's iterations and occurrences,
+    aggregated per stage (time = max over the stage's ranks, energy = sum over the stage's
+    tp ranks of the first dp pipeline; see `schedulers.pipeline`). Early stop and warm-up:
+    `schedulers.sweep`. When the sweep is done the `InstructionProfilingResult` (long-form
+    CSV, one row group per stage) is written to ``dump_dir/<job_id>/instruction_profile.csv``
+    (whether or not `dump_data` is on: the profile is a product) and every later round runs
+    at max frequency.
+
+    Args (``PERSEUS_SCHEDULER_ARGS``):
+        num_microbatches: Microbatches per iteration.
+        schedule: Pipeline schedule (default ``"1f1b"``).
+        warmup_rounds: Rounds at max frequency before measuring (default 1).
+        freq_step: Profile every `freq_step`-th available frequency (default 1: all).
+        min_frequency: Lowest frequency to profile, MHz (default: the lowest available).
+        early_stop_after: Consecutive energy rises that stop an instruction (default 2).
+    """
+
+    def __init__(
+        self,
+        job_info: JobInfo,
+        rank_infos: list[RankInfo],
+        perseus_settings: PerseusSettings,
+        *,
+        num_microbatches: Annotated[int, Field(ge=1)] | None = None,
+        schedule: str = "1f1b",
+        warmup_rounds: Annotated[int, Field(ge=0)] = 1,
+        freq_step: Annotated[int, Field(ge=1)] = 1,
+        min_frequency: Annotated[int, Field(gt=0)] | None = None,
+        early_stop_after: Annotated[int, Field(ge=1)] = 2,
+    ) -> None:
+        super().__init__(
+            job_info,
+            rank_infos,
+            perseus_settings,
+            num_microbatches=num_microbatches,
+            schedule=schedule,
+        )
+        self.sweep = InstructionSweep(
+            self,
+            warmup_rounds=warmup_rounds,
+            freq_step=freq_step,
+            min_frequency=min_frequency,
+            early_stop_after=early_stop_after,
+        )
+        self.profile_path = self.job_dir / PROFILE_FILENAME
+        self._written = False
+
+    def plan_next(self) -> StagePlan:
+        return self.sweep.current_plan()
+
+    def on_measurement(
+        self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
+    ) -> None:
+        self.sweep.observe(measurement)
+        if self.sweep.done and not self._written:
+            self.sweep.write_csv(self.profile_path)
+            self._written = True

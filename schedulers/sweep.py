@@ -1,0 +1,229 @@
+"""The online instruction profiler: a frequency sweep over scheduling rounds.
+
+`InstructionSweep` is the state machine the profiling schedulers (`InstructionProfiler`,
+`Perseus`, `EnvPipe`, `ZeusGlobal`, `ZeusPerStage`) share:
+
+```
+WARMUP ──(warmup_rounds rounds at max frequency, results ignored)──▶ SWEEP
+SWEEP  ──(step k: every active instruction at levels[k], high → low)──▶ SWEEP | DONE
+DONE   (terminal: the profile is complete)
+```
+
+Instructions are grouped for early stopping (default: one group per (stage, instruction)):
+a group stops after `early_stop_after` consecutive rounds in which its metric (default: the
+instruction's energy) rose, or when the levels run out. An instruction whose group stopped
+runs at the **maximum** frequency for the rest of the sweep: it keeps the profiling rounds
+as fast as possible and never touches frequencies already shown to waste energy. A round
+in which some rank did not report is repeated (same step); `max_missing_rounds`
+incomplete rounds in a row are an error naming the silent ranks.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import statistics
+from collections.abc import Callable, Hashable
+from pathlib import Path
+
+from perseus.errors import ConfigurationError, RankError
+from perseus.models import INSTRUCTIONS, InstructionProfilingResult, OfflineProfilingResult
+from perseus.profile import InstructionProfile
+from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+
+__all__ = ["InstructionSweep", "SweepPhase"]
+
+logger = logging.getLogger(__name__)
+
+Metric = Callable[[Hashable, RoundMeasurement], float]
+
+
+class SweepPhase(enum.Enum):
+    """WARMUP → SWEEP → DONE (see the module docstring)."""
+
+    WARMUP = "warmup"
+    SWEEP = "sweep"
+    DONE = "done"
+
+
+def _default_group(stage: int, instruction: str) -> Hashable:
+    return (stage, instruction)
+
+
+def _default_metric(group: Hashable, m: RoundMeasurement) -> float:
+    stage, instruction = group  # type: ignore[misc]
+    return m.stages[stage].energy_j[instruction]
+
+
+class InstructionSweep:
+    """Sweeps SM frequencies high → low over rounds and records every instruction's numbers.
+
+    Args:
+        scheduler: The pipeline scheduler whose job is profiled.
+        warmup_rounds: Rounds at max frequency before measuring (their results are ignored).
+        freq_step: Profile every `freq_step`-th available frequency (1: all of them).
+        min_frequency: Lowest frequency (MHz) to profile; default the lowest available.
+        early_stop_after: Stop a group after this many consecutive metric increases.
+        group: (stage, instruction) → early-stop group.
+        metric: (group, measurement) → the value whose rises stop the group.
+        max_missing_rounds: Incomplete rounds in a row tolerated before giving up.
+    """
+
+    def __init__(
+        self,
+        scheduler: PipelineScheduler,
+        *,
+        warmup_rounds: int = 1,
+        freq_step: int = 1,
+        min_frequency: int | None = None,
+        early_stop_after: int = 2,
+        group: Callable[[int, str], Hashable] = _default_group,
+        metric: Metric = _default_metric,
+        max_missing_rounds: int = 3,
+    ) -> None:
+        if warmup_rounds < 0 or freq_step < 1 or early_stop_after < 1:
+            raise ConfigurationError(
+                f"warmup_rounds must be >= 0, freq_step and early_stop_after >= 1; got "
+                f"{warmup_rounds}, {freq_step}, {early_stop_after}"
+            )
+        freqs = scheduler.frequencies
+        if min_frequency is not None and min_frequency > freqs[0]:
+            raise ConfigurationError(
+                f"min_frequency {min_frequency} MHz is above the GPUs' maximum {freqs[0]} MHz; "
+                f"choose a value in {freqs[-1]}..{freqs[0]}"
+            )
+        floor = freqs[-1] if min_frequency is None else min_frequency
+        self.levels: list[int] = [f for f in freqs[::freq_step] if f >= floor]
+        """Frequencies profiled, descending; levels[0] is the maximum."""
+        self.scheduler = scheduler
+        self.phase = SweepPhase.WARMUP if warmup_rounds else SweepPhase.SWEEP
+        self.warmup_left = warmup_rounds
+        self.step = 0
+        self.early_stop_after = early_stop_after
+        self.max_missing_rounds = max_missing_rounds
+        self._group = group
+        self._metric = metric
+        self.groups: dict[Hashable, list[tuple[int, str]]] = {}
+        for stage in range(scheduler.num_stages):
+            for name in INSTRUCTIONS:
+                self.groups.setdefault(group(stage, name), []).append((stage, name))
+        self.active: set[Hashable] = set(self.groups)
+        self.history: dict[Hashable, list[tuple[int, float]]] = {g: [] for g in self.groups}
+        """Group → [(freq_mhz, metric)] in sweep order."""
+        self._rises: dict[Hashable, int] = dict.fromkeys(self.groups, 0)
+        self.time_s: dict[tuple[int, str], dict[int, float]] = {}
+        self.energy_j: dict[tuple[int, str], dict[int, float]] = {}
+        self.measurements: dict[int, RoundMeasurement] = {}
+        """Sweep frequency → the measurement of the step that ran it."""
+        self.p2p_samples: list[float] = []
+        self._missing = 0
+        self._warmup_seen = 0
+
+    @property
+    def done(self) -> bool:
+        return self.phase is SweepPhase.DONE
+
+    def _freq_of(self, stage: int, name: str) -> int:
+        if self.phase is SweepPhase.SWEEP and self._group(stage, name) in self.active:
+            return self.levels[self.step]
+        return self.levels[0]
+
+    def current_plan(self) -> StagePlan:
+        """The plan of the round being issued (all max during warm-up and once done)."""
+        return [
+            [(name, self._freq_of(stage, name)) for name in kinds]
+            for stage, kinds in enumerate(self.scheduler.kinds)
+        ]
+
+    def observe(self, m: RoundMeasurement | None) -> None:
+        """Record the last issued round and advance the state machine."""
+        match self.phase:
+            case SweepPhase.DONE:
+                return
+            case _ if m is None:
+                self._missing += 1
+                if self._missing >= self.max_missing_rounds:
+                    raise RankError(
+                        f"Job {self.scheduler.job_info.job_id}: {self._missing} profiling rounds "
+                        "in a row without a result from every rank; each rank must POST its "
+                        "ProfilingResult before asking for the next schedule"
+                    )
+                return
+            case SweepPhase.WARMUP:
+                self._missing = 0
+                self._warmup_seen += 1
+                if self._warmup_seen > 1 and m.p2p_power_w is not None:
+                    self.p2p_samples.append(m.p2p_power_w)
+                self.warmup_left -= 1
+                if self.warmup_left <= 0:
+                    self.phase = SweepPhase.SWEEP
+            case SweepPhase.SWEEP:
+                self._missing = 0
+                self._record(m)
+
+    def _record(self, m: RoundMeasurement) -> None:
+        freq = self.levels[self.step]
+        self.measurements[freq] = m
+        if self.step == 0 and m.p2p_power_w is not None:
+            self.p2p_samples.append(m.p2p_power_w)
+        for g in list(self.active):
+            for stage, name in self.groups[g]:
+                self.time_s.setdefault((stage, name), {})[freq] = m.stages[stage].time_s[name]
+                self.energy_j.setdefault((stage, name), {})[freq] = m.stages[stage].energy_j[name]
+            value = self._metric(g, m)
+            hist = self.history[g]
+            self._rises[g] = self._rises[g] + 1 if hist and value > hist[-1][1] else 0
+            hist.append((freq, value))
+            if self._rises[g] >= self.early_stop_after:
+                logger.info(
+                    "Job %s: %s stops at %d MHz after %d rises",
+                    self.scheduler.job_info.job_id,
+                    g,
+                    freq,
+                    self._rises[g],
+                )
+                self.active.discard(g)
+        self.step += 1
+        if self.step >= len(self.levels) or not self.active:
+            self.active.clear()
+            self.phase = SweepPhase.DONE
+
+    # ------------------------------------------------------------------ products
+    def p2p_power_w(self) -> float | None:
+        """The measured per-GPU power while not computing (median of the all-max rounds)."""
+        return statistics.median(self.p2p_samples) if self.p2p_samples else None
+
+    def result(self) -> InstructionProfilingResult:
+        """The per-stage profile: one entry per stage (rank = the stage's first rank)."""
+        entries = []
+        for stage in range(self.scheduler.num_stages):
+            first = min(self.scheduler.stage_ranks[stage], key=lambda r: (r.dp_rank, r.tp_rank))
+            data = {}
+            for name in INSTRUCTIONS:
+                data[f"{name}_time"] = dict(self.time_s.get((stage, name), {}))
+                data[f"{name}_energy"] = dict(self.energy_j.get((stage, name), {}))
+            entries.append(
+                OfflineProfilingResult(
+                    rank=first.rank,
+                    dp_rank=first.dp_rank,
+                    pp_rank=stage,
+                    tp_rank=first.tp_rank,
+                    **data,
+                )
+            )
+        return InstructionProfilingResult(entries)
+
+    def profile(self) -> InstructionProfile:
+        """The sweep's numbers as the solver's `InstructionProfile`."""
+        return InstructionProfile.from_result(
+            self.result(), source=f"job {self.scheduler.job_info.job_id}"
+        )
+
+    def write_csv(self, path: Path) -> Path:
+        """Write the profile CSV (long form), creating the folder."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.result().to_csv(path)
+        logger.info(
+            "Job %s: instruction profile written to %s", self.scheduler.job_info.job_id, path
+        )
+        return path

@@ -1,0 +1,163 @@
+"""Zeus-style baselines: one SM frequency per job (`ZeusGlobal`) or per stage (`ZeusPerStage`).
+
+Zeus (Zeus, NSDI'23) picks a GPU power limit by profiling each limit and minimising its
+cost ``η·E + (1 − η)·MaxPower·T``. These baselines do the same with SM frequencies, so that
+comparisons run in the same system: the frequency sweep of `schedulers.sweep` stands in
+for Zeus's power-limit sweep (high → low; a sweep stops after `early_stop_after`
+consecutive cost rises), then the minimum-cost frequency is deployed for good.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+from typing import Annotated
+
+from pydantic import Field
+
+from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
+from perseus.plan import Plan, evaluate
+from schedulers.perseus_scheduler import DEFAULT_P2P_POWER_W
+from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+from schedulers.sweep import InstructionSweep
+from zeus_power.metric import check_eta_knob, zeus_cost
+
+__all__ = ["ZeusGlobal", "ZeusPerStage"]
+
+logger = logging.getLogger(__name__)
+
+
+class _ZeusFrequency(PipelineScheduler):
+    """Shared machinery; `per_stage` selects the variant."""
+
+    per_stage = False
+
+    def __init__(
+        self,
+        job_info: JobInfo,
+        rank_infos: list[RankInfo],
+        perseus_settings: PerseusSettings,
+        *,
+        num_microbatches: Annotated[int, Field(ge=1)] | None = None,
+        schedule: str = "1f1b",
+        eta_knob: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5,
+        max_power_w: Annotated[float, Field(gt=0.0)] | None = None,
+        warmup_rounds: Annotated[int, Field(ge=0)] = 1,
+        freq_step: Annotated[int, Field(ge=1)] = 1,
+        min_frequency: Annotated[int, Field(gt=0)] | None = None,
+        early_stop_after: Annotated[int, Field(ge=1)] = 2,
+    ) -> None:
+        super().__init__(
+            job_info,
+            rank_infos,
+            perseus_settings,
+            num_microbatches=num_microbatches,
+            schedule=schedule,
+        )
+        self.eta_knob = check_eta_knob(eta_knob)
+        self.max_power_per_gpu_w = max_power_w
+        self._max_power: dict[Hashable, float] = {}
+        self.sweep = InstructionSweep(
+            self,
+            warmup_rounds=warmup_rounds,
+            freq_step=freq_step,
+            min_frequency=min_frequency,
+            early_stop_after=early_stop_after,
+            group=(lambda stage, name: stage) if self.per_stage else (lambda stage, name: "all"),
+            metric=self.cost,
+        )
+        self.chosen: Plan | None = None
+        self._chosen_plan: StagePlan | None = None
+
+    def cost(self, group: Hashable, m: RoundMeasurement) -> float:
+        """Zeus's cost of one round for a group (the job, or one stage)."""
+        if self.per_stage:
+            stage = m.stages[group]  # type: ignore[index]
+            time_s, energy_j = stage.busy_s, stage.compute_energy_j
+            gpus = self.job_info.tp_degree
+        else:
+            time_s, energy_j = m.iteration_time_s, m.job_energy_j
+            gpus = self.job_info.world_size
+        if group not in self._max_power:
+            # MaxPower: the GPUs' power limit if given, else the average power of the first
+            # (all-max, so highest-power) sweep round.
+            self._max_power[group] = (
+                self.max_power_per_gpu_w * gpus
+                if self.max_power_per_gpu_w is not None
+                else energy_j / time_s
+            )
+        return zeus_cost(energy_j, time_s, self.eta_knob, self._max_power[group])
+
+    def plan_next(self) -> StagePlan:
+        if self._chosen_plan is None:
+            if not self.sweep.done:
+                return self.sweep.current_plan()
+            self._deploy()
+        assert self._chosen_plan is not None
+        return self._chosen_plan
+
+    def on_measurement(
+        self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
+    ) -> None:
+        if self._chosen_plan is None:
+            self.sweep.observe(measurement)
+
+    def _deploy(self) -> None:
+        best = {g: min(hist, key=lambda fv: fv[1])[0] for g, hist in self.sweep.history.items()}
+        if self.per_stage:
+            stage_freqs = [best[s] for s in range(self.num_stages)]
+        else:
+            stage_freqs = [best["all"]] * self.num_stages
+        profile = self.sweep.profile()
+        measured = self.sweep.p2p_power_w()
+        p2p = (DEFAULT_P2P_POWER_W if measured is None else measured) * self.job_info.tp_degree
+        freqs = [[f] * len(kinds) for f, kinds in zip(stage_freqs, self.kinds, strict=True)]
+        evaluation = evaluate(profile, self.pipeline, freqs, p2p)
+        self.chosen = Plan.from_frequencies(
+            self.pipeline, freqs, p2p_power_w=p2p, evaluation=evaluation
+        )
+        self._chosen_plan = self.check_plan(self.chosen)
+        logger.info(
+            "Job %s: %s chose %s MHz (eta_knob %.2f)",
+            self.job_info.job_id,
+            type(self).__name__,
+            stage_freqs,
+            self.eta_knob,
+        )
+
+    def deployed_plan(self) -> Plan | None:
+        return self.chosen
+
+    def resume(self, plan: Plan) -> None:
+        """Resume at a persisted plan (restarted coordinator)."""
+        self._chosen_plan = self.check_plan(plan)
+        self.chosen = plan
+
+
+class ZeusGlobal(_ZeusFrequency):
+    """One SM frequency for every GPU of the job, minimising Zeus's cost.
+
+    Sweep round k runs all GPUs at levels[k]; the round's cost is
+    ``η·E_job + (1 − η)·MaxPower·T`` with E_job the mean iteration energy summed over all
+    GPUs, T the iteration time, MaxPower = `max_power_w` × world_size (default: the job's
+    average power in the all-max round). The cheapest frequency is deployed.
+
+    Args (``PERSEUS_SCHEDULER_ARGS``): `num_microbatches`, `schedule`, `eta_knob` (default
+    0.5), `max_power_w` (per GPU), and the sweep's `warmup_rounds`, `freq_step`,
+    `min_frequency`, `early_stop_after`.
+    """
+
+    per_stage = False
+
+
+class ZeusPerStage(_ZeusFrequency):
+    """`ZeusGlobal`'s choice made for each pipeline stage independently.
+
+    Each stage is costed as if it ran alone: T = its per-iteration computation time, E =
+    its computation energy (tp GPUs of one pipeline), MaxPower = `max_power_w` × tp_degree
+    (default: the stage's average power at max frequency). Each stage's sweep stops on its
+    own, and each stage deploys its cheapest frequency. Ignoring the pipeline's
+    dependencies is exactly what separates this baseline from Perseus.
+    """
+
+    per_stage = True

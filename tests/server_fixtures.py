@@ -1,0 +1,249 @@
+"""Helpers for the coordinator and scheduler tests: a real uvicorn server on loopback and a
+simulated pipeline job whose ranks compute their `ProfilingResult`s from a DVFS-like model.
+
+The model (`GroundTruth`): an instruction that takes ``t0`` at the max frequency takes
+``t0·(0.3 + 0.7·f_max/f)`` at f (30 % memory-bound), drawing ``60 W + 200 W·(f/f_max)^2.5``
+while busy, and a GPU blocked on P2P / idle draws `p2p_power_w`. Energy per instruction is
+U-shaped in f. The iteration's timing is the instruction DAG's longest path, per
+data-parallel pipeline; pipelines synchronise at the end of the iteration (all-reduce), so
+every rank's iteration time is the slowest pipeline's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import uvicorn
+
+from perseus.dag import PipelineSchedule, make_schedule
+from perseus.models import FrequencySchedule, JobInfo, PerseusSettings, ProfilingResult, RankInfo
+from perseus.server import create_app
+
+FREQS = list(range(1500, 450, -75))  # 1500 … 525 MHz, 14 levels
+F_MAX = FREQS[0]
+
+
+@contextlib.contextmanager
+def running_server(settings: PerseusSettings, *, round_timeout_s: float = 30.0) -> Iterator[str]:
+    """Run the real coordinator app under uvicorn in a thread; yields its base URL."""
+    app = create_app(settings, round_timeout_s=round_timeout_s)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def job_info(pp: int, dp: int = 1, tp: int = 1) -> JobInfo:
+    return JobInfo(pp_degree=pp, dp_degree=dp, tp_degree=tp, world_size=pp * dp * tp)
+
+
+def rank_infos(pp: int, dp: int = 1, tp: int = 1, freqs: list[int] | None = None) -> list[RankInfo]:
+    """Megatron order: tp fastest, then pp... here rank = (dp·pp + pp_rank)·tp + tp_rank."""
+    out = []
+    for d in range(dp):
+        for p in range(pp):
+            for t in range(tp):
+                out.append(
+                    RankInfo(
+                        rank=(d * pp + p) * tp + t,
+                        dp_rank=d,
+                        pp_rank=p,
+                        tp_rank=t,
+                        available_frequencies=list(freqs or FREQS),
+                    )
+                )
+    return out
+
+
+@dataclass
+class GroundTruth:
+    """The simulated GPUs and model (see the module docstring)."""
+
+    forward_s: list[float]
+    """Per stage, the forward time at max frequency (backward = 2×)."""
+    p2p_power_w: float = 70.0
+    slowdown: dict[int, float] = field(default_factory=dict)
+    """dp_rank → factor on that pipeline's instruction times (a straggler)."""
+
+    def time_s(self, stage: int, kind: str, freq: int) -> float:
+        t0 = self.forward_s[stage] * (1.0 if kind == "forward" else 2.0)
+        return t0 * (0.3 + 0.7 * F_MAX / freq)
+
+    def power_w(self, freq: int) -> float:
+        return 60.0 + 200.0 * (freq / F_MAX) ** 2.5
+
+    def energy_j(self, stage: int, kind: str, freq: int) -> float:
+        return self.power_w(freq) * self.time_s(stage, kind, freq)
+
+
+def pipeline_timing(schedule: PipelineSchedule, durations: list[list[float]]) -> float:
+    """Longest path of the DAG with per-stage durations in execution order."""
+    dur = {
+        instr: d
+        for order, ds in zip(schedule.orders, durations, strict=True)
+        for instr, d in zip(order, ds, strict=True)
+    }
+    dag = schedule.dag()
+    finish: dict = {}
+    for node in schedule.instructions():
+        finish[node] = max((finish[p] for p in dag.predecessors(node)), default=0.0) + dur[node]
+    return max(finish.values())
+
+
+def simulate(
+    truth: GroundTruth,
+    infos: list[RankInfo],
+    schedules: dict[int, FrequencySchedule],
+    num_microbatches: int,
+    *,
+    iterations: int = 1,
+) -> list[ProfilingResult]:
+    """Every rank's `ProfilingResult` for running its schedule for `iterations` iterations."""
+    pp = max(i.pp_rank for i in infos) + 1
+    schedule = make_schedule("1f1b", pp, num_microbatches)
+    by_dp: dict[int, list[RankInfo]] = {}
+    for info in infos:
+        by_dp.setdefault(info.dp_rank, []).append(info)
+    durations: dict[int, list[float]] = {}
+    makespans = []
+    for dp, members in by_dp.items():
+        factor = truth.slowdown.get(dp, 1.0)
+        per_stage: list[list[float]] = [[] for _ in range(pp)]
+        for info in members:
+            if info.tp_rank != 0:
+                continue
+            per_stage[info.pp_rank] = [
+                truth.time_s(info.pp_rank, kind, f) * factor
+                for kind, f in schedules[info.rank].frequencies
+            ]
+        for info in members:
+            durations[info.rank] = per_stage[info.pp_rank]
+        makespans.append(pipeline_timing(schedule, per_stage))
+    iter_time = max(makespans)
+    results = []
+    for info in infos:
+        entries = schedules[info.rank].frequencies
+        ts = durations[info.rank]
+        es = [truth.power_w(f) * t for (_, f), t in zip(entries, ts, strict=True)]
+        busy = math.fsum(ts)
+        energy = math.fsum(es) + truth.p2p_power_w * (iter_time - busy)
+        tb = {
+            k: [t for (kind, _), t in zip(entries, ts, strict=True) if kind == k]
+            for k in ("forward", "backward")
+        }
+        eb = {
+            k: [e for (kind, _), e in zip(entries, es, strict=True) if kind == k]
+            for k in ("forward", "backward")
+        }
+        results.append(
+            ProfilingResult(
+                rank=info.rank,
+                iter_time=[iter_time] * iterations,
+                iter_energy=[energy] * iterations,
+                time_breakdown={k: [v] * iterations for k, v in tb.items()},
+                energy_breakdown={k: [v] * iterations for k, v in eb.items()},
+            )
+        )
+    return results
+
+
+class SimulatedJob:
+    """A whole job's ranks driven through the real coordinator with one async client."""
+
+    def __init__(
+        self,
+        base_url: str,
+        truth: GroundTruth,
+        *,
+        pp: int,
+        dp: int = 1,
+        tp: int = 1,
+        num_microbatches: int,
+    ) -> None:
+        self.base_url = base_url
+        self.truth = truth
+        self.info = job_info(pp, dp, tp)
+        self.infos = rank_infos(pp, dp, tp)
+        self.num_microbatches = num_microbatches
+        self.job_id: str | None = None
+        self.history: list[dict[int, FrequencySchedule]] = []
+        self.results: list[list[ProfilingResult]] = []
+
+    async def register(self, client: httpx.AsyncClient) -> str:
+        r = await client.post(f"{self.base_url}/register_job", json=self.info.model_dump())
+        r.raise_for_status()
+        self.job_id = r.json()
+        for info in self.infos:
+            r = await client.post(
+                f"{self.base_url}/register_rank/{self.job_id}", json=info.model_dump()
+            )
+            r.raise_for_status()
+        return self.job_id
+
+    async def ask_all(self, client: httpx.AsyncClient) -> dict[int, FrequencySchedule]:
+        responses = await asyncio.gather(
+            *(
+                client.get(f"{self.base_url}/schedule/{self.job_id}", params={"rank": i.rank})
+                for i in self.infos
+            )
+        )
+        for r in responses:
+            r.raise_for_status()
+        schedules = {
+            s.rank: s for s in (FrequencySchedule.model_validate(r.json()) for r in responses)
+        }
+        self.history.append(schedules)
+        return schedules
+
+    async def report(
+        self, client: httpx.AsyncClient, schedules: dict[int, FrequencySchedule]
+    ) -> None:
+        results = simulate(self.truth, self.infos, schedules, self.num_microbatches)
+        self.results.append(results)
+        for res in results:
+            r = await client.post(f"{self.base_url}/result/{self.job_id}", json=res.model_dump())
+            r.raise_for_status()
+
+    async def run(
+        self, client: httpx.AsyncClient, rounds: int
+    ) -> list[dict[int, FrequencySchedule]]:
+        if self.job_id is None:
+            await self.register(client)
+        for _ in range(rounds):
+            schedules = await self.ask_all(client)
+            await self.report(client, schedules)
+        return self.history
+
+    def run_sync(self, rounds: int) -> list[dict[int, FrequencySchedule]]:
+        async def main() -> list[dict[int, FrequencySchedule]]:
+            async with httpx.AsyncClient(timeout=60.0) as client:
+                return await self.run(client, rounds)
+
+        return asyncio.run(main())
+
+
+def stage_freqs(schedules: dict[int, FrequencySchedule], rank: int) -> list[int]:
+    return [f for _, f in schedules[rank].frequencies]
