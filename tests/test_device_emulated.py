@@ -136,6 +136,19 @@ def test_execute_advances_virtual_clock_and_counts_energy():
     )
 
 
+def test_gpus_on_one_virtual_clock_can_run_side_by_side():
+    clock = VirtualClock()
+    gpus = [EmulatedGPU(i, gpu_type="A40", clock=clock) for i in range(2)]
+    runs = [gpu.execute(WORK.scaled(i + 1), wait=False) for i, gpu in enumerate(gpus)]
+    assert clock() == 0.0
+    clock.advance(max(r.time_s for r in runs))
+    energies = [gpu.total_energy_mj() for gpu in gpus]
+    assert energies[0] == pytest.approx(
+        (runs[0].energy_j + gpus[0].idle_power_w * (runs[1].time_s - runs[0].time_s)) * 1000, abs=1
+    )
+    assert energies[1] == pytest.approx(runs[1].energy_j * 1000, abs=1)
+
+
 def test_locked_clock_and_power_limit_drive_execute():
     clock = VirtualClock()
     gpu = EmulatedGPU(0, gpu_type="A100-SXM", clock=clock)

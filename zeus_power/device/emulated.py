@@ -433,8 +433,11 @@ class EmulatedGPU(GPU):
         """Run `workload` at the current locked clock and power limit.
 
         The energy counter gains the execution's energy. With a `VirtualClock` the clock
-        advances by the run time; otherwise the call sleeps it, unless `wait` (default: the
-        constructor's `sleep`) is False.
+        advances by the run time; with a real clock the call sleeps it if the constructor's
+        `sleep` is True. `wait=False` does neither (the caller moves time), `wait=True`
+        forces it. GPUs sharing one `VirtualClock` thus run one after another by default;
+        to run them side by side, `execute(..., wait=False)` each and advance the clock
+        by the longest time.
         """
         with self._lock:
             result = self.model.run(workload, self.current_sm_clock_mhz(), self.power_limit_w())
@@ -448,9 +451,12 @@ class EmulatedGPU(GPU):
             )
             self._busy_until_s = start_s + result.time_s
             self._busy_power_w = result.power_w
-        if isinstance(self._clock, VirtualClock):
+        virtual = isinstance(self._clock, VirtualClock)
+        if wait is None:
+            wait = virtual or self._sleep
+        if wait and isinstance(self._clock, VirtualClock):
             self._clock.advance(result.time_s)
-        elif self._sleep if wait is None else wait:
+        elif wait:
             time.sleep(result.time_s)
         return result
 
