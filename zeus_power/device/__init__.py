@@ -37,6 +37,7 @@ from zeus_power.device.emulated import (
     DVFSModel,
     EmulatedGPU,
     Execution,
+    Sweep,
     VirtualClock,
     Workload,
 )
