@@ -58,6 +58,7 @@ __all__ = [  # noqa: RUF022 -- plain sorted(), as the export test checks
     "GPUSpec",
     "GPUValueError",
     "GPU_SPECS",
+    "Sweep",
     "VirtualClock",
     "Workload",
     "get_gpu_spec",
