@@ -87,9 +87,13 @@ class BatchSizeOptimizer:
         self._energy_j = 0.0
         self._train_begun = False
         self._finished = False
-        self.job_state = self._request(
-            "POST", "/jobs", JobState, json=self.job.model_dump(mode="json")
-        )
+        try:
+            self.job_state = self._request(
+                "POST", "/jobs", JobState, json=self.job.model_dump(mode="json")
+            )
+        except BaseException:
+            self._client.close()
+            raise
 
     # ------------------------------------------------------------------ protocol
 
