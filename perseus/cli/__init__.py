@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from perseus.cli import plot as _plot
+from perseus.cli import profile as _profile
 from perseus.cli import solve as _solve
 
 app = typer.Typer(
@@ -18,5 +19,6 @@ app.command("solve")(_solve.solve)
 app.command("evaluate")(_solve.evaluate_plan)
 app.command("choose")(_solve.choose)
 app.add_typer(_plot.app, name="plot")
+app.add_typer(_profile.app, name="profile")
 
 __all__ = ["app"]
