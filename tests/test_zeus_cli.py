@@ -1,0 +1,71 @@
+"""`perseus bso serve` (the zeus_power typer sub-app), run for real."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from typer.testing import CliRunner
+
+from zeus_power.cli import app
+
+
+def test_serve_help_lists_the_options() -> None:
+    result = CliRunner().invoke(app, ["serve", "--help"])
+    assert result.exit_code == 0
+    for option in ("--host", "--port", "--db-url", "--log-level"):
+        assert option in result.output
+
+
+def test_bad_log_level_is_a_usage_error() -> None:
+    result = CliRunner().invoke(app, ["serve", "--log-level", "loud"])
+    assert result.exit_code == 2
+    assert "log_level" in result.output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_starts_a_server_on_the_given_database(tmp_path: Path) -> None:
+    port = _free_port()
+    db = tmp_path / "cli.db"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "zeus_power.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--db-url",
+            f"sqlite:///{db}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        job = {"job_id": "cli", "batch_sizes": [32], "default_batch_size": 32, "max_power_w": 300}
+        assert httpx.post(f"http://127.0.0.1:{port}/jobs", json=job).status_code == 201
+        assert db.is_file()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stdout:
+            proc.stdout.close()
