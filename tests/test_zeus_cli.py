@@ -27,6 +27,12 @@ def test_bad_log_level_is_a_usage_error() -> None:
     assert "log_level" in result.output
 
 
+def test_bad_database_url_is_a_usage_error() -> None:
+    result = CliRunner().invoke(app, ["serve", "--db-url", "postgresql+nosuchdriver://u@h/db"])
+    assert result.exit_code == 2
+    assert "nosuchdriver" in result.output
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -64,9 +64,7 @@ def test_nested_and_overlapping_windows() -> None:
     assert inner.time_s == pytest.approx(b.time_s + c.time_s)
     assert overlap.time_s == pytest.approx(c.time_s + d.time_s)
     assert outer.time_s == pytest.approx(a.time_s + b.time_s + c.time_s + d.time_s)
-    assert outer.total_energy_j == pytest.approx(
-        sum(r.energy_j for r in (a, b, c, d)), abs=4e-3
-    )
+    assert outer.total_energy_j == pytest.approx(sum(r.energy_j for r in (a, b, c, d)), abs=4e-3)
     assert monitor.open_windows() == []
 
 

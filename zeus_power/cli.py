@@ -46,6 +46,8 @@ def serve(
     from pydantic import ValidationError
 
     from zeus_power.bso.server import BSOSettings, create_app
+    from zeus_power.bso.server.db import make_engine
+    from zeus_power.errors import ZeusConfigError
 
     overrides: dict[str, str] = {}
     if db_url is not None:
@@ -59,6 +61,10 @@ def serve(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise typer.BadParameter(f"Invalid settings: {problems}") from exc
+    try:  # Fail here, with a usage error, rather than inside the server's startup.
+        make_engine(settings.db_url).dispose()
+    except ZeusConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--db-url") from exc
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level)
 
 

@@ -21,8 +21,11 @@ from sqlalchemy import (
     event,
 )
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.pool import StaticPool
+
+from zeus_power.errors import ZeusConfigError
 
 __all__ = ["Base", "JobRow", "TrialRow", "make_engine"]
 
@@ -69,9 +72,15 @@ class TrialRow(Base):
 
 def make_engine(db_url: str, *, sqlite_busy_timeout_s: float = 30.0) -> Engine:
     """Build the engine for `db_url`; on SQLite, make every transaction `BEGIN IMMEDIATE`."""
-    url = make_url(db_url)
-    if url.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
+    try:
+        url = make_url(db_url)
+        if url.get_backend_name() != "sqlite":
+            return create_engine(url, pool_pre_ping=True)
+    except (ArgumentError, ImportError) as exc:
+        raise ZeusConfigError(
+            f"Cannot use database URL {db_url!r}: {exc}. Use e.g. sqlite:///./zeus_bso.db or "
+            "postgresql+psycopg://user:password@host/db (pip install 'psycopg[binary]')."
+        ) from exc
 
     in_memory = url.database in (None, "", ":memory:")
     engine = create_engine(
