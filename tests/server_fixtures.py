@@ -19,12 +19,15 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
+import pandas as pd
 import uvicorn
 
 from perseus.dag import PipelineSchedule, make_schedule
 from perseus.models import FrequencySchedule, JobInfo, PerseusSettings, ProfilingResult, RankInfo
+from perseus.profile import InstructionProfile
 from perseus.server import create_app
 
 FREQS = list(range(1500, 450, -75))  # 1500 … 525 MHz, 14 levels
@@ -35,13 +38,14 @@ F_MAX = FREQS[0]
 def running_server(settings: PerseusSettings, *, round_timeout_s: float = 30.0) -> Iterator[str]:
     """Run the real coordinator app under uvicorn in a thread; yields its base URL."""
     app = create_app(settings, round_timeout_s=round_timeout_s)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2
+    )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
@@ -53,7 +57,6 @@ def running_server(settings: PerseusSettings, *, round_timeout_s: float = 30.0) 
     finally:
         server.should_exit = True
         thread.join(timeout=10)
-        sock.close()
 
 
 def job_info(pp: int, dp: int = 1, tp: int = 1) -> JobInfo:
@@ -85,12 +88,15 @@ class GroundTruth:
     forward_s: list[float]
     """Per stage, the forward time at max frequency (backward = 2×)."""
     p2p_power_w: float = 70.0
+    memory_fraction: list[float] | None = None
+    """Per stage, the frequency-insensitive share of the time (default 0.3)."""
     slowdown: dict[int, float] = field(default_factory=dict)
     """dp_rank → factor on that pipeline's instruction times (a straggler)."""
 
     def time_s(self, stage: int, kind: str, freq: int) -> float:
         t0 = self.forward_s[stage] * (1.0 if kind == "forward" else 2.0)
-        return t0 * (0.3 + 0.7 * F_MAX / freq)
+        m = 0.3 if self.memory_fraction is None else self.memory_fraction[stage]
+        return t0 * (m + (1.0 - m) * F_MAX / freq)
 
     def power_w(self, freq: int) -> float:
         return 60.0 + 200.0 * (freq / F_MAX) ** 2.5
@@ -218,10 +224,13 @@ class SimulatedJob:
         self.history.append(schedules)
         return schedules
 
+    def results_for(self, schedules: dict[int, FrequencySchedule]) -> list[ProfilingResult]:
+        return simulate(self.truth, self.infos, schedules, self.num_microbatches)
+
     async def report(
         self, client: httpx.AsyncClient, schedules: dict[int, FrequencySchedule]
     ) -> None:
-        results = simulate(self.truth, self.infos, schedules, self.num_microbatches)
+        results = self.results_for(schedules)
         self.results.append(results)
         for res in results:
             r = await client.post(f"{self.base_url}/result/{self.job_id}", json=res.model_dump())
@@ -247,3 +256,24 @@ class SimulatedJob:
 
 def stage_freqs(schedules: dict[int, FrequencySchedule], rank: int) -> list[int]:
     return [f for _, f in schedules[rank].frequencies]
+
+
+def write_truth_profile(truth: GroundTruth, num_stages: int, path: Path) -> Path:
+    """The ground truth at every frequency of `FREQS`, as a short-form profile CSV."""
+    rows = [
+        (stage, kind, f, truth.time_s(stage, kind, f), truth.energy_j(stage, kind, f))
+        for stage in range(num_stages)
+        for kind in ("forward", "backward")
+        for f in FREQS
+    ]
+    frame = pd.DataFrame(rows, columns=["stage", "instruction", "frequency", "time", "energy"])
+    InstructionProfile.from_frame(frame).to_csv(path)
+    return path
+
+
+def pipeline_energy_and_time(
+    results: list[ProfilingResult], dp_rank_of: dict[int, int]
+) -> tuple[float, float]:
+    """(energy of the first pipeline's GPUs, iteration time) of one simulated round."""
+    energy = math.fsum(r.iter_energy[0] for r in results if dp_rank_of[r.rank] == 0)
+    return energy, max(r.iter_time[0] for r in results)

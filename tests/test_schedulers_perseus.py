@@ -1,0 +1,167 @@
+"""The Perseus scheduler online, with the real frontier solver, against a simulated pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from server_fixtures import (
+    GroundTruth,
+    SimulatedJob,
+    pipeline_energy_and_time,
+    pipeline_timing,
+    running_server,
+    stage_freqs,
+    write_truth_profile,
+)
+
+from perseus.dag import make_schedule
+from perseus.models import PerseusSettings
+from perseus.plan import Plan
+from perseus.solver import Frontier
+
+M = 4
+IMBALANCED = [0.010, 0.016, 0.010, 0.012]
+
+
+def settings(tmp_path, **args) -> PerseusSettings:
+    return PerseusSettings(
+        scheduler="Perseus",
+        scheduler_args={"num_microbatches": M, **args},
+        dump_dir=str(tmp_path),
+        dump_data=True,
+    )
+
+
+def test_profiles_solves_and_deploys_a_plan_that_saves_energy_without_slowdown(tmp_path):
+    truth = GroundTruth(IMBALANCED)
+    with running_server(settings(tmp_path, freq_step=2, warmup_rounds=1)) as url:
+        job = SimulatedJob(url, truth, pp=4, num_microbatches=M)
+        history = job.run_sync(12)
+    dp_of = {i.rank: i.dp_rank for i in job.infos}
+    all_max_energy, all_max_time = pipeline_energy_and_time(job.results[0], dp_of)
+    deployed = history[-1]
+    assert deployed == history[-2], "the plan stays deployed"
+    energy, time_s = pipeline_energy_and_time(job.results[-1], dp_of)
+    assert time_s <= all_max_time * (1 + 1e-9)
+    assert energy < 0.97 * all_max_energy, (energy, all_max_energy)
+    # Not one frequency per stage: per-instruction planning on the non-critical stages.
+    assert any(len(set(stage_freqs(deployed, r))) > 1 for r in range(4))
+    job_dir = tmp_path / job.job_id
+    plan = Plan.load(job_dir / "deployed_plan.json")
+    assert plan.p2p_power == pytest.approx(truth.p2p_power_w, rel=1e-6)  # measured, not assumed
+    assert [[f for _, f in s] for s in plan.frequencies] == [
+        stage_freqs(deployed, r) for r in range(4)
+    ]
+    assert (job_dir / "instruction_profile.csv").is_file()
+    frontier = Frontier.read(job_dir / "frontier")
+    assert frontier.points[0].iteration_time_s == pytest.approx(all_max_time, rel=1e-9)
+
+
+@pytest.mark.parametrize("choice", [{"max_slowdown": 0.1}, {"deadline": "from_max"}])
+def test_max_slowdown_and_deadline_choose_slower_cheaper_plans(tmp_path, choice):
+    truth = GroundTruth(IMBALANCED)
+    profile = write_truth_profile(truth, 4, tmp_path / "truth.csv")
+    base = {"profile_path": str(profile), "p2p_power": truth.p2p_power_w}
+    with running_server(settings(tmp_path, **base)) as url:
+        fast = SimulatedJob(url, truth, pp=4, num_microbatches=M)
+        fast.run_sync(1)
+    dp_of = {i.rank: i.dp_rank for i in fast.infos}
+    e0, t0 = pipeline_energy_and_time(fast.results[0], dp_of)
+    if "deadline" in choice:
+        choice = {"deadline": t0 * 1.05}
+    with running_server(settings(tmp_path, **base, **choice)) as url:
+        slow = SimulatedJob(url, truth, pp=4, num_microbatches=M)
+        slow.run_sync(1)
+    e1, t1 = pipeline_energy_and_time(slow.results[0], dp_of)
+    limit = t0 * 1.1 if "max_slowdown" in choice else choice["deadline"]
+    assert t0 < t1 <= limit * (1 + 1e-9)
+    assert e1 < e0
+
+
+def _announce(url: str, job_id: str, dp_rank: int, slowdown: float) -> httpx.Response:
+    return httpx.post(f"{url}/straggler/{job_id}", json={"dp_rank": dp_rank, "slowdown": slowdown})
+
+
+def test_straggler_announcement_slows_the_other_pipelines_then_recovery(tmp_path):
+    truth = GroundTruth([0.01, 0.012])
+    profile = write_truth_profile(truth, 2, tmp_path / "truth.csv")
+    args = {"profile_path": str(profile), "p2p_power": 70.0}
+    with running_server(settings(tmp_path, **args)) as url:
+        job = SimulatedJob(url, truth, pp=2, dp=2, num_microbatches=M)
+        job.run_sync(1)
+        chosen = job.history[-1]
+        pipelines = {d: [i.rank for i in job.infos if i.dp_rank == d] for d in (0, 1)}
+        assert [chosen[r].frequencies for r in pipelines[0]] == [
+            chosen[r].frequencies for r in pipelines[1]
+        ]
+        r = _announce(url, job.job_id, 1, 1.3)
+        assert r.status_code == 200, r.text
+        job.run_sync(1)
+        during = job.history[-1]
+        for r0, r1 in zip(pipelines[0], pipelines[1], strict=True):
+            assert during[r1].frequencies == chosen[r1].frequencies  # the straggler keeps its plan
+            assert sum(stage_freqs(during, r0)) < sum(stage_freqs(chosen, r0))  # others slow down
+        # The others' plan still meets the straggler's time, and no more than that is lost.
+        schedule = make_schedule("1f1b", 2, M)
+
+        def makespan(schedules, ranks, factor=1.0):
+            return pipeline_timing(
+                schedule,
+                [
+                    [factor * truth.time_s(s, k, f) for k, f in schedules[r].frequencies]
+                    for s, r in enumerate(ranks)
+                ],
+            )
+
+        straggler_t = makespan(chosen, pipelines[1], 1.3)
+        assert makespan(chosen, pipelines[0]) < makespan(during, pipelines[0])
+        assert makespan(during, pipelines[0]) <= straggler_t * (1 + 1e-9)
+        assert _announce(url, job.job_id, 1, 1.0).status_code == 200
+        truth.slowdown = {}
+        job.run_sync(1)
+        assert job.history[-1] == chosen
+        bad = _announce(url, job.job_id, 2, 1.2)
+        assert bad.status_code == 400 and "dp_rank 2" in bad.json()["detail"]
+
+
+def test_a_straggler_detected_from_results_changes_the_other_pipelines_plan(tmp_path):
+    truth = GroundTruth([0.01, 0.012])
+    profile = write_truth_profile(truth, 2, tmp_path / "truth.csv")
+    args = {"profile_path": str(profile), "p2p_power": 70.0, "straggler_rounds": 2}
+    with running_server(settings(tmp_path, **args)) as url:
+        job = SimulatedJob(url, truth, pp=2, dp=2, num_microbatches=M)
+
+        async def main() -> None:
+            async with httpx.AsyncClient(timeout=60) as client:
+                await job.run(client, 2)
+                truth.slowdown = {0: 1.25}
+                await job.run(client, 3)
+                truth.slowdown = {}
+                await job.run(client, 3)
+
+        asyncio.run(main())
+    h = job.history
+    dp1_rank = next(i.rank for i in job.infos if i.dp_rank == 1)
+    dp0_rank = next(i.rank for i in job.infos if i.dp_rank == 0)
+    chosen = h[1]
+    # Rounds 2, 3 ran slow (results observed before rounds 3, 4): the other pipeline changes
+    # from round 4 on, never before two slow rounds were seen.
+    assert h[3] == chosen
+    assert h[4][dp1_rank] != chosen[dp1_rank]
+    assert h[4][dp0_rank] == chosen[dp0_rank]
+    assert sum(stage_freqs(h[4], dp1_rank)) < sum(stage_freqs(chosen, dp1_rank))
+    # Recovery: rounds 5 and 6 run normally again → back to the chosen plan at round 7.
+    assert h[7] == chosen
+
+
+def test_perseus_rejects_a_profile_that_does_not_fit(tmp_path):
+    truth = GroundTruth([0.01, 0.01, 0.01])
+    profile = write_truth_profile(truth, 3, tmp_path / "three.csv")
+    with running_server(settings(tmp_path, profile_path=str(profile))) as url:
+        job = SimulatedJob(url, truth, pp=2, num_microbatches=M)
+        with pytest.raises(httpx.HTTPStatusError) as info:
+            job.run_sync(1)
+    assert info.value.response.status_code == 400
+    assert "3 stage(s)" in info.value.response.json()["detail"]

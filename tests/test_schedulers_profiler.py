@@ -1,0 +1,147 @@
+"""InstructionProfiler through the real coordinator, fed by a simulated DVFS pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from server_fixtures import FREQS, GroundTruth, SimulatedJob, running_server, stage_freqs
+
+from perseus.models import InstructionProfilingResult, PerseusSettings, ProfilingResult
+from perseus.profile import InstructionProfile
+
+M = 3
+
+
+def profiler_settings(tmp_path, **args) -> PerseusSettings:
+    return PerseusSettings(
+        scheduler="InstructionProfiler",
+        scheduler_args={"num_microbatches": M, **args},
+        dump_dir=str(tmp_path),
+        dump_data=False,
+    )
+
+
+def test_sweep_warms_up_strides_and_writes_the_true_profile(tmp_path):
+    truth = GroundTruth([0.010, 0.014, 0.012])
+    args = {"warmup_rounds": 2, "freq_step": 2, "min_frequency": 900}
+    with running_server(profiler_settings(tmp_path, **args)) as url:
+        job = SimulatedJob(url, truth, pp=3, num_microbatches=M)
+        history = job.run_sync(9)
+    levels = [1500, 1350, 1200, 1050, 900]
+    per_round = [set(stage_freqs(h, r)) for h in history for r in (0,)]
+    assert per_round[:2] == [{1500}, {1500}]  # warm-up
+    assert [next(iter(s)) for s in per_round[2:7]] == levels  # one level per round, high → low
+    assert per_round[7:] == [{1500}, {1500}]  # done: back to max
+    for h in history:  # every stage runs one frequency per round here
+        assert len({f for r in h for f in stage_freqs(h, r)}) == 1
+    csv = tmp_path / job.job_id / "instruction_profile.csv"
+    assert csv.is_file(), "the profile is written even with dump_data off"
+    profile = InstructionProfile.from_csv(csv)
+    assert profile.num_stages == 3
+    for stage in range(3):
+        for kind in ("forward", "backward"):
+            opts = profile.options(stage, kind)
+            assert opts.freq_mhz.tolist() == levels
+            for f, t, e in zip(opts.freq_mhz, opts.time_s, opts.energy_j, strict=True):
+                assert t == pytest.approx(truth.time_s(stage, kind, int(f)), rel=1e-12)
+                assert e == pytest.approx(truth.energy_j(stage, kind, int(f)), rel=1e-12)
+
+
+def test_early_stop_per_stage_and_instruction(tmp_path):
+    # A compute-bound stage's energy turns up at a higher frequency than a memory-bound one's.
+    truth = GroundTruth([0.01, 0.01], memory_fraction=[0.0, 0.5])
+    with running_server(profiler_settings(tmp_path, warmup_rounds=0, early_stop_after=2)) as url:
+        job = SimulatedJob(url, truth, pp=2, num_microbatches=M)
+        history = job.run_sync(len(FREQS) + 1)
+    profile = InstructionProfile.from_csv(tmp_path / job.job_id / "instruction_profile.csv")
+    stops = {}
+    for stage in (0, 1):
+        energies = [truth.energy_j(stage, "forward", f) for f in FREQS]
+        rises = 0
+        for k in range(1, len(FREQS)):
+            rises = rises + 1 if energies[k] > energies[k - 1] else 0
+            if rises == 2:
+                break
+        expected = FREQS[: k + 1]
+        stops[stage] = len(expected)
+        for kind in ("forward", "backward"):
+            assert profile.options(stage, kind).freq_mhz.tolist() == expected
+    assert stops[0] < stops[1] == len(FREQS), stops
+    # Stage 0 stopped early: from then on it runs at max while stage 1 keeps sweeping.
+    k0 = stops[0]
+    assert set(stage_freqs(history[k0], 0)) == {FREQS[0]}
+    assert set(stage_freqs(history[k0], 1)) == {FREQS[k0]}
+
+
+def test_3d_parallelism_time_is_max_energy_sums_tp_of_first_pipeline(tmp_path):
+    truth = GroundTruth([0.01, 0.02], slowdown={1: 1.25})
+    with running_server(profiler_settings(tmp_path, warmup_rounds=0, freq_step=7)) as url:
+        job = SimulatedJob(url, truth, pp=2, dp=2, tp=2, num_microbatches=M)
+        history = job.run_sync(3)
+    for h in history:  # every rank of a stage gets the stage's list
+        for info in job.infos:
+            first = next(i for i in job.infos if i.pp_rank == info.pp_rank)
+            assert h[info.rank].frequencies == h[first.rank].frequencies
+    result = InstructionProfilingResult.from_csv(tmp_path / job.job_id / "instruction_profile.csv")
+    assert [(r.rank, r.dp_rank, r.pp_rank, r.tp_rank) for r in result.root] == [
+        (0, 0, 0, 0),
+        (2, 0, 1, 0),
+    ]
+    for entry in result.root:
+        for f in (1500, 975):
+            stage = entry.pp_rank
+            assert entry.forward_time[f] == pytest.approx(
+                1.25 * truth.time_s(stage, "forward", f)
+            )  # the straggling pipeline sets the pace
+            assert entry.backward_energy[f] == pytest.approx(
+                2 * truth.energy_j(stage, "backward", f)
+            )  # two tp GPUs of the first pipeline
+
+
+def test_missing_results_repeat_the_step_then_fail_naming_the_problem(tmp_path):
+    with running_server(profiler_settings(tmp_path, warmup_rounds=0)) as url:
+        job = SimulatedJob(url, GroundTruth([0.01, 0.01]), pp=2, num_microbatches=M)
+
+        async def main():
+            async with httpx.AsyncClient(timeout=30) as client:
+                await job.register(client)
+                first = await job.ask_all(client)
+                # Only rank 0 reports: the step is repeated.
+                res = job.results_for(first)
+                await client.post(f"{url}/result/{job.job_id}", json=res[0].model_dump())
+                second = await job.ask_all(client)
+                assert second == first
+                await job.report(client, second)
+                third = await job.ask_all(client)
+                assert stage_freqs(third, 0)[0] == FREQS[1]
+                for _ in range(2):  # nobody reports
+                    await job.ask_all(client)
+                return await asyncio.gather(
+                    *(
+                        client.get(f"{url}/schedule/{job.job_id}", params={"rank": r})
+                        for r in (0, 1)
+                    )
+                )
+
+        failed = asyncio.run(main())
+    assert [r.status_code for r in failed] == [400, 400]
+    assert "without a result from every rank" in failed[0].json()["detail"]
+
+
+def test_results_without_breakdowns_are_a_400_naming_the_rank(tmp_path):
+    with running_server(profiler_settings(tmp_path, warmup_rounds=0)) as url:
+        job = SimulatedJob(url, GroundTruth([0.01]), pp=1, num_microbatches=M)
+
+        async def main():
+            async with httpx.AsyncClient(timeout=30) as client:
+                await job.register(client)
+                await job.ask_all(client)
+                bare = ProfilingResult(rank=0, iter_time=[1.0], iter_energy=[10.0])
+                await client.post(f"{url}/result/{job.job_id}", json=bare.model_dump())
+                return await client.get(f"{url}/schedule/{job.job_id}", params={"rank": 0})
+
+        r = asyncio.run(main())
+    assert r.status_code == 400
+    assert "Rank 0" in r.json()["detail"] and "forward" in r.json()["detail"]
