@@ -188,9 +188,9 @@ class Job:
 
     # ------------------------------------------------------------------ registration
     async def register_rank(self, info: RankInfo) -> None:
+        self.touch()
         self.check_usable()
         self.check_rank(info.rank)
-        self.touch()
         degrees = {
             "dp_rank": (info.dp_rank, self.info.dp_degree),
             "pp_rank": (info.pp_rank, self.info.pp_degree),
@@ -253,9 +253,9 @@ class Job:
 
     # ------------------------------------------------------------------ rounds
     async def get_schedule(self, rank: int) -> FrequencySchedule:
+        self.touch()
         self.check_usable()
         self.check_rank(rank)
-        self.touch()
         rnd = self.round
         rnd.asked.add(rank)
         if rnd.timer is None and not rnd.completing:
@@ -356,9 +356,9 @@ class Job:
 
     # ------------------------------------------------------------------ results & stragglers
     async def report_result(self, result: ProfilingResult) -> None:
+        self.touch()
         self.check_usable()
         self.check_rank(result.rank)
-        self.touch()
         if self.round.number == 0:
             raise RankConflictError(
                 f"Rank {result.rank} reported a result for job {self.job_id} before any "
@@ -377,8 +377,8 @@ class Job:
         self.results[result.rank] = result
 
     async def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
-        self.check_usable()
         self.touch()
+        self.check_usable()
         if self.scheduler is None:
             raise CoordinatorError(
                 f"Job {self.job_id} has not started: {len(self.ranks)} of "

@@ -1,0 +1,82 @@
+"""PointSolution runs exactly a plan file's frequencies; a plan that does not fit is a 400."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from server_fixtures import GroundTruth, SimulatedJob, running_server, stage_freqs
+
+from perseus.dag import make_schedule
+from perseus.models import PerseusSettings
+from perseus.plan import Plan
+
+M = 3
+
+
+def varied_plan(num_stages: int, *, bad_freq: int | None = None, num_microbatches: int = M) -> Plan:
+    """Every instruction of the plan gets its own frequency (stage, position dependent)."""
+    kinds = make_schedule("1f1b", num_stages, num_microbatches).kinds()
+    levels = [1500, 1425, 1350, 1275, 1200, 1125, 1050, 975, 900]
+    freqs = [
+        [(k, levels[(s + i) % len(levels)]) for i, k in enumerate(ks)] for s, ks in enumerate(kinds)
+    ]
+    if bad_freq is not None:
+        freqs[-1][0] = (freqs[-1][0][0], bad_freq)
+    return Plan(
+        schedule="1f1b",
+        num_stages=num_stages,
+        num_microbatches=num_microbatches,
+        p2p_power=70.0,
+        iteration_time=1.0,
+        energy=1.0,
+        frequencies=freqs,
+    )
+
+
+def settings(path, **args) -> PerseusSettings:
+    return PerseusSettings(
+        scheduler="PointSolution", scheduler_args={"solution_path": str(path), **args}
+    )
+
+
+def test_every_rank_runs_exactly_its_stages_planned_frequencies(tmp_path):
+    plan = varied_plan(3)
+    plan.save(tmp_path / "plan.json")
+    with running_server(settings(tmp_path / "plan.json")) as url:
+        job = SimulatedJob(url, GroundTruth([0.01] * 3), pp=3, dp=2, num_microbatches=M)
+        history = job.run_sync(2)
+    for schedules in history:
+        for info in job.infos:
+            assert schedules[info.rank].frequencies == plan.frequencies[info.pp_rank]
+    assert len(set(stage_freqs(history[0], 0))) > 1
+
+
+def first_error(url: str, pp: int) -> httpx.Response:
+    job = SimulatedJob(url, GroundTruth([0.01] * pp), pp=pp, num_microbatches=M)
+    with pytest.raises(httpx.HTTPStatusError) as info:
+        job.run_sync(1)
+    return info.value.response
+
+
+@pytest.mark.parametrize(
+    ("plan", "args", "message"),
+    [
+        (varied_plan(3), {}, "3 stage(s) but job"),
+        (varied_plan(2, bad_freq=1234), {}, "[1234] MHz are not available on rank 1"),
+        (varied_plan(2), {"num_microbatches": 5}, "num_microbatches=5"),
+        ("import os; os.system('echo pwned')", {}, "not valid JSON"),
+        ('{"version": 1, "schedule": "1f1b"}', {}, "is invalid"),
+    ],
+)
+def test_a_plan_that_does_not_fit_the_job_is_a_400_naming_the_problem(
+    tmp_path, plan, args, message
+):
+    path = tmp_path / "plan.json"
+    if isinstance(plan, Plan):
+        plan.save(path)
+    else:
+        path.write_text(plan)
+    with running_server(settings(path, **args)) as url:
+        r = first_error(url, 2)
+    assert r.status_code == 400
+    assert message in r.json()["detail"]

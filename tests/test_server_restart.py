@@ -1,0 +1,102 @@
+"""A restarted coordinator on the same dump_dir serves a job's deployed plan again."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from server_fixtures import GroundTruth, SimulatedJob, running_server, stage_freqs
+
+from perseus.dag import make_schedule
+from perseus.models import PerseusSettings
+from perseus.plan import Plan
+
+M = 3
+
+
+def perseus_settings(tmp_path, **kw) -> PerseusSettings:
+    return PerseusSettings(
+        scheduler="Perseus",
+        scheduler_args={"num_microbatches": M, "freq_step": 3, "warmup_rounds": 0},
+        dump_dir=str(tmp_path / "dump"),
+        **{"dump_data": True, **kw},
+    )
+
+
+def test_a_restarted_coordinator_resumes_the_deployed_plan(tmp_path):
+    truth = GroundTruth([0.010, 0.015, 0.011])
+    with running_server(perseus_settings(tmp_path)) as url:
+        job = SimulatedJob(url, truth, pp=3, dp=2, num_microbatches=M)
+        job.run_sync(8)
+    deployed = job.history[-1]
+    assert deployed == job.history[-2]
+    assert any(set(stage_freqs(deployed, r)) != {1500} for r in deployed), "not all-max"
+    job_dir = tmp_path / "dump" / job.job_id
+    rounds_before = sorted(int(p.name.split(".")[0]) for p in job_dir.glob("*.sched.json"))
+
+    with running_server(perseus_settings(tmp_path)) as url:
+        job.base_url = url
+        job.run_sync(2)  # the same ranks of the same job keep asking
+        assert job.history[-1] == deployed and job.history[-2] == deployed
+        # The restored job still has its frontier: a straggler changes the other pipeline.
+        r = httpx.post(f"{url}/straggler/{job.job_id}", json={"dp_rank": 0, "slowdown": 1.2})
+        assert r.status_code == 200, r.text
+        job.run_sync(1)
+    dp1 = [i.rank for i in job.infos if i.dp_rank == 1]
+    assert all(job.history[-1][r] != deployed[r] for r in dp1)
+    rounds_after = sorted(int(p.name.split(".")[0]) for p in job_dir.glob("*.sched.json"))
+    assert rounds_after == [*rounds_before, 8, 9, 10], "round numbers continue, nothing overwritten"
+
+
+def make_plan(num_stages: int, freq_of: dict[str, int]) -> Plan:
+    kinds = make_schedule("1f1b", num_stages, M).kinds()
+    return Plan(
+        schedule="1f1b",
+        num_stages=num_stages,
+        num_microbatches=M,
+        p2p_power=70.0,
+        iteration_time=1.0,
+        energy=1.0,
+        frequencies=[[(k, freq_of[k]) for k in ks] for ks in kinds],
+    )
+
+
+def test_point_solution_job_resumes_its_plan_and_evicted_jobs_stay_gone(tmp_path):
+    truth = GroundTruth([0.01, 0.01])
+    plan_path = tmp_path / "plan.json"
+    make_plan(2, {"forward": 1200, "backward": 975}).save(plan_path)
+    settings = PerseusSettings(
+        scheduler="PointSolution",
+        scheduler_args={"solution_path": str(plan_path)},
+        dump_dir=str(tmp_path / "dump"),
+        dump_data=True,
+        max_job_idle_time=1,
+    )
+    with running_server(settings) as url:
+        kept = SimulatedJob(url, truth, pp=2, num_microbatches=M)
+        kept.run_sync(1)
+        idle = SimulatedJob(url, truth, pp=2, num_microbatches=M)
+        idle.run_sync(1)
+        for _ in range(5):  # `kept` stays active, `idle` gets evicted
+            time.sleep(0.5)
+            httpx.get(f"{url}/schedule/{kept.job_id}", params={"rank": 5})  # 422, but activity
+        assert httpx.get(f"{url}/schedule/{idle.job_id}", params={"rank": 0}).status_code == 404
+    assert (tmp_path / "dump" / idle.job_id / "evicted").is_file()
+    # The plan file changes; the restored job keeps the plan it had deployed.
+    make_plan(2, {"forward": 1500, "backward": 1500}).save(plan_path)
+    with running_server(settings) as url:
+        r = httpx.get(f"{url}/schedule/{idle.job_id}", params={"rank": 0})
+        assert r.status_code == 404
+        kept.base_url = url
+        kept.run_sync(1)
+    assert kept.history[-1] == kept.history[0]
+    assert set(stage_freqs(kept.history[-1], 0)) == {1200, 975}
+
+
+def test_nothing_is_restored_without_dump_data(tmp_path):
+    truth = GroundTruth([0.01])
+    with running_server(perseus_settings(tmp_path)) as url:
+        job = SimulatedJob(url, truth, pp=1, num_microbatches=M)
+        job.run_sync(1)
+    with running_server(perseus_settings(tmp_path, dump_data=False)) as url:
+        assert httpx.get(f"{url}/schedule/{job.job_id}", params={"rank": 0}).status_code == 404

@@ -1,0 +1,90 @@
+"""PERSEUS_SCHEDULER switches behaviour; bad settings fail up front with a clear message."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from server_fixtures import GroundTruth, SimulatedJob, running_server, stage_freqs
+from typer.testing import CliRunner
+
+from perseus.cli.serve import serve
+from perseus.errors import ConfigurationError
+from perseus.models import PerseusSettings
+from perseus.server import create_app
+from schedulers import SCHEDULERS, check_scheduler_args
+
+M = 2
+
+
+def run_with_env(monkeypatch, scheduler: str, args: str, rounds: int = 3) -> SimulatedJob:
+    monkeypatch.setenv("PERSEUS_SCHEDULER", scheduler)
+    monkeypatch.setenv("PERSEUS_SCHEDULER_ARGS", args)
+    settings = PerseusSettings()  # what `perseus serve` and create_app() read
+    with running_server(settings) as url:
+        job = SimulatedJob(url, GroundTruth([0.01, 0.012]), pp=2, num_microbatches=M)
+        job.run_sync(rounds)
+    return job
+
+
+def test_switching_perseus_scheduler_switches_behaviour(monkeypatch, tmp_path):
+    monkeypatch.setenv("PERSEUS_DUMP_DIR", str(tmp_path))
+    all_max = run_with_env(monkeypatch, "AllMaxFrequency", '{"num_microbatches": 2}')
+    profiler = run_with_env(
+        monkeypatch, "InstructionProfiler", '{"num_microbatches": 2, "warmup_rounds": 0}'
+    )
+    assert all(set(stage_freqs(h, 0)) == {1500} for h in all_max.history)
+    assert [stage_freqs(h, 0)[0] for h in profiler.history] == [1500, 1425, 1350]
+    assert "AllMaxFrequency" in all_max.job_id and "InstructionProfiler" in profiler.job_id
+
+
+def test_create_app_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("PERSEUS_SCHEDULER", "ZeusGlobal")
+    monkeypatch.setenv("PERSEUS_SCHEDULER_ARGS", '{"num_microbatches": 4, "eta_knob": 0.3}')
+    app = create_app()
+    assert app.state.settings.scheduler is SCHEDULERS["ZeusGlobal"]
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "message"),
+    [
+        ("Perseus", {}, "needs num_microbatches"),
+        ("Perseus", {"num_microbatches": 0}, "num_microbatches: Input should be greater"),
+        ("ZeusGlobal", {"num_microbatches": 2, "eta_knob": 2}, "eta_knob"),
+        ("InstructionProfiler", {"num_microbatches": 2, "freq_stride": 2}, "It accepts:"),
+        ("PointSolution", {}, "solution_path: Field required"),
+    ],
+)
+def test_bad_scheduler_args_are_a_configuration_error(name, args, message):
+    with pytest.raises(ConfigurationError, match=message.replace("(", r"\(")):
+        check_scheduler_args(SCHEDULERS[name], args)
+
+
+def test_create_app_checks_scheduler_args_up_front():
+    with pytest.raises(ConfigurationError, match="needs num_microbatches"):
+        create_app(PerseusSettings(scheduler="EnvPipe"))
+    with pytest.raises(ValueError, match="round_timeout_s"):
+        create_app(
+            PerseusSettings(scheduler="AllMaxFrequency", scheduler_args={"num_microbatches": 1}),
+            round_timeout_s=0,
+        )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PERSEUS_SCHEDULER": "Nope"}, "Unknown scheduler 'Nope'"),
+        ({"PERSEUS_SCHEDULER": "Perseus"}, "needs num_microbatches"),
+        ({"PERSEUS_SCHEDULER_ARGS": "{not json"}, "scheduler_args"),
+        (
+            {"PERSEUS_SCHEDULER": "AllMaxFrequency", "PERSEUS_SCHEDULER_ARGS": '{"x": 1}'},
+            "Invalid scheduler_args",
+        ),
+    ],
+)
+def test_perseus_serve_exits_2_with_a_clear_message(env, message):
+    app = typer.Typer()
+    app.command()(serve)
+    result = CliRunner().invoke(app, [], env=env)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
