@@ -7,6 +7,7 @@ import typer
 from perseus.cli import plot as _plot
 from perseus.cli import profile as _profile
 from perseus.cli import solve as _solve
+from zeus_power import cli as _bso
 
 app = typer.Typer(
     name="perseus",
@@ -20,5 +21,6 @@ app.command("evaluate")(_solve.evaluate_plan)
 app.command("choose")(_solve.choose)
 app.add_typer(_plot.app, name="plot")
 app.add_typer(_profile.app, name="profile")
+app.add_typer(_bso.app, name="bso", help="The batch-size optimizer service (Zeus).")
 
 __all__ = ["app"]
