@@ -1,0 +1,413 @@
+"""The time–energy frontier: exact LP sweep → discrete plans → exact scores → Pareto set.
+
+`solve_frontier` runs, for one profile, schedule and blocking power ``P``:
+
+1. the parametric LP (`perseus.solver.lp`) from the slowest useful iteration time down to
+   the all-max-frequency time ``T_fast``, breakpoint to breakpoint;
+2. for every LP breakpoint and every point of a time grid between them (``resolution_s``
+   apart), the LP durations at that time are rounded to a discrete plan that meets it and
+   its slack is reclaimed greedily (`perseus.solver.rounding`);
+3. every plan is scored with the exact accounting of `perseus.plan.evaluate`
+   (``T`` = longest path, ``E = Σ eᵢ + P·(S·T − Σ tᵢ)``), vectorised and bit-identical;
+4. the Pareto set is kept: time strictly increasing, energy strictly decreasing. Its
+   first point is at ``T_fast`` exactly (the all-max plan, or a cheaper plan with the
+   same time), so its energy is at most the all-max energy. Plans faster than all-max
+   (possible when profiled time is not monotone in frequency) are not reported.
+
+Every point carries the LP lower bound at its time: no plan that finishes within that
+time can use less energy.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from perseus.dag import PipelineSchedule
+from perseus.errors import PlanError, SolverError
+from perseus.plan import Evaluation, Plan
+from perseus.profile import InstructionProfile
+from perseus.solver.lp import LPCurve, solve_lp_curve
+from perseus.solver.problem import SolverProblem
+from perseus.solver.rounding import Rounder
+
+__all__ = ["FRONTIER_COLUMNS", "Frontier", "FrontierPoint", "solve_frontier"]
+
+FRONTIER_COLUMNS = ("index", "iteration_time", "energy", "lower_bound", "plan")
+_TIME_RTOL = 1e-9
+_BATCH = 64
+_MAX_MIXES = 256
+
+
+class FrontierPoint:
+    """One plan of the frontier: its exact time and energy, the LP bound, its frequencies.
+
+    `frequencies` is per stage, in that stage's execution order (the plan-file layout).
+    """
+
+    __slots__ = ("_freqs", "compute_energy_j", "energy_j", "iteration_time_s", "lower_bound_j")
+
+    def __init__(
+        self,
+        iteration_time_s: float,
+        energy_j: float,
+        lower_bound_j: float,
+        frequencies: Sequence[Sequence[int]],
+        *,
+        compute_energy_j: float = math.nan,
+    ):
+        self.iteration_time_s = float(iteration_time_s)
+        self.energy_j = float(energy_j)
+        self.lower_bound_j = float(lower_bound_j)
+        self.compute_energy_j = float(compute_energy_j)
+        # Compact storage: frontiers of big pipelines hold thousands of plans.
+        self._freqs = tuple(np.asarray(f, dtype=np.int32) for f in frequencies)
+
+    @property
+    def frequencies(self) -> list[list[int]]:
+        """Per stage, the frequency (MHz) of each instruction in execution order."""
+        return [f.tolist() for f in self._freqs]
+
+    @property
+    def gap(self) -> float:
+        """Relative energy above the LP lower bound."""
+        return self.energy_j / self.lower_bound_j - 1 if self.lower_bound_j > 0 else math.nan
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FrontierPoint):
+            return NotImplemented
+        return (
+            self.iteration_time_s == other.iteration_time_s
+            and self.energy_j == other.energy_j
+            and self.lower_bound_j == other.lower_bound_j
+            and len(self._freqs) == len(other._freqs)
+            and all(np.array_equal(a, b) for a, b in zip(self._freqs, other._freqs, strict=True))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"FrontierPoint(iteration_time_s={self.iteration_time_s:.6f}, "
+            f"energy_j={self.energy_j:.3f}, lower_bound_j={self.lower_bound_j:.3f})"
+        )
+
+
+class Frontier:
+    """A Pareto set of plans, fastest first. Build with `solve_frontier` or `Frontier.read`."""
+
+    def __init__(
+        self,
+        points: list[FrontierPoint],
+        *,
+        schedule: PipelineSchedule,
+        p2p_power_w: float,
+        lp_curve: LPCurve | None = None,
+        stats: dict[str, float] | None = None,
+    ):
+        if not points:
+            raise SolverError("A frontier needs at least one point")
+        self.points = points
+        self.schedule = schedule
+        self.p2p_power_w = float(p2p_power_w)
+        self.lp_curve = lp_curve
+        self.stats = dict(stats or {})
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __repr__(self) -> str:
+        return (
+            f"Frontier({len(self.points)} points, T {self.points[0].iteration_time_s:.4f}"
+            f"..{self.points[-1].iteration_time_s:.4f} s)"
+        )
+
+    # ------------------------------------------------------------------ choosing
+    def choose(
+        self, *, max_slowdown: float | None = None, deadline_s: float | None = None
+    ) -> FrontierPoint:
+        """The minimum-energy plan with ``T ≤ (1 + max_slowdown)·T_fastest`` or ``T ≤ deadline_s``.
+
+        Times are compared with a relative tolerance of 1e-9.
+        """
+        if (max_slowdown is None) == (deadline_s is None):
+            raise SolverError("Pass exactly one of max_slowdown= or deadline_s= to choose a plan")
+        fastest = self.points[0].iteration_time_s
+        if max_slowdown is not None:
+            if not (math.isfinite(max_slowdown) and max_slowdown >= 0):
+                raise SolverError(
+                    f"max_slowdown must be a finite fraction >= 0 (0.05 = 5 % slower), got {max_slowdown!r}"
+                )
+            limit = fastest * (1 + max_slowdown)
+        else:
+            assert deadline_s is not None
+            if not math.isfinite(deadline_s):
+                raise SolverError(
+                    f"deadline_s must be a finite number of seconds, got {deadline_s!r}"
+                )
+            limit = deadline_s
+        fits = [p for p in self.points if p.iteration_time_s <= limit * (1 + _TIME_RTOL)]
+        if not fits:
+            raise SolverError(
+                f"No plan meets an iteration time of {limit:.6f} s: the fastest plan takes "
+                f"{fastest:.6f} s (all GPUs at maximum frequency); relax the deadline"
+            )
+        return min(fits, key=lambda p: p.energy_j)
+
+    # ------------------------------------------------------------------ files
+    def write(self, out_dir: str | os.PathLike[str]) -> Path:
+        """Write ``frontier.csv`` and ``plans/plan_NNNNN.json`` (one Plan file per point)."""
+        out = Path(out_dir)
+        plans = out / "plans"
+        plans.mkdir(parents=True, exist_ok=True)
+        for old in plans.glob("plan_*.json"):
+            old.unlink()
+        rows = []
+        for k, p in enumerate(self.points):
+            rel = f"plans/plan_{k:05d}.json"
+            compute = p.compute_energy_j if math.isfinite(p.compute_energy_j) else math.nan
+            evaluation = Evaluation(
+                iteration_time_s=p.iteration_time_s,
+                energy_j=p.energy_j,
+                compute_energy_j=compute,
+                blocking_energy_j=p.energy_j - compute,
+            )
+            Plan.from_frequencies(
+                self.schedule, p.frequencies, p2p_power_w=self.p2p_power_w, evaluation=evaluation
+            ).save(out / rel)
+            rows.append((k, repr(p.iteration_time_s), repr(p.energy_j), repr(p.lower_bound_j), rel))
+        tmp = out / "frontier.csv.tmp"
+        with tmp.open("w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(FRONTIER_COLUMNS)
+            writer.writerows(rows)
+        tmp.replace(out / "frontier.csv")
+        return out / "frontier.csv"
+
+    @classmethod
+    def read(cls, out_dir: str | os.PathLike[str]) -> Frontier:
+        """Read a frontier written by `write` (plans are validated on load)."""
+        out = Path(out_dir)
+        path = out / "frontier.csv"
+        try:
+            with path.open(newline="") as fh:
+                reader = csv.reader(fh)
+                header = next(reader, None)
+                rows = list(reader)
+        except OSError as exc:
+            raise PlanError(
+                f"Cannot read frontier {str(path)!r}: {exc.strerror or exc}; write one with "
+                "`perseus solve ... --out DIR`"
+            ) from exc
+        if header is None or tuple(header) != FRONTIER_COLUMNS:
+            raise PlanError(
+                f"{str(path)!r} has columns {header!r}; expected {','.join(FRONTIER_COLUMNS)}"
+            )
+        points: list[FrontierPoint] = []
+        schedule: PipelineSchedule | None = None
+        p2p = math.nan
+        for line, row in enumerate(rows, start=2):
+            try:
+                _, t, e, lb, rel = row
+                t_s, e_j, lb_j = float(t), float(e), float(lb)
+            except ValueError:
+                raise PlanError(f"{str(path)!r} line {line} is malformed: {row!r}") from None
+            plan = Plan.load(out / rel)
+            if schedule is None:
+                schedule = plan.pipeline_schedule()
+                p2p = plan.p2p_power
+            points.append(
+                FrontierPoint(
+                    t_s,
+                    e_j,
+                    lb_j,
+                    plan.stage_frequencies(),
+                    compute_energy_j=math.nan,
+                )
+            )
+        if schedule is None:
+            raise PlanError(f"{str(path)!r} lists no plans")
+        return cls(points, schedule=schedule, p2p_power_w=p2p)
+
+
+class _ParetoStore:
+    """Candidate plans (option indices) kept Pareto-optimal as batches arrive."""
+
+    def __init__(self, n: int, t_floor: float):
+        self.t_floor = t_floor
+        self.time = np.empty(0)
+        self.energy = np.empty(0)
+        self.compute = np.empty(0)
+        self.choice = np.empty((n, 0), dtype=np.int16)
+
+    def add(
+        self, time_s: np.ndarray, energy_j: np.ndarray, compute_j: np.ndarray, choice: np.ndarray
+    ) -> None:
+        keep = time_s >= self.t_floor
+        t = np.concatenate([self.time, time_s[keep]])
+        e = np.concatenate([self.energy, energy_j[keep]])
+        c = np.concatenate([self.compute, compute_j[keep]])
+        ch = np.concatenate([self.choice, choice[:, keep].astype(np.int16)], axis=1)
+        order = np.lexsort((e, t))
+        t, e, c, ch = t[order], e[order], c[order], ch[:, order]
+        best_before = np.concatenate([[np.inf], np.minimum.accumulate(e)[:-1]])
+        pareto = e < best_before
+        self.time, self.energy, self.compute = t[pareto], e[pareto], c[pareto]
+        self.choice = np.ascontiguousarray(ch[:, pareto])
+
+
+def solve_frontier(
+    profile: InstructionProfile,
+    schedule: PipelineSchedule,
+    *,
+    p2p_power_w: float,
+    progress: Callable[[float], None] | None = None,
+    resolution_s: float | None = None,
+    max_points: int | None = 1000,
+) -> Frontier:
+    """Compute the time–energy frontier of one pipeline (see the module docstring).
+
+    Args:
+        profile: Profiled time and energy of every (stage, instruction, frequency).
+        schedule: The pipeline schedule whose DAG is planned.
+        p2p_power_w: Power a GPU draws while blocked on P2P communication or idle.
+        progress: Called with the fraction done (0..1) as the sweep proceeds.
+        resolution_s: Spacing of the extra rounding targets between LP breakpoints;
+            default ``(T_slowest − T_fast) / 2000``.
+        max_points: Keep at most this many points (spread evenly in time, fastest and
+            slowest always kept); ``None`` keeps the whole Pareto set.
+    """
+    t0 = time.perf_counter()
+    if max_points is not None and max_points < 2:
+        raise SolverError(f"max_points must be at least 2 (or None for all), got {max_points!r}")
+    problem = SolverProblem.build(profile, schedule, p2p_power_w=p2p_power_w)
+    rounder = Rounder(problem)
+
+    all_max = problem.max_frequency_choice()
+    t_fast_arr, e_fast_arr, c_fast_arr = problem.score(all_max[:, None])
+    t_fast = float(t_fast_arr[0])
+    store = _ParetoStore(problem.n, t_fast)
+    store.add(t_fast_arr, e_fast_arr, c_fast_arr, all_max[:, None])
+    fast_times = problem.choices_to_arrays(all_max)[0]
+    reclaimed = rounder.round(fast_times[:, None], np.array([t_fast]))
+    store.add(*problem.score(reclaimed), reclaimed)
+
+    t_slow = float(
+        problem.makespan(np.array([h.time_s[-1] for h in problem.hulls])[problem.type_of])
+    )
+    span = max(t_slow - t_fast, 0.0)
+    if resolution_s is None:
+        resolution_s = span / 2000 if span > 0 else 1.0
+    if not (math.isfinite(resolution_s) and resolution_s > 0):
+        raise SolverError(
+            f"resolution_s must be a positive number of seconds, got {resolution_s!r}"
+        )
+
+    level = problem.level_of
+    pending_d: list[np.ndarray] = []
+    pending_t: list[float] = []
+    carry: list[tuple[np.ndarray, float]] = []  # last rounded breakpoint (steps, time)
+    counter = {"candidates": 2}
+
+    def add(steps: np.ndarray) -> np.ndarray:
+        choice = rounder.options(steps)
+        T, E, C = problem.score(choice)
+        store.add(T, E, C, choice)
+        counter["candidates"] += steps.shape[1]
+        return T
+
+    def mixes(slow: np.ndarray, fast: np.ndarray, count: int) -> list[np.ndarray]:
+        """Plans between two consecutive rounded breakpoints: the latest instructions
+        (by topological generation) take the slower plan's options, the rest the faster's."""
+        diff = np.flatnonzero(slow != fast)
+        if count <= 0 or len(diff) == 0:
+            return []
+        cuts = np.unique(np.quantile(level[diff], np.linspace(0, 1, count + 2)[1:-1]))
+        return [np.where(level >= c, slow, fast) for c in cuts]
+
+    def process() -> None:
+        if not pending_t:
+            return
+        D = np.stack(pending_d, axis=1)
+        T = np.array(pending_t)
+        steps = rounder.round_steps(D, T)
+        add(steps)
+        seq = [*carry, *((steps[:, j], T[j]) for j in range(len(T)))]
+        between: list[np.ndarray] = []
+        for (slow, t_slow_bp), (fast, t_fast_bp) in itertools.pairwise(seq):
+            count = min(_MAX_MIXES, math.ceil((t_slow_bp - t_fast_bp) / resolution_s) - 1)
+            between += mixes(slow, fast, count)
+        for lo in range(0, len(between), _BATCH):
+            M = np.stack(between[lo : lo + _BATCH], axis=1)
+            T_mix = add(M)
+            rounder.reclaim(M, T_mix)
+            add(M)
+        carry[:] = [(steps[:, -1].copy(), float(T[-1]))]
+        pending_d.clear()
+        pending_t.clear()
+
+    def target(d: np.ndarray, T: float) -> None:
+        pending_d.append(d)
+        pending_t.append(T)
+        if len(pending_t) >= _BATCH:
+            process()
+
+    state: dict[str, tuple[float, np.ndarray, float]] = {}
+    lp_span = max(t_slow - t_fast, 1e-300)
+
+    def on_breakpoint(lam: float, cost: float, d: np.ndarray) -> bool:
+        prev = state.get("prev")
+        energy = cost + problem.p2p_power_w * problem.schedule.num_stages * lam
+        if prev is not None:
+            lam_prev, d_prev, energy_prev = prev
+            if lam < t_fast < lam_prev:  # the all-max time falls inside this LP segment
+                w = (t_fast - lam) / (lam_prev - lam)
+                target(d + w * (d_prev - d), t_fast)
+            if lam < t_fast and energy >= energy_prev:
+                return True  # convex: faster LP points only cost more; done
+        if lam >= t_fast * (1 - _TIME_RTOL):
+            target(d.copy(), max(lam, t_fast))
+        state["prev"] = (lam, d.copy(), energy)
+        if progress is not None:
+            progress(0.95 * min(1.0, max(0.0, (t_slow - lam) / lp_span)))
+        return False
+
+    curve = solve_lp_curve(problem, on_breakpoint=on_breakpoint)
+    process()
+
+    idx = np.arange(len(store.time))
+    if max_points is not None and len(idx) > max_points:
+        want = np.linspace(store.time[0], store.time[-1], max_points)
+        picks = np.searchsorted(store.time, want)
+        picks = np.clip(picks, 0, len(idx) - 1)
+        idx = np.unique(np.concatenate([[0, len(idx) - 1], picks]))
+    bounds = curve.lower_bound(store.time[idx])
+    points = [
+        FrontierPoint(
+            float(store.time[k]),
+            float(store.energy[k]),
+            # A plan at an LP vertex can meet the bound up to rounding noise.
+            float(min(b, store.energy[k]) if b <= store.energy[k] * (1 + 1e-9) else b),
+            problem.frequencies(store.choice[:, k].astype(np.int64)),
+            compute_energy_j=float(store.compute[k]),
+        )
+        for k, b in zip(idx, bounds, strict=True)
+    ]
+    if points[0].iteration_time_s != t_fast:  # pragma: no cover - the all-max plan is a candidate
+        raise SolverError("Internal error: the frontier lost the all-max-frequency plan")
+    stats = {
+        "lp_breakpoints": float(len(curve.time_s)),
+        "candidates": float(counter["candidates"]),
+        "pareto_points": float(len(store.time)),
+        "wall_s": time.perf_counter() - t0,
+    }
+    if progress is not None:
+        progress(1.0)
+    return Frontier(points, schedule=schedule, p2p_power_w=p2p_power_w, lp_curve=curve, stats=stats)

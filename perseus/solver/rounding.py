@@ -1,0 +1,130 @@
+"""From LP durations to discrete plans that meet their deadline, then greedy slack reclaim.
+
+Only real profiled options are ever assigned. With ``P`` the blocking power, a plan's
+energy is ``Σ (eᵢ − P·tᵢ) + P·S·T``, so for a fixed iteration time each instruction should
+run the option with the lowest *effective cost* ``e − P·t`` it can afford. Per type, the
+options that can ever be that choice form a *staircase*: sorted by time, each one strictly
+cheaper (in effective cost) than every faster one. "Best option within a time budget" is
+then the last staircase step at or below the budget.
+
+Rounding a batch of targets ``(durations dᵢ, deadline T)`` (all vectorised over the batch):
+
+1. every instruction takes its best option with ``t ≤ dᵢ``. The LP durations fit in ``T``
+   and no instruction got slower, so the plan fits in ``T``;
+2. slack reclaim, latest instructions first (reverse topological generations): an
+   instruction may finish as late as the earliest latest-start of its successors (or
+   ``T``) and start as early as its predecessors allow (their current times); it takes the
+   best option within that window. Processing generations in reverse keeps every
+   predecessor's window valid, so the plan still fits in ``T``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perseus.solver.problem import SolverProblem
+
+__all__ = ["Rounder"]
+
+_REL_TOL = 1e-12
+_TIERS = 6
+
+
+class Rounder:
+    """Vectorised rounding + slack reclaim for one `SolverProblem`."""
+
+    def __init__(self, problem: SolverProblem):
+        self.problem = problem
+        P = problem.p2p_power_w
+        steps_t, steps_idx = [], []
+        for o in problem.type_options:
+            eff = o.energy_j - P * o.time_s
+            order = np.lexsort((eff, o.time_s))
+            best = np.inf
+            ts, idx = [], []
+            for k in order:
+                if eff[k] < best:
+                    best = eff[k]
+                    ts.append(o.time_s[k])
+                    idx.append(k)
+            steps_t.append(np.array(ts))
+            steps_idx.append(np.array(idx, dtype=np.int64))
+        width = max(len(s) for s in steps_t)
+        ntypes = len(steps_t)
+        self.step_time = np.full((ntypes, width), np.inf)
+        self.step_option = np.zeros((ntypes, width), dtype=np.int64)
+        self.step_count = np.array([len(s) for s in steps_t], dtype=np.int64)
+        for k, (t, i) in enumerate(zip(steps_t, steps_idx, strict=True)):
+            self.step_time[k, : len(t)] = t
+            self.step_option[k, : len(i)] = i
+        self._type_rows = [np.flatnonzero(problem.type_of == k) for k in range(ntypes)]
+        self._level_step_time = [self.step_time[problem.type_of[lv]] for lv in problem.levels]
+
+    def round(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
+        """Option indices ``(n, K)`` for LP durations ``(n, K)`` and deadlines ``(K,)``."""
+        return self.options(self.round_steps(durations, deadlines))
+
+    def options(self, step: np.ndarray) -> np.ndarray:
+        """Option indices of staircase positions `step` ``(n, K)``."""
+        return self.step_option[self.problem.type_of[:, None], step]
+
+    def round_steps(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
+        """Staircase positions ``(n, K)`` for LP durations ``(n, K)`` and deadlines ``(K,)``."""
+        pb = self.problem
+        D = np.asarray(durations, dtype=float)
+        T = np.asarray(deadlines, dtype=float)
+        # 1. the hull vertex at or below each LP duration; the cap is the vertex above.
+        step = np.empty(D.shape, dtype=np.int64)
+        cap = np.empty(D.shape, dtype=np.int64)
+        value = np.zeros(D.shape)  # hull slope (W) of the LP segment the duration lies in
+        for k, rows in enumerate(self._type_rows):
+            if len(rows):
+                st = self.step_time[k, : self.step_count[k]]
+                hull = pb.hulls[k]
+                last = len(hull.time_s) - 1
+                d = D[rows]
+                lo = np.clip(
+                    np.searchsorted(hull.time_s, d * (1 + _REL_TOL), side="right") - 1, 0, last
+                )
+                hi = np.minimum(np.searchsorted(hull.time_s, d * (1 - _REL_TOL), side="left"), last)
+                step[rows] = np.searchsorted(st, hull.time_s[lo] * (1 + _REL_TOL), side="right") - 1
+                cap[rows] = np.searchsorted(st, hull.time_s[hi] * (1 + _REL_TOL), side="right") - 1
+                if last > 0:
+                    slopes = np.concatenate([hull.slopes_w, [0.0]])
+                    value[rows] = np.where(hi > lo, slopes[lo], 0.0)
+        np.maximum(step, 0, out=step)
+        np.maximum(cap, step, out=cap)
+        # 2. reclaim slack up to the LP segment's slower vertex, most valuable segments
+        #    first (halving the slope threshold each pass), then without limit.
+        top = float(value.max()) if value.size else 0.0
+        threshold = top / 2
+        done = np.zeros(value.shape, dtype=bool)
+        while top > 0:
+            allowed = (value >= threshold) & ~done
+            if allowed.any():
+                self.reclaim(step, T, np.where(allowed, cap, step))
+                done |= allowed
+            if done[value > 0].all() or threshold < top * 2.0**-_TIERS:
+                break
+            threshold /= 2
+        if not done[value > 0].all():
+            self.reclaim(step, T, cap)
+        self.reclaim(step, T, None)
+        return step
+
+    def reclaim(self, step: np.ndarray, T: np.ndarray, cap: np.ndarray | None = None) -> None:
+        """One latest-first slack-reclaim pass, in place on staircase positions `step`."""
+        pb = self.problem
+        times = self.step_time[pb.type_of[:, None], step]
+        start, _ = pb.start_finish(times)
+        latest_start = np.empty((pb.n + 1, step.shape[1]))
+        latest_start[pb.n] = T
+        for lv, st in zip(reversed(pb.levels), reversed(self._level_step_time), strict=True):
+            latest_finish = latest_start[pb.succs[lv]].min(axis=1)
+            budget = (latest_finish - start[lv]) * (1 + _REL_TOL)
+            fits = (st[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1
+            if cap is not None:
+                fits = np.minimum(fits, cap[lv])
+            new = np.maximum(fits, step[lv])
+            step[lv] = new
+            latest_start[lv] = latest_finish - self.step_time[pb.type_of[lv][:, None], new]
