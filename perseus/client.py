@@ -646,11 +646,14 @@ class PerseusOptimizer:
             duration_s = self.emulator.finish(name, self._instr_start_s, freq)
         else:
             duration_s = time.perf_counter() - self._instr_start_s
-        energy_j = self._energy_since(self._instr_start_mj, duration_s)
+        if self.emulator is not None and self.emulator.exact:
+            energy_j = self.emulator.last_energy_j
+        else:
+            energy_j = self._energy_since(self._instr_start_mj, duration_s)
         self._time_breakdown[name][-1].append(duration_s)
         self._energy_breakdown[name][-1].append(energy_j)
-        self._write_trace(
-            {
+        if self._trace is not None:
+            record = {
                 "kind": "instruction",
                 "round": self.round,
                 "step": self.step,
@@ -660,7 +663,9 @@ class PerseusOptimizer:
                 "time_s": duration_s,
                 "energy_j": energy_j,
             }
-        )
+            if self.emulator is not None:
+                record["compute_s"] = self.emulator.last_compute_s
+            self._write_trace(record)
         self._instr_index += 1
         self._state = _State.IN_STEP
 

@@ -431,11 +431,13 @@ def run_demo(
     perseus_steps: int = 36,
     measure_steps: int = 8,
     freq_step: int = 6,
+    max_slowdown: float = 0.01,
     console: Any = None,
 ) -> DemoResult:
     """Run the demo: AllMaxFrequency, then Perseus, on the same emulated 4-rank job.
 
-    Writes under `out_dir`: ``profile.csv`` (the online instruction profile),
+    Perseus picks the least-energy frontier plan at most `max_slowdown` slower than the
+    fastest one. Writes under `out_dir`: ``profile.csv`` (the online instruction profile),
     ``frontier/`` and ``frontier.png`` (the time–energy frontier, the all-max point marked),
     ``timeline.png`` (the deployed plan's per-stage Gantt chart), ``plan.json`` (the
     deployed plan), ``summary.json``, and the logs and traces of both runs.
@@ -464,7 +466,7 @@ def run_demo(
             JobSpec(**{**spec.__dict__, "steps": baseline_steps}),
         ),
         "Perseus": (
-            {**args, "freq_step": freq_step, "max_slowdown": 0.0},
+            {**args, "freq_step": freq_step, "max_slowdown": max_slowdown},
             JobSpec(**{**spec.__dict__, "steps": perseus_steps}),
         ),
     }

@@ -15,8 +15,10 @@ Two modes, both configurable with ``PERSEUS_EMULATE_*`` environment variables
 - *nominal* (``PERSEUS_EMULATE_NOMINAL=1``): each instruction name has a nominal time at
   the max clock (given by the training job, e.g. proportional to its stage's layers), and
   lasts ``nominal · stretch(f)`` whatever the real compute took (if that compute took
-  longer, it lasts that long). CPU timing noise on small shared machines is large; this
-  mode makes profiles reproducible, and CI uses it for its numeric assertions.
+  longer, it lasts that long). The instruction's reported time is that emulated time: the
+  host waking the process late after its sleep is not charged to the emulated GPU (the
+  iteration's wall time still includes it). CPU timing noise on small shared machines is
+  large; this mode makes profiles reproducible, and CI uses it for its numeric assertions.
 
 ``PERSEUS_EMULATE_STRETCH=0`` turns stretching off (the hook still measures and records
 energy at the model's power): the overhead benchmark runs that way.
@@ -92,6 +94,10 @@ class InstructionEmulator:
         )
         self.slowdown = 1.0
         """Extra factor on every instruction's time (emulates a straggling pipeline)."""
+        self.last_compute_s = 0.0
+        """The real (unstretched) elapsed time of the last finished instruction."""
+        self.last_energy_j = 0.0
+        """Busy power × duration of the last finished instruction (what the counter gained)."""
 
     def target_time_s(self, name: str, elapsed_s: float, freq_mhz: int) -> float:
         """How long the instruction should last at `freq_mhz`, having computed `elapsed_s`."""
@@ -116,12 +122,28 @@ class InstructionEmulator:
         that time into the energy counter, and returns the instruction's duration.
         """
         elapsed_s = time.perf_counter() - start_s
+        self.last_compute_s = elapsed_s
         target_s = self.target_time_s(name, elapsed_s, freq_mhz)
         deadline = start_s + target_s
         remaining = deadline - time.perf_counter()
         while remaining > 0:
             time.sleep(remaining)
             remaining = deadline - time.perf_counter()
-        duration_s = time.perf_counter() - start_s
-        self.gpu.record_busy(duration_s, self.gpu.busy_power_w(self.workload, freq_mhz))
+        # Exact mode: the emulated GPU finished at the deadline (or when the real compute did,
+        # if it overran); the host waking this process late is not the GPU's time.
+        wall_s = time.perf_counter() - start_s
+        duration_s = max(target_s, elapsed_s) if self.exact else wall_s
+        power_w = self.gpu.busy_power_w(self.workload, freq_mhz)
+        self.gpu.record_busy(duration_s, power_w)
+        self.last_energy_j = power_w * duration_s
         return duration_s
+
+    @property
+    def exact(self) -> bool:
+        """Whether instruction time and energy are the emulated ones, not wall-clock readings.
+
+        True in nominal mode with stretching: the hook then reports `finish`'s duration and
+        `last_energy_j` instead of the energy counter's delta, which also holds the idle
+        power of the host's late wake-up.
+        """
+        return self.settings.nominal and self.settings.stretch

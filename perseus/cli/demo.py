@@ -32,6 +32,9 @@ def demo(
     freq_step: Annotated[
         int, typer.Option(help="Profile every n-th SM frequency (1: all; more: faster).")
     ] = 6,
+    max_slowdown: Annotated[
+        float, typer.Option(help="Slowdown Perseus may trade for energy (0.01 = 1 %).")
+    ] = 0.01,
     nominal: Annotated[
         bool,
         typer.Option(
@@ -64,6 +67,7 @@ def demo(
         perseus_steps=perseus_steps,
         measure_steps=measure_steps,
         freq_step=freq_step,
+        max_slowdown=max_slowdown,
         console=console,
     )
     table = Table(title=f"Per iteration, median of the last {measure_steps} iterations")

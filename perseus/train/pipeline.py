@@ -120,7 +120,7 @@ class PipelineTrainer:
         self.order = self.schedule.orders[topology.pp_rank]
         self.seed = seed
         self.module = StageModule(config, layers, topology.pp_rank, seed=seed).to(self.device)
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=lr)
+        self.lr = lr
         self.dp_group = None
         if topology.dp_degree > 1:
             for s in range(topology.pp_degree):
@@ -165,6 +165,14 @@ class PipelineTrainer:
             )
         except RuntimeError as exc:
             raise self._lost(f"sending the {what}", offset, microbatch, exc) from exc
+
+    @torch.no_grad()
+    def _sgd_step(self) -> None:
+        """Plain SGD. (torch.optim's constructors import torch._dynamo: 2 s per process.)"""
+        for p in self.module.parameters():
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-self.lr)
+                p.grad = None
 
     # ------------------------------------------------------------------ one iteration
     def train_step(self, step: int, hook: PipelineHook) -> float | None:
@@ -227,7 +235,6 @@ class PipelineTrainer:
                             f"died. ({type(exc).__name__}: {exc})"
                         ) from exc
                     p.grad /= self.topo.dp_degree
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._sgd_step()
         hook.on_step_end()
         return sum(losses) / len(losses) if losses else None

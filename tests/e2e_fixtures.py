@@ -1,0 +1,119 @@
+"""Shared helpers of the end-to-end tests: a real coordinator, real torchrun jobs.
+
+Everything runs for real: the coordinator is `python -m perseus.server` on a free loopback
+port (`perseus.demo.Coordinator`), the job is `python -m torch.distributed.run ... -m
+perseus.train` with gloo and emulated GPUs, and the assertions read the per-rank traces
+the hook writes. Jobs use nominal emulation (``PERSEUS_EMULATE_NOMINAL=1``): each layer's
+forward takes `NOMINAL_MS_PER_LAYER` at the max clock whatever the (tiny) CPU compute
+took, so numeric assertions hold on a busy 2-core CI machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perseus.demo import Coordinator, JobSpec, read_traces, run_training, torchrun_command
+from zeus_power.device.emulated import DVFSModel, Workload
+
+__all__ = [
+    "NOMINAL_MS_PER_LAYER",
+    "Coordinator",
+    "JobSpec",
+    "executed",
+    "expected_instruction",
+    "launch_ranks",
+    "read_traces",
+    "require_torch",
+    "run_job",
+    "steps_of",
+    "torchrun_command",
+]
+
+NOMINAL_MS_PER_LAYER = 4.0
+GPU_TYPE = "A100-SXM"
+
+
+def require_torch() -> None:
+    pytest.importorskip("torch")
+
+
+def run_job(
+    tmp: Path,
+    spec: JobSpec,
+    coordinator: Coordinator | None,
+    *,
+    name: str = "job",
+    timeout_s: float = 240.0,
+) -> tuple[int, dict[int, list[dict[str, Any]]], str]:
+    """Run a torchrun job; returns (exit status, traces by rank, log text)."""
+    trace_dir = tmp / f"{name}-trace"
+    log = tmp / f"{name}.log"
+    status = run_training(
+        spec,
+        coordinator.url if coordinator else None,
+        trace_dir=trace_dir,
+        log_path=log,
+        timeout_s=timeout_s,
+    )
+    return status, read_traces(trace_dir), log.read_text(errors="replace")
+
+
+def executed(records: Sequence[dict[str, Any]], step: int) -> list[tuple[str, int]]:
+    """(instruction, freq_mhz) of every instruction a rank ran in `step`, in order."""
+    return [
+        (r["instruction"], r["freq_mhz"])
+        for r in records
+        if r["kind"] == "instruction" and r["step"] == step
+    ]
+
+
+def steps_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r["kind"] == "step"]
+
+
+def expected_instruction(layers: int, instruction: str, freq_mhz: int) -> tuple[float, float]:
+    """The emulator's model: (time_s, energy_j) of one instruction of a `layers`-layer stage."""
+    model = DVFSModel(GPU_TYPE)
+    work = Workload.from_memory_fraction(0.0)
+    nominal_s = NOMINAL_MS_PER_LAYER / 1000 * layers * (2 if instruction == "backward" else 1)
+    time_s = nominal_s * model.stretch_factor(work, freq_mhz)
+    return time_s, model.power_w(work, freq_mhz) * time_s
+
+
+def launch_ranks(
+    spec: JobSpec,
+    server_url: str,
+    trace_dir: Path,
+    *,
+    master_port: int,
+) -> list[subprocess.Popen[str]]:
+    """Start every rank as a plain process (no torchrun agent that would tear them down)."""
+    procs = []
+    base_env = spec.environment(trace_dir)
+    for rank in range(spec.nproc):
+        env: Mapping[str, str] = {
+            **base_env,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(spec.nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(master_port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "perseus.train", *spec.train_args(server_url)],
+                env=dict(env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=os.getcwd(),
+            )
+        )
+    return procs
