@@ -45,6 +45,13 @@ def serve(
             help="Seconds a round waits for every rank to ask before failing the job (504).",
         ),
     ] = 120.0,
+    keep_alive_s: Annotated[
+        float,
+        typer.Option(
+            "--keep-alive",
+            help="Seconds an idle client connection stays open (ranks talk once per round).",
+        ),
+    ] = 600.0,
 ) -> None:
     """Run the Perseus coordinator. Scheduler: PERSEUS_SCHEDULER, PERSEUS_SCHEDULER_ARGS (JSON)."""
     import uvicorn
@@ -70,4 +77,12 @@ def serve(
         highlight=False,
         soft_wrap=True,
     )
-    uvicorn.run(app, host=host, port=port, log_level=level)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=level,
+        timeout_keep_alive=int(keep_alive_s),
+        # Long-polling ranks must not hold up a shutdown: they get 503 when it ends.
+        timeout_graceful_shutdown=3,
+    )

@@ -102,7 +102,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_perseus_error(request: Request, exc: Exception) -> JSONResponse:
         status = status_of(exc)
-        if status >= 500:
+        if status == 500:
             logger.error("%s %s failed: %s", request.method, request.url.path, exc)
         return JSONResponse({"detail": _message(exc)}, status_code=status)
 

@@ -85,6 +85,22 @@ class Round:
     completing: bool = False
 
 
+def ranks_text(ranks: list[int]) -> str:
+    """``[0, 2-5, 9]``: sorted ranks with consecutive runs collapsed (readable for 1000s)."""
+    parts: list[str] = []
+    start = prev = None
+    for r in sorted(ranks):
+        if prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    if start is not None:
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return "[" + ", ".join(parts) + "]"
+
+
 def _fail_round(rnd: Round, error: BaseException) -> None:
     """Fail a round's future, marking the exception retrieved (there may be no waiter)."""
     if rnd.timer is not None:
@@ -287,10 +303,10 @@ class Job:
         unregistered = sorted(set(range(self.info.world_size)) - set(self.ranks))
         message = (
             f"Round {rnd.number} of job {self.job_id} timed out after {self.round_timeout_s:g} s: "
-            f"rank(s) {never_asked} never asked for their schedule"
+            f"rank(s) {ranks_text(never_asked)} never asked for their schedule"
         )
         if unregistered:
-            message += f"; rank(s) {unregistered} never registered"
+            message += f"; rank(s) {ranks_text(unregistered)} never registered"
         error = RoundTimeoutError(message, status_code=504)
         self.fail(error, later_status=409)
         _fail_round(rnd, error)
@@ -319,7 +335,7 @@ class Job:
             if missing or len(schedules) != self.info.world_size:
                 raise RuntimeError(
                     f"it returned {len(schedules)} schedule(s) for world_size "
-                    f"{self.info.world_size} (missing ranks {missing})"
+                    f"{self.info.world_size} (missing ranks {ranks_text(missing)})"
                 )
         except Exception as exc:
             error = SchedulerFailedError(
