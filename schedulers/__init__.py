@@ -24,7 +24,6 @@ SCHEDULERS: dict[str, type[FrequencyScheduler]] = {
 }
 
 __all__ = [
-    "SCHEDULERS",
     "AllMaxFrequency",
     "EnvPipe",
     "FrequencyScheduler",
@@ -32,6 +31,7 @@ __all__ = [
     "Perseus",
     "PipelineScheduler",
     "PointSolution",
+    "SCHEDULERS",
     "ZeusGlobal",
     "ZeusPerStage",
     "build_scheduler",
