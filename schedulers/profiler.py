@@ -8,7 +8,7 @@ from pydantic import Field
 
 from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
-from schedulers.sweep import InstructionSweep
+from schedulers.sweep import InstructionSweep, SweepPhase
 
 __all__ = ["PROFILE_FILENAME", "InstructionProfiler"]
 
@@ -25,7 +25,8 @@ class InstructionProfiler(PipelineScheduler):
     `schedulers.sweep`. When the sweep is done the `InstructionProfilingResult` (long-form
     CSV, one row group per stage) is written to ``dump_dir/<job_id>/instruction_profile.csv``
     (whether or not `dump_data` is on: the profile is a product) and every later round runs
-    at max frequency.
+    at max frequency. A job restored by a restarted coordinator whose profile file exists
+    runs at max frequency straight away.
 
     Args (``PERSEUS_SCHEDULER_ARGS``):
         num_microbatches: Microbatches per iteration.
@@ -65,6 +66,10 @@ class InstructionProfiler(PipelineScheduler):
         )
         self.profile_path = self.job_dir / PROFILE_FILENAME
         self._written = False
+        if self.profile_path.is_file():
+            # A restarted coordinator restoring this job: the profile is done already.
+            self.sweep.phase = SweepPhase.DONE
+            self._written = True
 
     def plan_next(self) -> StagePlan:
         return self.sweep.current_plan()

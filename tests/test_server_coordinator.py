@@ -125,6 +125,19 @@ def test_register_job_validation_is_422_with_a_string_detail(client):
     assert "job_id" in r.json()["detail"]
 
 
+@pytest.mark.parametrize("metadata", ["../../etc", "a/b", "x" * 65, "two words"])
+def test_job_metadata_that_cannot_be_part_of_a_job_id_is_422(client, metadata):
+    r = client.post("/register_job", json={**job_info(1).model_dump(), "job_metadata": metadata})
+    assert r.status_code == 422 and "job_metadata" in r.json()["detail"]
+
+
+def test_job_metadata_ends_the_job_id(client):
+    r = client.post(
+        "/register_job", json={**job_info(1).model_dump(), "job_metadata": "gpt3-run.7"}
+    )
+    assert r.status_code == 200 and r.json().endswith("+gpt3-run.7")
+
+
 def test_every_registration_status(client):
     r = client.post("/register_rank/nope", json=rank_infos(1)[0].model_dump())
     assert r.status_code == 404

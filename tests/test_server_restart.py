@@ -100,3 +100,23 @@ def test_nothing_is_restored_without_dump_data(tmp_path):
         job.run_sync(1)
     with running_server(perseus_settings(tmp_path, dump_data=False)) as url:
         assert httpx.get(f"{url}/schedule/{job.job_id}", params={"rank": 0}).status_code == 404
+
+
+def test_a_restored_profiler_job_whose_profile_exists_runs_at_max(tmp_path):
+    settings = PerseusSettings(
+        scheduler="InstructionProfiler",
+        scheduler_args={"num_microbatches": M, "warmup_rounds": 0, "freq_step": 5},
+        dump_dir=str(tmp_path / "dump"),
+        dump_data=True,
+    )
+    with running_server(settings) as url:
+        job = SimulatedJob(url, GroundTruth([0.01, 0.01]), pp=2, num_microbatches=M)
+        job.run_sync(5)
+    assert [stage_freqs(h, 0)[0] for h in job.history] == [1500, 1125, 750, 1500, 1500]
+    csv = tmp_path / "dump" / job.job_id / "instruction_profile.csv"
+    written = csv.read_text()
+    with running_server(settings) as url:
+        job.base_url = url
+        job.run_sync(2)
+    assert [stage_freqs(h, 0)[0] for h in job.history[-2:]] == [1500, 1500]
+    assert csv.read_text() == written

@@ -10,6 +10,8 @@ PerseusError
 │   ├── RoundTimeoutError           504  not every rank asked for its schedule in time
 │   └── SchedulerFailedError        400  scheduler rejected its input (PerseusError/ValueError)
 │                                   500  scheduler crashed (anything else)
+├── ConfigurationError
+│   └── InvalidJobError             422  a job description the coordinator cannot accept
 └── RankError
     ├── InvalidRankError            422  rank/dp/pp/tp out of range, duplicate coordinates
     └── RankConflictError           409  the same rank registered twice, result reported twice
@@ -26,9 +28,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from perseus.errors import CoordinatorError, JobNotFoundError, PerseusError, RankError
+from perseus.errors import (
+    ConfigurationError,
+    CoordinatorError,
+    JobNotFoundError,
+    PerseusError,
+    RankError,
+)
 
 __all__ = [
+    "InvalidJobError",
     "InvalidRankError",
     "JobFailedError",
     "RankConflictError",
@@ -39,6 +48,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class InvalidJobError(ConfigurationError):
+    """A job description the coordinator cannot accept (beyond the model's validation)."""
 
 
 class InvalidRankError(RankError):
@@ -73,7 +86,7 @@ def status_of(exc: BaseException) -> int:
     match exc:
         case JobNotFoundError():
             return 404
-        case InvalidRankError():
+        case InvalidRankError() | InvalidJobError():
             return 422
         case RankConflictError() | JobFailedError():
             return 409

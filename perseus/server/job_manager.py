@@ -19,6 +19,7 @@ import contextlib
 import enum
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from perseus.models import (
 )
 from perseus.plan import Plan
 from perseus.server.errors import (
+    InvalidJobError,
     InvalidRankError,
     JobFailedError,
     RankConflictError,
@@ -52,6 +54,8 @@ from schedulers.base import FrequencyScheduler, build_scheduler
 __all__ = ["Job", "JobManager", "JobState", "Round", "load_job_info"]
 
 logger = logging.getLogger(__name__)
+
+_METADATA = re.compile(r"[A-Za-z0-9._+-]{1,64}")
 
 JOB_FILE = "job.json"
 SCHEDULER_FILE = "scheduler.json"
@@ -453,6 +457,12 @@ class JobManager:
 
     async def create_job(self, info: JobInfo) -> str:
         """Register a job; returns its new id."""
+        if info.job_metadata and not _METADATA.fullmatch(info.job_metadata):
+            raise InvalidJobError(
+                f"job_metadata {info.job_metadata!r} becomes part of the job id (a URL path "
+                "segment and a folder name): use letters, digits and . _ - + only, "
+                "at most 64 characters"
+            )
         info = info.model_copy()
         info.set_job_id(self.settings.scheduler_name)
         job = self._new_job(info, self.settings.scheduler, self.settings.scheduler_args)
