@@ -44,6 +44,8 @@ FRONTIER_COLUMNS = ("index", "iteration_time", "energy", "lower_bound", "plan")
 _TIME_RTOL = 1e-9
 _BATCH = 64
 _MAX_MIXES = 256
+_POLISH_ROUNDS = 20
+_POLISH_COLUMNS = 4096
 
 
 class FrontierPoint:
@@ -337,8 +339,9 @@ def solve_frontier(
             return
         D = np.stack(pending_d, axis=1)
         T = np.array(pending_t)
-        steps = rounder.round_steps(D, T)
+        steps = rounder.follow_steps(D, T)
         add(steps)
+        add(rounder.round_steps(D, T))
         seq = [*carry, *((steps[:, j], T[j]) for j in range(len(T)))]
         between: list[np.ndarray] = []
         for (slow, t_slow_bp), (fast, t_fast_bp) in itertools.pairwise(seq):
@@ -381,6 +384,25 @@ def solve_frontier(
 
     curve = solve_lp_curve(problem, on_breakpoint=on_breakpoint)
     process()
+
+    # Local search for small problems: every plan one or two option changes away from a
+    # frontier plan is scored exactly; repeat while the Pareto set improves.
+    for _ in range(_POLISH_ROUNDS):
+        before = (store.time.copy(), store.energy.copy())
+        grown = False
+        for column in store.choice.T.copy():
+            steps = rounder.steps_of(column.astype(np.int64))
+            variants = rounder.neighbours(steps, _POLISH_COLUMNS)
+            if variants is None:
+                break
+            add(variants)
+            grown = True
+        if not grown or (
+            len(store.time) == len(before[0])
+            and np.array_equal(store.time, before[0])
+            and np.array_equal(store.energy, before[1])
+        ):
+            break
 
     idx = np.arange(len(store.time))
     if max_points is not None and len(idx) > max_points:

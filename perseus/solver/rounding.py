@@ -57,16 +57,63 @@ class Rounder:
         for k, (t, i) in enumerate(zip(steps_t, steps_idx, strict=True)):
             self.step_time[k, : len(t)] = t
             self.step_option[k, : len(i)] = i
+        # Hull vertices (real options) as staircase positions, padded with +inf times.
+        hmax = max(len(h.time_s) for h in problem.hulls)
+        self.vertex_time = np.full((ntypes, hmax), np.inf)
+        self.vertex_step = np.zeros((ntypes, hmax), dtype=np.int64)
+        for k, h in enumerate(problem.hulls):
+            st = self.step_time[k, : self.step_count[k]]
+            self.vertex_time[k, : len(h.time_s)] = h.time_s
+            pos = np.searchsorted(st, h.time_s * (1 + _REL_TOL), side="right") - 1
+            self.vertex_step[k, : len(h.time_s)] = pos
+            self.vertex_step[k, len(h.time_s) :] = pos[-1]
         self._type_rows = [np.flatnonzero(problem.type_of == k) for k in range(ntypes)]
+        self._level_vertex_time = [self.vertex_time[problem.type_of[lv]] for lv in problem.levels]
         self._level_step_time = [self.step_time[problem.type_of[lv]] for lv in problem.levels]
 
     def round(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
         """Option indices ``(n, K)`` for LP durations ``(n, K)`` and deadlines ``(K,)``."""
         return self.options(self.round_steps(durations, deadlines))
 
+    def steps_of(self, choice: np.ndarray) -> np.ndarray:
+        """Staircase positions of option indices `choice` ``(n,)`` (all must be on it)."""
+        pb = self.problem
+        table = self.step_option[pb.type_of]
+        hit = table == choice[:, None]
+        if not hit.any(axis=1).all():  # pragma: no cover - plans are built from the staircase
+            raise ValueError("an option is not on its staircase")
+        return hit.argmax(axis=1)
+
     def options(self, step: np.ndarray) -> np.ndarray:
         """Option indices of staircase positions `step` ``(n, K)``."""
         return self.step_option[self.problem.type_of[:, None], step]
+
+    def follow_steps(
+        self, durations: np.ndarray, deadlines: np.ndarray, lateness_s: np.ndarray | float = 0.0
+    ) -> np.ndarray:
+        """Round by following the LP schedule, then reclaim slack (staircase positions).
+
+        In topological order, each instruction takes the slowest hull vertex that still
+        finishes no later than it does in the LP schedule (earliest starts with the LP
+        durations). Instructions whose predecessors finished early may run slower than
+        their LP duration: rounding errors diffuse along every path instead of adding up,
+        and every path stays within the LP's iteration time.
+        """
+        pb = self.problem
+        D = np.asarray(durations, dtype=float)
+        T = np.asarray(deadlines, dtype=float)
+        lp_finish = pb.finish_times(D) + lateness_s
+        finish = np.zeros((pb.n + 1, D.shape[1]))
+        step = np.empty(D.shape, dtype=np.int64)
+        for lv, vt in zip(pb.levels, self._level_vertex_time, strict=True):
+            start = finish[pb.preds[lv]].max(axis=1)
+            budget = (lp_finish[lv] - start) * (1 + _REL_TOL)
+            k = np.maximum((vt[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1, 0)
+            types = pb.type_of[lv][:, None]
+            step[lv] = self.vertex_step[types, k]
+            finish[lv] = start + self.step_time[types, step[lv]]
+        self.reclaim(step, np.maximum(T, finish.max(axis=0)), None)
+        return step
 
     def round_steps(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
         """Staircase positions ``(n, K)`` for LP durations ``(n, K)`` and deadlines ``(K,)``."""
@@ -128,3 +175,27 @@ class Rounder:
             new = np.maximum(fits, step[lv])
             step[lv] = new
             latest_start[lv] = latest_finish - self.step_time[pb.type_of[lv][:, None], new]
+
+    def neighbours(self, step: np.ndarray, max_columns: int) -> np.ndarray | None:
+        """All plans that differ from plan `step` ``(n,)`` in one or two instructions.
+
+        Returns staircase positions ``(n, V)`` or ``None`` when there are more than
+        `max_columns` of them (the local search is for small problems).
+        """
+        pb = self.problem
+        counts = self.step_count[pb.type_of]
+        singles = [(i, s) for i in range(pb.n) for s in range(int(counts[i])) if s != step[i]]
+        total = len(singles) + len(singles) * (len(singles) - 1) // 2
+        if total > max_columns:
+            return None
+        cols = []
+        for a, (i, s) in enumerate(singles):
+            base = step.copy()
+            base[i] = s
+            cols.append(base)
+            for j, t in singles[a + 1 :]:
+                if j != i:
+                    other = base.copy()
+                    other[j] = t
+                    cols.append(other)
+        return np.stack(cols, axis=1) if cols else None

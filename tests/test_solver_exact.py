@@ -1,0 +1,178 @@
+"""The solver against ground truth on tiny instances: brute force and scipy's HiGHS LP."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.optimize import linprog
+
+from perseus.dag import make_schedule
+from perseus.plan import evaluate
+from perseus.profile import InstructionProfile
+from perseus.solver import SolverProblem, effective_cost_hull, solve_frontier, solve_lp_curve
+
+P_BLOCK = 70.0
+
+
+def random_profile(
+    rng: np.random.Generator, num_stages: int, num_options: int
+) -> InstructionProfile:
+    """Each (stage, kind): `num_options` options, faster ones mostly costing more energy."""
+    rows = []
+    freqs = 1500 - 100 * np.arange(num_options)
+    for stage in range(num_stages):
+        for kind, base in (("forward", 1.0), ("backward", 2.0)):
+            t = base * rng.uniform(0.8, 1.2) * np.sort(rng.uniform(1.0, 1.6, num_options))
+            e = 300 * t[0] * np.sort(rng.uniform(0.6, 1.0, num_options))[::-1] + rng.uniform(
+                -5, 5, num_options
+            )
+            rows += [
+                (stage, kind, int(f), float(a), float(b))
+                for f, a, b in zip(freqs, t, e, strict=True)
+            ]
+    frame = pd.DataFrame(rows, columns=["stage", "instruction", "frequency", "time", "energy"])
+    return InstructionProfile.from_frame(frame)
+
+
+def all_plans(problem: SolverProblem) -> tuple[np.ndarray, np.ndarray]:
+    """(T, E) of every discrete plan, scored with the solver's exact accounting."""
+    counts = problem.opt_count[problem.type_of]
+    grid = np.array(list(itertools.product(*[range(c) for c in counts])), dtype=np.int64).T
+    T, E, _ = problem.score(grid)
+    return T, E
+
+
+CASES = [(2, 1, 4), (2, 2, 3), (2, 3, 2), (3, 1, 4), (3, 2, 2), (3, 3, 2)]
+
+
+@pytest.mark.parametrize(("num_stages", "num_microbatches", "num_options"), CASES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_against_brute_force(num_stages, num_microbatches, num_options, seed):
+    rng = np.random.default_rng(1000 * seed + 10 * num_stages + num_microbatches)
+    profile = random_profile(rng, num_stages, num_options)
+    schedule = make_schedule("1f1b", num_stages, num_microbatches)
+    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    T_all, E_all = all_plans(problem)
+    frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK, max_points=None)
+    curve = frontier.lp_curve
+    t_fast = frontier.points[0].iteration_time_s
+    deadlines = np.unique(np.concatenate([np.linspace(t_fast, T_all.max(), 12), T_all]))
+    deadlines = deadlines[deadlines >= t_fast]
+    for deadline in deadlines:
+        fits = T_all <= deadline * (1 + 1e-9)
+        optimum = E_all[fits].min()
+        bound = float(curve.lower_bound(deadline))
+        ours = frontier.choose(deadline_s=float(deadline)).energy_j
+        assert bound <= optimum * (1 + 1e-9), (deadline, bound, optimum)
+        assert optimum <= ours * (1 + 1e-9)
+        assert ours <= 1.01 * optimum, (deadline, ours, optimum)
+    # Every frontier point's bound is a true lower bound at its own time.
+    for p in frontier.points:
+        best = E_all[T_all <= p.iteration_time_s * (1 + 1e-9)].min()
+        assert p.lower_bound_j <= best * (1 + 1e-9)
+
+
+def lp_by_highs(problem: SolverProblem, deadline: float) -> float:
+    """min Σ cᵢ(dᵢ) s.t. longest path ≤ deadline, as an explicit LP for HiGHS."""
+    n = problem.n
+    # Variables: start x (n), duration d (n), cost z (n).
+    nv = 3 * n
+    A, b = [], []
+
+    def row() -> np.ndarray:
+        return np.zeros(nv)
+
+    for u, v in problem.edges:  # x_u + d_u - x_v <= 0
+        r = row()
+        r[u], r[n + u], r[v] = 1, 1, -1
+        A.append(r)
+        b.append(0.0)
+    for i in range(n):
+        r = row()  # x_i + d_i <= T
+        r[i], r[n + i] = 1, 1
+        A.append(r)
+        b.append(deadline)
+        hull = problem.hulls[problem.type_of[i]]
+        for k, slope in enumerate(hull.slopes_w):  # z >= C_k - slope (d - t_k)
+            r = row()
+            r[2 * n + i], r[n + i] = -1, -slope
+            A.append(r)
+            b.append(-(hull.cost_j[k] + slope * hull.time_s[k]))
+        r = row()  # z >= C_last (flat to the right)
+        r[2 * n + i] = -1
+        A.append(r)
+        b.append(-hull.cost_j[-1])
+    bounds = [(0, None)] * n
+    bounds += [(problem.hulls[problem.type_of[i]].time_s[0], None) for i in range(n)]
+    bounds += [(None, None)] * n
+    c = np.concatenate([np.zeros(2 * n), np.ones(n)])
+    res = linprog(c, A_ub=np.array(A), b_ub=np.array(b), bounds=bounds, method="highs")
+    assert res.status == 0, res.message
+    return float(res.fun)
+
+
+@pytest.mark.parametrize(("num_stages", "num_microbatches"), [(2, 3), (3, 4), (4, 6)])
+def test_lp_curve_matches_highs(num_stages, num_microbatches):
+    rng = np.random.default_rng(num_stages * 7 + num_microbatches)
+    profile = random_profile(rng, num_stages, 6)
+    schedule = make_schedule("1f1b", num_stages, num_microbatches)
+    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    curve = solve_lp_curve(problem)
+    assert np.all(np.diff(curve.time_s) > 0)
+    assert np.all(np.diff(curve.cost_j) < 0)  # F strictly decreasing between breakpoints
+    slopes = np.diff(curve.cost_j) / np.diff(curve.time_s)
+    assert np.all(np.diff(slopes) >= -1e-6 * np.abs(slopes[:-1]))  # convex
+    probes = np.concatenate([curve.time_s, np.linspace(curve.time_s[0], curve.time_s[-1], 9)[1:-1]])
+    for deadline in probes:
+        expected = lp_by_highs(problem, float(deadline))
+        assert curve.effective_cost(deadline) == pytest.approx(expected, rel=1e-7, abs=1e-6)
+
+
+def test_lp_on_a_chain_is_the_sum_of_hulls():
+    """One stage, one microbatch: F then B in series; F(T) is the inf-convolution of two hulls."""
+    rng = np.random.default_rng(5)
+    profile = random_profile(rng, 1, 5)
+    schedule = make_schedule("1f1b", 1, 1)
+    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    curve = solve_lp_curve(problem)
+    hf, hb = problem.hulls
+    for deadline in np.linspace(curve.time_s[0], curve.time_s[-1], 25):
+        ts = np.linspace(hf.time_s[0], hf.time_s[-1], 4001)
+        ts = ts[deadline - ts >= hb.time_s[0] - 1e-12]
+        best = (hf(ts) + hb(np.maximum(deadline - ts, hb.time_s[0]))).min()
+        assert curve.effective_cost(deadline) == pytest.approx(best, rel=1e-4)
+
+
+def test_hull_is_below_every_option_and_non_increasing():
+    rng = np.random.default_rng(3)
+    t = rng.uniform(0.1, 0.3, 40)
+    e = 200 * (0.4 - t) ** 2 + rng.uniform(0, 2, 40)  # noisy, energy rises again when slow
+    hull = effective_cost_hull(t, e, P_BLOCK)
+    eff = e - P_BLOCK * t
+    assert hull.time_s[0] == t.min()
+    assert np.all(np.diff(hull.time_s) > 0)
+    assert np.all(np.diff(hull.cost_j) < 0)
+    assert np.all(np.diff(hull.slopes_w) < 0)  # convex
+    below = np.minimum.accumulate(hull.cost_j)[-1]
+    assert np.all(hull(t) <= eff + 1e-9) or np.all(np.minimum(hull(t), below) <= eff + 1e-9)
+    # Vertices are real options.
+    for x, y in zip(hull.time_s, hull.cost_j, strict=True):
+        assert np.any(np.isclose(t, x) & np.isclose(eff, y))
+
+
+def test_vectorised_scoring_equals_evaluate():
+    rng = np.random.default_rng(11)
+    profile = random_profile(rng, 3, 4)
+    schedule = make_schedule("1f1b", 3, 5)
+    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    choice = rng.integers(0, 4, size=(problem.n, 20))
+    T, E, C = problem.score(choice)
+    for k in range(choice.shape[1]):
+        freqs = problem.frequencies(choice[:, k])
+        ev = evaluate(profile, schedule, freqs, P_BLOCK)
+        assert T[k] == ev.iteration_time_s
+        assert E[k] == pytest.approx(ev.energy_j, rel=1e-13)
+        assert C[k] == pytest.approx(ev.compute_energy_j, rel=1e-13)

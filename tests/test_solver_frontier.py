@@ -1,0 +1,196 @@
+"""The frontier on the real GPT-3 A40 profile: shape, anchors, files, choosing, bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perseus.dag import make_schedule
+from perseus.errors import PerseusError, PlanError, SolverError
+from perseus.plan import Plan, evaluate, max_frequencies
+from perseus.profile import InstructionProfile
+from perseus.solver import FRONTIER_COLUMNS, Frontier, FrontierPoint, solve_frontier
+
+P_BLOCK = 70.38
+
+
+SHARED_PROFILE = (
+    Path(__file__).resolve().parents[1].parent
+    / "shared"
+    / "data"
+    / ("sosp24_gpt3-175b_a40_8stage.csv")
+)
+
+
+@pytest.fixture(scope="module")
+def real_profile() -> InstructionProfile:
+    """The published GPT-3 A40 profile (module-scoped: several tests share one solve)."""
+    if not SHARED_PROFILE.is_file():
+        pytest.skip(f"reference data not present at {SHARED_PROFILE}")
+    return InstructionProfile.from_csv(SHARED_PROFILE)
+
+
+@pytest.fixture(scope="module")
+def frontier_8x8(real_profile):
+    schedule = make_schedule("1f1b", 8, 8)
+    seen: list[float] = []
+    frontier = solve_frontier(
+        real_profile, schedule, p2p_power_w=P_BLOCK, progress=seen.append, max_points=None
+    )
+    return schedule, frontier, seen
+
+
+def test_frontier_is_monotone_and_scored_exactly(real_profile, frontier_8x8):
+    schedule, frontier, _ = frontier_8x8
+    times = np.array([p.iteration_time_s for p in frontier.points])
+    energies = np.array([p.energy_j for p in frontier.points])
+    bounds = np.array([p.lower_bound_j for p in frontier.points])
+    assert len(frontier.points) > 50
+    assert np.all(np.diff(times) > 0)
+    assert np.all(np.diff(energies) < 0)
+    assert np.all(bounds <= energies)
+    # The LP bound is tight enough to mean something, and the plans are close to it.
+    assert np.median(energies / bounds - 1) < 0.01
+    for k in np.linspace(0, len(frontier.points) - 1, 6).astype(int):
+        p = frontier.points[k]
+        ev = evaluate(real_profile, schedule, p.frequencies, P_BLOCK)
+        assert ev.iteration_time_s == p.iteration_time_s
+        assert ev.energy_j == pytest.approx(p.energy_j, rel=1e-12)
+
+
+def test_fastest_point_is_the_all_max_time(real_profile, frontier_8x8):
+    schedule, frontier, _ = frontier_8x8
+    base = evaluate(real_profile, schedule, max_frequencies(real_profile, schedule), P_BLOCK)
+    fastest = frontier.points[0]
+    assert fastest.iteration_time_s == base.iteration_time_s
+    assert fastest.energy_j <= base.energy_j
+    # Slack reclaim alone already saves energy at no slowdown on this profile.
+    assert fastest.energy_j < 0.99 * base.energy_j
+    assert frontier.choose(max_slowdown=0.0) is fastest
+
+
+def test_progress_reaches_one_and_never_goes_back(frontier_8x8):
+    _, _, seen = frontier_8x8
+    assert seen[-1] == 1.0
+    assert all(0.0 <= a <= b <= 1.0 for a, b in itertools.pairwise(seen))
+
+
+def test_choose(frontier_8x8):
+    _, frontier, _ = frontier_8x8
+    pts = frontier.points
+    fastest = pts[0].iteration_time_s
+    chosen = frontier.choose(max_slowdown=0.05)
+    assert chosen.iteration_time_s <= fastest * 1.05 * (1 + 1e-9)
+    assert chosen.energy_j == min(p.energy_j for p in pts if p.iteration_time_s <= fastest * 1.05)
+    mid = pts[len(pts) // 2]
+    assert frontier.choose(deadline_s=mid.iteration_time_s) is mid
+    # A deadline a hair below a point's time (within 1e-9 relative) still takes it.
+    assert frontier.choose(deadline_s=mid.iteration_time_s * (1 - 1e-12)) is mid
+    assert frontier.choose(deadline_s=1e9) is pts[-1]
+    with pytest.raises(SolverError, match="fastest plan takes"):
+        frontier.choose(deadline_s=fastest * 0.99)
+    with pytest.raises(SolverError, match="exactly one"):
+        frontier.choose()
+    with pytest.raises(SolverError, match="exactly one"):
+        frontier.choose(max_slowdown=0.1, deadline_s=10.0)
+    with pytest.raises(SolverError, match="max_slowdown"):
+        frontier.choose(max_slowdown=-0.1)
+    with pytest.raises(SolverError, match="deadline_s"):
+        frontier.choose(deadline_s=math.nan)
+
+
+def test_write_read_round_trip(tmp_path, real_profile, frontier_8x8):
+    schedule, frontier, _ = frontier_8x8
+    small = Frontier(frontier.points[::40], schedule=schedule, p2p_power_w=frontier.p2p_power_w)
+    small.write(tmp_path)
+    df = pd.read_csv(tmp_path / "frontier.csv")
+    assert tuple(df.columns) == FRONTIER_COLUMNS
+    assert list(df["index"]) == list(range(len(small.points)))
+    assert df["plan"][0] == "plans/plan_00000.json"
+    plan = Plan.load(tmp_path / df["plan"][1])
+    assert plan.iteration_time == small.points[1].iteration_time_s
+    assert plan.evaluate(real_profile).energy_j == pytest.approx(plan.energy, rel=1e-12)
+    back = Frontier.read(tmp_path)
+    assert back.points == small.points
+    assert back.schedule == schedule
+    assert back.p2p_power_w == P_BLOCK
+    assert back.choose(max_slowdown=0.02) == small.choose(max_slowdown=0.02)
+    # Writing again replaces the old plans rather than leaving stale files behind.
+    Frontier(small.points[:2], schedule=schedule, p2p_power_w=P_BLOCK).write(tmp_path)
+    assert len(list((tmp_path / "plans").glob("*.json"))) == 2
+    assert len(Frontier.read(tmp_path).points) == 2
+
+
+def test_read_errors(tmp_path, frontier_8x8):
+    schedule, frontier, _ = frontier_8x8
+    with pytest.raises(PlanError, match="Cannot read frontier"):
+        Frontier.read(tmp_path / "missing")
+    (tmp_path / "frontier.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(PlanError, match="expected index,iteration_time"):
+        Frontier.read(tmp_path)
+    Frontier(frontier.points[:3], schedule=schedule, p2p_power_w=P_BLOCK).write(tmp_path)
+    plan_file = tmp_path / "plans" / "plan_00001.json"
+    data = json.loads(plan_file.read_text())
+    data["frequencies"] = "eval('boom')"
+    plan_file.write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="invalid"):
+        Frontier.read(tmp_path)
+
+
+def test_max_points_thins_but_keeps_both_ends(real_profile, frontier_8x8):
+    schedule, full, _ = frontier_8x8
+    thin = solve_frontier(real_profile, schedule, p2p_power_w=P_BLOCK, max_points=20)
+    assert 2 <= len(thin.points) <= 22
+    assert thin.points[0] == full.points[0]
+    assert thin.points[-1] == full.points[-1]
+    with pytest.raises(SolverError, match="max_points"):
+        solve_frontier(real_profile, schedule, p2p_power_w=P_BLOCK, max_points=1)
+
+
+def test_bad_input_is_a_clear_solver_error(real_profile):
+    with pytest.raises(SolverError, match="profile has 8 stage"):
+        solve_frontier(real_profile, make_schedule("1f1b", 4, 8), p2p_power_w=P_BLOCK)
+    with pytest.raises(SolverError, match="blocking"):
+        solve_frontier(real_profile, make_schedule("1f1b", 8, 2), p2p_power_w=-1.0)
+    with pytest.raises(SolverError, match="resolution_s"):
+        solve_frontier(
+            real_profile, make_schedule("1f1b", 8, 2), p2p_power_w=P_BLOCK, resolution_s=0.0
+        )
+    assert issubclass(SolverError, PerseusError)
+    with pytest.raises(SolverError, match="at least one point"):
+        Frontier([], schedule=make_schedule("1f1b", 8, 2), p2p_power_w=P_BLOCK)
+
+
+def test_other_schedules_and_noisy_profiles(real_profile):
+    """GPipe and interleaved DAGs, and a profile whose fastest option is not max frequency."""
+    for schedule in (make_schedule("gpipe", 8, 4), make_schedule("interleaved", 8, 8)):
+        frontier = solve_frontier(real_profile, schedule, p2p_power_w=P_BLOCK)
+        base = evaluate(real_profile, schedule, max_frequencies(real_profile, schedule), P_BLOCK)
+        assert frontier.points[0].iteration_time_s == base.iteration_time_s
+        assert frontier.points[0].energy_j <= base.energy_j
+    frame = real_profile.to_frame()
+    fast = (
+        (frame["stage"] == 0) & (frame["instruction"] == "forward") & (frame["frequency"] == 1710)
+    )
+    frame.loc[fast, "time"] = 0.1  # now faster than at 1740 MHz
+    noisy = InstructionProfile.from_frame(frame)
+    schedule = make_schedule("1f1b", 8, 4)
+    frontier = solve_frontier(noisy, schedule, p2p_power_w=P_BLOCK)
+    base = evaluate(noisy, schedule, max_frequencies(noisy, schedule), P_BLOCK)
+    assert frontier.points[0].iteration_time_s == base.iteration_time_s
+    assert all(p.iteration_time_s >= base.iteration_time_s for p in frontier.points)
+
+
+def test_frontier_point_is_compact_and_comparable():
+    p = FrontierPoint(1.0, 10.0, 9.0, [[1410, 1395], [1410]])
+    assert p.frequencies == [[1410, 1395], [1410]]
+    assert p == FrontierPoint(1.0, 10.0, 9.0, [[1410, 1395], [1410]])
+    assert p != FrontierPoint(1.0, 10.0, 9.0, [[1410, 1380], [1410]])
+    assert p.gap == pytest.approx(1 / 9)
+    assert "iteration_time_s=1.000000" in repr(p)
