@@ -1,0 +1,71 @@
+"""End to end: `PointSolution` makes every emulated GPU run exactly the plan, in order.
+
+The plan gives each instruction its own frequency; each rank's trace records the SM clock
+its emulated GPU was locked to while each instruction ran. A plan for another microbatch
+count is a schedule of the wrong length for the job: a clear error, not a silent mismatch.
+"""
+
+from __future__ import annotations
+
+from e2e_fixtures import Coordinator, JobSpec, executed, require_torch, run_job
+
+from perseus.dag import make_schedule
+from perseus.plan import Plan
+
+require_torch()
+
+FREQS = [[1410, 1005, 705, 1200], [810, 1395, 1110, 600]]
+
+
+def _plan(path, microbatches, freqs):
+    schedule = make_schedule("1f1b", 2, microbatches)
+    Plan(
+        schedule="1f1b",
+        num_stages=2,
+        num_microbatches=microbatches,
+        p2p_power=55.0,
+        iteration_time=1.0,
+        energy=1.0,
+        frequencies=[
+            [(i.kind, f) for i, f in zip(order, fs, strict=True)]
+            for order, fs in zip(schedule.orders, freqs, strict=True)
+        ],
+    ).save(path)
+    return path
+
+
+def test_each_device_runs_the_plans_frequencies_in_order(tmp_path):
+    plan_path = _plan(tmp_path / "plan.json", 2, FREQS)
+    with Coordinator(
+        scheduler="PointSolution",
+        scheduler_args={"solution_path": str(plan_path)},
+        dump_dir=tmp_path / "dump",
+        log_path=tmp_path / "coordinator.log",
+    ) as coordinator:
+        spec = JobSpec(nproc=2, layers="1,3", microbatches=2, steps=3)
+        status, traces, log = run_job(tmp_path, spec, coordinator)
+    assert status == 0, log
+    plan = Plan.load(plan_path)
+    for rank in (0, 1):
+        for step in range(3):
+            assert executed(traces[rank], step) == [tuple(x) for x in plan.frequencies[rank]]
+
+
+def test_a_schedule_of_the_wrong_length_is_a_clear_error(tmp_path):
+    freqs = [[1410] * 6, [1410] * 6]  # 3 microbatches: 6 instructions per stage
+    plan_path = _plan(tmp_path / "plan.json", 3, freqs)
+    with Coordinator(
+        scheduler="PointSolution",
+        scheduler_args={"solution_path": str(plan_path)},
+        dump_dir=tmp_path / "dump",
+        log_path=tmp_path / "coordinator.log",
+    ) as coordinator:
+        spec = JobSpec(nproc=2, layers="1,3", microbatches=2, steps=3)
+        status, traces, log = run_job(tmp_path, spec, coordinator)
+    assert status != 0
+    for rank in (0, 1):
+        assert (
+            f"perseus.train rank {rank}: error: ScheduleError: Rank {rank} (stage {rank}), "
+            "round 0: the schedule has 6 instruction(s) per iteration but this stage executes 4"
+        ) in log
+    assert all(not [r for r in t if r["kind"] == "step"] for t in traces.values())

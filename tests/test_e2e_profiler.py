@@ -1,0 +1,65 @@
+"""End to end: `InstructionProfiler` on a real 2-rank torchrun job writes the emulator's model.
+
+Every row of the profile CSV the coordinator writes must match the DVFS model the emulated
+GPUs follow (time = nominal · stretch(f), energy = busy power(f) · time) within 5 %: the
+frequency the hook applied, the time and energy it measured, the coordinator's aggregation
+and the CSV all have to be right for that.
+"""
+
+from __future__ import annotations
+
+import pytest
+from e2e_fixtures import Coordinator, JobSpec, expected_instruction, require_torch, run_job
+
+from perseus.models import InstructionProfilingResult
+
+require_torch()
+
+LAYERS = [1, 3]
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("profiler")
+    spec = JobSpec(nproc=2, layers="1,3", microbatches=2, steps=STEPS)
+    with Coordinator(
+        scheduler="InstructionProfiler",
+        scheduler_args={"num_microbatches": 2, "freq_step": 10},
+        dump_dir=tmp / "dump",
+        log_path=tmp / "coordinator.log",
+    ) as coordinator:
+        status, traces, log = run_job(tmp, spec, coordinator)
+        assert status == 0, log
+        (job_dir,) = coordinator.job_dirs()
+    return job_dir / "instruction_profile.csv", traces
+
+
+def test_profile_matches_the_emulator_model(profiled):
+    csv_path, _ = profiled
+    result = InstructionProfilingResult.from_csv(csv_path)
+    assert [r.pp_rank for r in result.root] == [0, 1]
+    for stage in result.root:
+        for instruction in ("forward", "backward"):
+            times = getattr(stage, f"{instruction}_time")
+            energies = getattr(stage, f"{instruction}_energy")
+            assert max(times) == 1410 and len(times) >= 4, sorted(times)
+            for freq, time_s in times.items():
+                want_t, want_e = expected_instruction(LAYERS[stage.pp_rank], instruction, freq)
+                assert time_s == pytest.approx(want_t, rel=0.05), (stage.pp_rank, instruction, freq)
+                assert energies[freq] == pytest.approx(want_e, rel=0.05), (
+                    stage.pp_rank,
+                    instruction,
+                    freq,
+                )
+
+
+def test_the_sweep_runs_high_to_low_then_back_to_max(profiled):
+    _, traces = profiled
+    for records in traces.values():
+        rounds = [r["frequencies"] for r in records if r["kind"] == "schedule"]
+        assert len(rounds) == STEPS
+        lowest = [min(f for _, f in freqs) for freqs in rounds]
+        sweep_end = lowest.index(min(lowest))
+        assert lowest[: sweep_end + 1] == sorted(lowest[: sweep_end + 1], reverse=True)
+        assert all(f == 1410 for freqs in rounds[-1:] for _, f in freqs)
