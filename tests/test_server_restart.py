@@ -77,8 +77,8 @@ def test_point_solution_job_resumes_its_plan_and_evicted_jobs_stay_gone(tmp_path
         kept.run_sync(1)
         idle = SimulatedJob(url, truth, pp=2, num_microbatches=M)
         idle.run_sync(1)
-        for _ in range(5):  # `kept` stays active, `idle` gets evicted
-            time.sleep(0.5)
+        for _ in range(10):  # `kept` stays active, `idle` gets evicted
+            time.sleep(0.25)
             httpx.get(f"{url}/schedule/{kept.job_id}", params={"rank": 5})  # 422, but activity
         assert httpx.get(f"{url}/schedule/{idle.job_id}", params={"rank": 0}).status_code == 404
     assert (tmp_path / "dump" / idle.job_id / "evicted").is_file()
