@@ -106,7 +106,12 @@ def test_a_round_is_reported_as_one_profiling_result(all_max, tmp_path):
         job_dir = all_max.dump_dir / hook.job_id
         _step(hook)  # the next round's GET makes the coordinator observe (and dump) round 0
     assert hook.job_id.endswith("+client-test")
-    result = json.loads((job_dir / "0.prof.json").read_text())[0]
+    dump = job_dir / "0.prof.json"
+    deadline = time.monotonic() + 10
+    while not dump.exists():  # the coordinator writes its dumps in the background
+        assert time.monotonic() < deadline, f"{dump} was never written"
+        time.sleep(0.05)
+    result = json.loads(dump.read_text())[0]
     assert result["rank"] == 0 and len(result["iter_time"]) == len(result["iter_energy"]) == 2
     for name in ("forward", "backward"):
         for times, energies in zip(
