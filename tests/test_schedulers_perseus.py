@@ -165,3 +165,18 @@ def test_perseus_rejects_a_profile_that_does_not_fit(tmp_path):
             job.run_sync(1)
     assert info.value.response.status_code == 400
     assert "3 stage(s)" in info.value.response.json()["detail"]
+
+
+def test_3d_job_every_rank_of_a_stage_runs_the_stage_plan(tmp_path):
+    truth = GroundTruth([0.010, 0.014])
+    with running_server(settings(tmp_path, freq_step=4, warmup_rounds=0)) as url:
+        job = SimulatedJob(url, truth, pp=2, dp=2, tp=2, num_microbatches=M)
+        history = job.run_sync(7)
+    deployed = history[-1]
+    for info in job.infos:
+        first = next(i for i in job.infos if i.pp_rank == info.pp_rank)
+        assert deployed[info.rank].frequencies == deployed[first.rank].frequencies
+    assert any(len(set(stage_freqs(deployed, r))) > 1 for r in deployed)
+    plan = Plan.load(tmp_path / job.job_id / "deployed_plan.json")
+    # The blocking power of a stage is that of its tp GPUs together.
+    assert plan.p2p_power == pytest.approx(2 * truth.p2p_power_w, rel=1e-6)
