@@ -118,12 +118,14 @@ def plot_timeline(
             p.finish_s - p.start_s,
             left=p.start_s,
             height=0.8,
-            color=cmap(norm(p.freq_mhz)),
+            color=(color := cmap(norm(p.freq_mhz))),
             edgecolor="black",
             linewidth=0.3,
             hatch="//" if instr.kind == "backward" else None,
         )
         if (p.finish_s - p.start_s) / end > 0.012:
+            r, g, b, _ = cmap(norm(p.freq_mhz))
+            ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
             ax.text(
                 (p.start_s + p.finish_s) / 2,
                 instr.stage,
@@ -131,7 +133,10 @@ def plot_timeline(
                 ha="center",
                 va="center",
                 fontsize=6,
-                color="white",
+                color=ink,
+                bbox={"boxstyle": "square,pad=0.05", "fc": color, "ec": "none"}
+                if instr.kind == "backward"
+                else None,
             )
     ax.set_yticks(range(schedule.num_stages), [f"stage {s}" for s in range(schedule.num_stages)])
     ax.invert_yaxis()
