@@ -37,7 +37,8 @@ class LowtimeResult:
     """Plans (per-stage frequencies in execution order) lowtime produced, and its timing."""
 
     plans: list[list[list[int]]]
-    model_cost_j: list[float]  # lowtime's fitted-curve cost of each plan
+    model_cost_j: list[float]  # lowtime's fitted-curve effective cost of each plan
+    model_time_s: list[float]  # lowtime's quantised iteration time of each plan
     wall_s: float
 
 
@@ -96,6 +97,7 @@ def run_lowtime(
 
     plans: list[list[list[int]]] = []
     costs: list[float] = []
+    model_times: list[float] = []
 
     def snapshot() -> list[list[int]]:
         return [[int(ops[i].assigned_knob) for i in order] for order in schedule.orders]
@@ -104,4 +106,10 @@ def run_lowtime(
     for result in solver.run():
         plans.append(snapshot())
         costs.append(float(result.cost))
-    return LowtimeResult(plans=plans, model_cost_j=costs, wall_s=time.perf_counter() - start)
+        model_times.append(float(result.real_time))
+    return LowtimeResult(
+        plans=plans,
+        model_cost_j=costs,
+        model_time_s=model_times,
+        wall_s=time.perf_counter() - start,
+    )

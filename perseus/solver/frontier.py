@@ -42,9 +42,10 @@ __all__ = ["FRONTIER_COLUMNS", "Frontier", "FrontierPoint", "solve_frontier"]
 
 FRONTIER_COLUMNS = ("index", "iteration_time", "energy", "lower_bound", "plan")
 _TIME_RTOL = 1e-9
-_BATCH = 64
+_BATCH = 128
 _MAX_MIXES = 256
 _POLISH_ROUNDS = 20
+_ALSO_VERTEX_ROUNDING = True
 _POLISH_COLUMNS = 4096
 
 
@@ -240,29 +241,38 @@ class Frontier:
 
 
 class _ParetoStore:
-    """Candidate plans (option indices) kept Pareto-optimal as batches arrive."""
+    """Candidate plans (option indices, one row per plan) kept Pareto-optimal."""
 
     def __init__(self, n: int, t_floor: float):
         self.t_floor = t_floor
         self.time = np.empty(0)
         self.energy = np.empty(0)
         self.compute = np.empty(0)
-        self.choice = np.empty((n, 0), dtype=np.int16)
+        self.choice = np.empty((0, n), dtype=np.int16)
 
     def add(
         self, time_s: np.ndarray, energy_j: np.ndarray, compute_j: np.ndarray, choice: np.ndarray
     ) -> None:
+        """Merge plans ``choice`` (``(n, K)`` option indices) with their exact scores."""
         keep = time_s >= self.t_floor
         t = np.concatenate([self.time, time_s[keep]])
         e = np.concatenate([self.energy, energy_j[keep]])
         c = np.concatenate([self.compute, compute_j[keep]])
-        ch = np.concatenate([self.choice, choice[:, keep].astype(np.int16)], axis=1)
         order = np.lexsort((e, t))
-        t, e, c, ch = t[order], e[order], c[order], ch[:, order]
-        best_before = np.concatenate([[np.inf], np.minimum.accumulate(e)[:-1]])
-        pareto = e < best_before
-        self.time, self.energy, self.compute = t[pareto], e[pareto], c[pareto]
-        self.choice = np.ascontiguousarray(ch[:, pareto])
+        best_before = np.concatenate([[np.inf], np.minimum.accumulate(e[order])[:-1]])
+        kept = order[e[order] < best_before]
+        old = len(self.time)
+        new_rows = choice[:, keep].T.astype(np.int16)
+        from_old = kept[kept < old]
+        from_new = kept[kept >= old] - old
+        rows = np.concatenate([self.choice[from_old], new_rows[from_new]])
+        # Restore time order (old and new survivors interleave).
+        merged_t = np.concatenate([t[from_old], t[old + from_new]])
+        resort = np.argsort(merged_t, kind="stable")
+        self.time = merged_t[resort]
+        self.energy = np.concatenate([e[from_old], e[old + from_new]])[resort]
+        self.compute = np.concatenate([c[from_old], c[old + from_new]])[resort]
+        self.choice = rows[resort]
 
 
 def solve_frontier(
@@ -341,7 +351,8 @@ def solve_frontier(
         T = np.array(pending_t)
         steps = rounder.follow_steps(D, T)
         add(steps)
-        add(rounder.round_steps(D, T))
+        if _ALSO_VERTEX_ROUNDING:
+            add(rounder.round_steps(D, T))
         seq = [*carry, *((steps[:, j], T[j]) for j in range(len(T)))]
         between: list[np.ndarray] = []
         for (slow, t_slow_bp), (fast, t_fast_bp) in itertools.pairwise(seq):
@@ -349,8 +360,8 @@ def solve_frontier(
             between += mixes(slow, fast, count)
         for lo in range(0, len(between), _BATCH):
             M = np.stack(between[lo : lo + _BATCH], axis=1)
-            T_mix = add(M)
-            rounder.reclaim(M, T_mix)
+            T_mix = problem.makespan(rounder.times(M))
+            rounder.reclaim(M, T_mix)  # keeps each mix's time, lowers its energy
             add(M)
         carry[:] = [(steps[:, -1].copy(), float(T[-1]))]
         pending_d.clear()
@@ -390,8 +401,8 @@ def solve_frontier(
     for _ in range(_POLISH_ROUNDS):
         before = (store.time.copy(), store.energy.copy())
         grown = False
-        for column in store.choice.T.copy():
-            steps = rounder.steps_of(column.astype(np.int64))
+        for row in store.choice.copy():
+            steps = rounder.steps_of(row.astype(np.int64))
             variants = rounder.neighbours(steps, _POLISH_COLUMNS)
             if variants is None:
                 break
@@ -417,7 +428,7 @@ def solve_frontier(
             float(store.energy[k]),
             # A plan at an LP vertex can meet the bound up to rounding noise.
             float(min(b, store.energy[k]) if b <= store.energy[k] * (1 + 1e-9) else b),
-            problem.frequencies(store.choice[:, k].astype(np.int64)),
+            problem.frequencies(store.choice[k].astype(np.int64)),
             compute_energy_j=float(store.compute[k]),
         )
         for k, b in zip(idx, bounds, strict=True)

@@ -232,8 +232,9 @@ class SolverProblem:
         time_s, energy_j = self.choices_to_arrays(choice)
         start, finish = self.start_finish(time_s)
         T = finish.max(axis=0)
-        compute_e = np.cumsum(energy_j, axis=0)[-1]
-        compute_t = np.cumsum(finish - start, axis=0)[-1]
+        # A reduction over axis 0 adds row by row: the same order as `evaluate`'s sum().
+        compute_e = energy_j.sum(axis=0)
+        compute_t = (finish - start).sum(axis=0)
         S = self.schedule.num_stages
         blocking = self.p2p_power_w * (S * T - compute_t)
         return T, compute_e + blocking, compute_e

@@ -27,7 +27,7 @@ from perseus.solver.problem import SolverProblem
 __all__ = ["Rounder"]
 
 _REL_TOL = 1e-12
-_TIERS = 6
+_TIERS = 2
 
 
 class Rounder:
@@ -83,6 +83,10 @@ class Rounder:
         if not hit.any(axis=1).all():  # pragma: no cover - plans are built from the staircase
             raise ValueError("an option is not on its staircase")
         return hit.argmax(axis=1)
+
+    def times(self, step: np.ndarray) -> np.ndarray:
+        """Durations of staircase positions `step` ``(n, K)``."""
+        return self.step_time[self.problem.type_of[:, None], step]
 
     def options(self, step: np.ndarray) -> np.ndarray:
         """Option indices of staircase positions `step` ``(n, K)``."""
