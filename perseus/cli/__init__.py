@@ -6,6 +6,7 @@ import typer
 
 from perseus.cli import plot as _plot
 from perseus.cli import profile as _profile
+from perseus.cli import serve as _serve
 from perseus.cli import solve as _solve
 from zeus_power import cli as _bso
 
@@ -20,6 +21,7 @@ app.command("solve")(_solve.solve)
 app.command("evaluate")(_solve.evaluate_plan)
 app.command("choose")(_solve.choose)
 app.add_typer(_plot.app, name="plot")
+app.command("serve")(_serve.serve)
 app.add_typer(_profile.app, name="profile")
 app.add_typer(_bso.app, name="bso", help="The batch-size optimizer service (Zeus).")
 
