@@ -45,6 +45,7 @@ _TIME_RTOL = 1e-9
 _BATCH = 128
 _MAX_MIXES = 256
 _POLISH_ROUNDS = 20
+_FILL_ROUNDS = 2
 _ALSO_VERTEX_ROUNDING = True
 _POLISH_COLUMNS = 4096
 
@@ -282,7 +283,7 @@ def solve_frontier(
     p2p_power_w: float,
     progress: Callable[[float], None] | None = None,
     resolution_s: float | None = None,
-    max_points: int | None = 1000,
+    max_points: int | None = 500,
 ) -> Frontier:
     """Compute the time–energy frontier of one pipeline (see the module docstring).
 
@@ -395,6 +396,26 @@ def solve_frontier(
 
     curve = solve_lp_curve(problem, on_breakpoint=on_breakpoint)
     process()
+
+    # Fill the holes of the Pareto set: mix the two plans around every gap wider than the
+    # resolution (each side is a real plan, so mixes interpolate between good plans even
+    # where rounding one LP breakpoint went badly).
+    for _ in range(_FILL_ROUNDS):
+        gaps = np.flatnonzero(np.diff(store.time) > 2 * resolution_s)
+        between = []
+        for g in gaps:
+            count = min(
+                _MAX_MIXES, math.ceil((store.time[g + 1] - store.time[g]) / resolution_s) - 1
+            )
+            slow = rounder.steps_of(store.choice[g + 1].astype(np.int64))
+            fast = rounder.steps_of(store.choice[g].astype(np.int64))
+            between += mixes(slow, fast, count)
+        if not between:
+            break
+        for lo in range(0, len(between), _BATCH):
+            M = np.stack(between[lo : lo + _BATCH], axis=1)
+            rounder.reclaim(M, problem.makespan(rounder.times(M)))
+            add(M)
 
     # Local search for small problems: every plan one or two option changes away from a
     # frontier plan is scored exactly; repeat while the Pareto set improves.
