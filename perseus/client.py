@@ -18,8 +18,10 @@ A round: the first `on_step_begin` of a round asks the coordinator for this rank
 schedule for `steps_per_round` iterations and reports a `ProfilingResult`. Each instruction's
 frequency is handed to a background thread (one worker, a queue) that locks the GPU's SM
 clock, so the training loop never waits on the driver; each instruction's time and energy
-are measured around a device synchronisation. With an `EmulatedGPU`, the hook also stretches
-instructions to the locked clock (see `perseus.emulation`).
+are measured around a device synchronisation, energy with the GPU's energy counter. With an
+`EmulatedGPU`, the hook also stretches instructions to the locked clock and takes each
+instruction's energy from the emulator: exactly what it added to the energy counter (see
+`perseus.emulation`); iteration energies always come from the counter.
 
 States (`_State`), and the calls that move between them (anything else is a `RankError`):
 
@@ -135,6 +137,8 @@ class FrequencyController:
                 return
 
     def _raise_pending(self) -> None:
+        if self._error is None:
+            return  # fast path; the worker sets it under the lock, and we re-check under it
         with self._cond:
             error, self._error = self._error, None
         if error is not None:
@@ -154,6 +158,8 @@ class FrequencyController:
 
     def wait_applied(self, timeout_s: float = 5.0) -> None:
         """Block until every request so far has been applied (used by the emulator only)."""
+        if self._applied >= self._requested and self._error is None:
+            return  # fast path: nothing in flight (both counters only grow)
         with self._cond:
             target = self._requested
             if not self._cond.wait_for(lambda: self._applied >= target, timeout=timeout_s):
@@ -626,7 +632,8 @@ class PerseusOptimizer:
         self._freq.request(freq)
         self._state = _State.IN_INSTRUCTION
         self._sync()
-        self._instr_start_mj = self._energy_mj()
+        if self.emulator is None:
+            self._instr_start_mj = self._energy_mj()
         self._instr_start_s = time.perf_counter()
 
     def on_instruction_end(self, name: str) -> None:
@@ -646,7 +653,9 @@ class PerseusOptimizer:
             duration_s = self.emulator.finish(name, self._instr_start_s, freq)
         else:
             duration_s = time.perf_counter() - self._instr_start_s
-        if self.emulator is not None and self.emulator.exact:
+        if self.emulator is not None:
+            # Exactly what the emulated GPU's counter gained for this instruction (reading
+            # the counter around it would add the idle power of the host's late wake-up).
             energy_j = self.emulator.last_energy_j
         else:
             energy_j = self._energy_since(self._instr_start_mj, duration_s)

@@ -98,6 +98,7 @@ class InstructionEmulator:
         """The real (unstretched) elapsed time of the last finished instruction."""
         self.last_energy_j = 0.0
         """Busy power × duration of the last finished instruction (what the counter gained)."""
+        self._model_cache: dict[tuple[int, int], tuple[float, float]] = {}
 
     def target_time_s(self, name: str, elapsed_s: float, freq_mhz: int) -> float:
         """How long the instruction should last at `freq_mhz`, having computed `elapsed_s`."""
@@ -113,7 +114,23 @@ class InstructionEmulator:
             base_s = elapsed_s
         if not self.settings.stretch:
             return elapsed_s
-        return base_s * self.gpu.stretch_factor(self.workload, freq_mhz) * self.slowdown
+        return base_s * self._model(freq_mhz)[0] * self.slowdown
+
+    def _model(self, freq_mhz: int) -> tuple[float, float]:
+        """(stretch factor, busy power in W) at `freq_mhz` under the current power limit.
+
+        Cached: the DVFS model's numpy path costs a few hundred microseconds per call right
+        after a burst of real compute, which would otherwise land on every instruction.
+        """
+        key = (freq_mhz, self.gpu.get_power_limit_mw())
+        hit = self._model_cache.get(key)
+        if hit is None:
+            hit = (
+                self.gpu.stretch_factor(self.workload, freq_mhz),
+                self.gpu.busy_power_w(self.workload, freq_mhz),
+            )
+            self._model_cache[key] = hit
+        return hit
 
     def finish(self, name: str, start_s: float, freq_mhz: int) -> float:
         """End an instruction that began at `start_s` (`time.perf_counter`) at `freq_mhz`.
@@ -133,7 +150,7 @@ class InstructionEmulator:
         # if it overran); the host waking this process late is not the GPU's time.
         wall_s = time.perf_counter() - start_s
         duration_s = max(target_s, elapsed_s) if self.exact else wall_s
-        power_w = self.gpu.busy_power_w(self.workload, freq_mhz)
+        power_w = self._model(freq_mhz)[1]
         self.gpu.record_busy(duration_s, power_w)
         self.last_energy_j = power_w * duration_s
         return duration_s
