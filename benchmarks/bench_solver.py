@@ -22,7 +22,8 @@ Profiles for other stage counts are derived from the 8-stage real profile, whose
   up) by ``1 + SIGMA·N(0,1)`` (seed 0), so that they are no longer exact copies.
 
 lowtime is skipped where it would take more than about 7 minutes on a 2-core machine
-(more than 512 instructions: 8×64 took 387 s); those rows compare against the LP only.
+(more than 1024 instructions, i.e. beyond 8×64, which took 387 s); those rows compare
+against the LP bound only.
 """
 
 from __future__ import annotations
