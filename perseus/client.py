@@ -98,7 +98,8 @@ class FrequencyController:
 
     `request` never blocks; consecutive requests that pile up are coalesced (only the newest
     is applied). An error raised by the GPU is re-raised in the caller's thread on the next
-    `request`, `wait_applied` or `close`. `close` always resets the GPU's clocks.
+    `request`, `wait_applied` or `close`. `close` always resets the GPU's clocks once any
+    clock was requested.
     """
 
     def __init__(self, gpu: GPU) -> None:
@@ -178,7 +179,8 @@ class FrequencyController:
         self._queue.put(None)
         self._thread.join(timeout=10.0)
         try:
-            self.gpu.reset_sm_clocks()
+            if self._last_requested_mhz is not None:  # we may have changed the clock
+                self.gpu.reset_sm_clocks()
         finally:
             self._raise_pending()
 
@@ -741,4 +743,13 @@ class PerseusOptimizer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+            return
+        # Already failing: restore what can be restored, but never mask the original error.
+        try:
+            self.close()
+        except Exception as close_exc:
+            logger.warning(
+                "Rank %d: closing the Perseus hook also failed: %s", self.rank, close_exc
+            )

@@ -17,6 +17,7 @@ from perseus.demo import Coordinator, free_port
 from perseus.emulation import EmulationSettings
 from perseus.errors import ConfigurationError, CoordinatorError, RankError, ScheduleError
 from perseus.plan import Plan
+from zeus_power.device.base import GPUPermissionError
 from zeus_power.device.emulated import EmulatedGPU
 
 dist = pytest.importorskip("torch.distributed")
@@ -214,3 +215,14 @@ def test_straggler_announcements_are_checked_and_forwarded(all_max):
         ) as info:
             hook.announce_straggler(0, 1.2)
         assert info.value.status_code == 400
+
+
+def test_a_gpu_error_reaches_the_training_loop_and_is_not_masked_on_exit(point):
+    gpu = EmulatedGPU(0, privileged=False)
+    with (
+        pytest.raises(GPUPermissionError, match="Locking SM clocks needs root"),
+        _hook(point, gpu=gpu) as hook,
+    ):
+        hook.on_step_begin()
+        hook.on_instruction_begin("forward")
+        hook.on_instruction_end("forward")  # the emulator waits for the clock: the error
