@@ -1,0 +1,16 @@
+"""Each package's public surface: `__all__` is sorted and every name in it exists."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize("package", ["perseus", "schedulers", "zeus_power", "zeus_power.device", "profiles"])
+def test_all_is_sorted_and_importable(package: str) -> None:
+    module = importlib.import_module(package)
+    exported = list(module.__all__)
+    assert exported == sorted(exported), f"{package}.__all__ is not sorted"
+    missing = [name for name in exported if not hasattr(module, name)]
+    assert not missing, f"{package}.__all__ names missing attributes: {missing}"
