@@ -3,6 +3,7 @@
 Profile → DAG → frontier solver → plan → scheduler → coordinator → per-rank client → GPU.
 """
 
+from perseus.client import PerseusOptimizer
 from perseus.errors import (
     ConfigurationError,
     CoordinatorError,
@@ -33,6 +34,7 @@ __all__ = [
     "JobNotFoundError",
     "OfflineProfilingResult",
     "PerseusError",
+    "PerseusOptimizer",
     "PerseusSettings",
     "PlanError",
     "ProfileError",
