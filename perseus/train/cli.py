@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatch-size", type=int, default=4)
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    p.add_argument("--lr", type=float, default=0.5, help="SGD learning rate")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     p.add_argument(
@@ -171,7 +171,7 @@ def _run(args: argparse.Namespace) -> None:
         )
         hook = optimizer
     try:
-        loss = None
+        first_loss = loss = None
         for step in range(args.steps):
             if optimizer is not None and args.straggler is not None:
                 dp, slowdown, at_step = args.straggler
@@ -181,8 +181,12 @@ def _run(args: argparse.Namespace) -> None:
                     if rank == 0:
                         optimizer.announce_straggler(dp, slowdown)
             loss = trainer.train_step(step, hook)
+            first_loss = loss if first_loss is None else first_loss
         if loss is not None and topo.dp_rank == 0:
-            print(f"perseus.train: final loss {loss:.4f} after {args.steps} steps", flush=True)
+            print(
+                f"perseus.train: loss {first_loss:.4f} -> {loss:.4f} over {args.steps} steps",
+                flush=True,
+            )
     finally:
         if optimizer is not None:
             optimizer.close()
