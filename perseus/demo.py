@@ -59,7 +59,11 @@ TORCH_INSTALL_HINT = (
 
 def require_torch() -> None:
     """Raise a `ConfigurationError` with install instructions when PyTorch is missing."""
-    if importlib.util.find_spec("torch") is None:
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
         raise ConfigurationError(
             f"The Perseus training job needs PyTorch, which is not installed: {TORCH_INSTALL_HINT}"
         )

@@ -7,6 +7,8 @@ same function), so this runs exactly what ``perseus demo`` runs.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import typer
 from e2e_fixtures import require_torch
@@ -60,3 +62,27 @@ def test_demo_rejects_too_few_steps(tmp_path):
     )
     assert result.exit_code == 2
     assert "Need more steps than measured ones: baseline_steps=4" in result.output
+
+
+BLOCK_TORCH = """
+import importlib.abc, sys
+
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NoTorch())
+from perseus.demo import require_torch
+require_torch()
+"""
+
+
+def test_without_torch_the_demo_says_how_to_install_it():
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCK_TORCH], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1
+    assert "needs PyTorch, which is not installed: pip install 'perseus-energy[torch]'" in (
+        proc.stderr
+    )
