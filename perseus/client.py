@@ -649,10 +649,13 @@ class PerseusOptimizer:
             )
         self._sync()
         if self.emulator is not None:
+            compute_end_s = time.perf_counter()
             assert self._freq is not None
             self._freq.wait_applied()
             freq = self.gpu.current_sm_clock_mhz()  # type: ignore[attr-defined]
-            duration_s = self.emulator.finish(name, self._instr_start_s, freq)
+            duration_s = self.emulator.finish(
+                name, self._instr_start_s, freq, compute_end_s=compute_end_s
+            )
         else:
             duration_s = time.perf_counter() - self._instr_start_s
         if self.emulator is not None:

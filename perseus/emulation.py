@@ -132,13 +132,18 @@ class InstructionEmulator:
             self._model_cache[key] = hit
         return hit
 
-    def finish(self, name: str, start_s: float, freq_mhz: int) -> float:
+    def finish(
+        self, name: str, start_s: float, freq_mhz: int, *, compute_end_s: float | None = None
+    ) -> float:
         """End an instruction that began at `start_s` (`time.perf_counter`) at `freq_mhz`.
 
         Sleeps until the instruction has lasted its emulated time, records busy power for
-        that time into the energy counter, and returns the instruction's duration.
+        that time into the energy counter, and returns the instruction's duration. The real
+        work ended at `compute_end_s` (default: now); anything the hook did after it, such as
+        waiting for the clock to be applied, is not work to stretch.
         """
-        elapsed_s = time.perf_counter() - start_s
+        end_s = time.perf_counter() if compute_end_s is None else compute_end_s
+        elapsed_s = end_s - start_s
         self.last_compute_s = elapsed_s
         target_s = self.target_time_s(name, elapsed_s, freq_mhz)
         deadline = start_s + target_s

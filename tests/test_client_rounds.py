@@ -22,7 +22,7 @@ from zeus_power.device.emulated import EmulatedGPU
 
 dist = pytest.importorskip("torch.distributed")
 
-NOMINAL = {"forward": 0.002, "backward": 0.004}
+NOMINAL = {"forward": 0.005, "backward": 0.01}
 ORDER = ["forward", "backward", "forward", "backward"]  # 1F1B, one stage, 2 microbatches
 
 

@@ -104,7 +104,7 @@ class PipelineTrainer:
         num_microbatches: int,
         *,
         seed: int = 0,
-        lr: float = 1e-3,
+        lr: float = 0.5,
         device: torch.device | None = None,
     ) -> None:
         if len(layers) != topology.pp_degree:
@@ -121,6 +121,7 @@ class PipelineTrainer:
         self.seed = seed
         self.module = StageModule(config, layers, topology.pp_rank, seed=seed).to(self.device)
         self.lr = lr
+        self._pending: list[tuple[dist.Work, int, int, str]] = []
         self.dp_group = None
         if topology.dp_degree > 1:
             for s in range(topology.pp_degree):
@@ -179,7 +180,7 @@ class PipelineTrainer:
         """Run one 1F1B iteration; returns the mean loss on the last stage, else None."""
         module, first, last = self.module, self.module.first, self.module.last
         M = self.num_microbatches
-        self._pending: list[tuple[dist.Work, int, int, str]] = []
+        self._pending = []
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
         losses: list[float] = []
