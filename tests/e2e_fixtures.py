@@ -78,11 +78,13 @@ def steps_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["kind"] == "step"]
 
 
-def expected_instruction(layers: int, instruction: str, freq_mhz: int) -> tuple[float, float]:
+def expected_instruction(
+    layers: int, instruction: str, freq_mhz: int, *, ms_per_layer: float = NOMINAL_MS_PER_LAYER
+) -> tuple[float, float]:
     """The emulator's model: (time_s, energy_j) of one instruction of a `layers`-layer stage."""
     model = DVFSModel(GPU_TYPE)
     work = Workload.from_memory_fraction(0.0)
-    nominal_s = NOMINAL_MS_PER_LAYER / 1000 * layers * (2 if instruction == "backward" else 1)
+    nominal_s = ms_per_layer / 1000 * layers * (2 if instruction == "backward" else 1)
     time_s = nominal_s * model.stretch_factor(work, freq_mhz)
     return time_s, model.power_w(work, freq_mhz) * time_s
 
