@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from perseus.cli import demo as _demo
 from perseus.cli import plot as _plot
 from perseus.cli import profile as _profile
 from perseus.cli import serve as _serve
@@ -22,6 +23,7 @@ app.command("evaluate")(_solve.evaluate_plan)
 app.command("choose")(_solve.choose)
 app.add_typer(_plot.app, name="plot")
 app.command("serve")(_serve.serve)
+app.command("demo")(_demo.demo)
 app.add_typer(_profile.app, name="profile")
 app.add_typer(_bso.app, name="bso", help="The batch-size optimizer service (Zeus).")
 
