@@ -454,7 +454,7 @@ def run_demo(
     from perseus.plotting import plot_frontier, plot_timeline
     from perseus.profile import InstructionProfile
 
-    spec = spec or JobSpec()
+    spec = spec or JobSpec(nominal_ms_per_layer=8.0)
     if measure_steps < 1 or baseline_steps <= measure_steps or perseus_steps <= measure_steps:
         raise ConfigurationError(
             f"Need more steps than measured ones: baseline_steps={baseline_steps}, "

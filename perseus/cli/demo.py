@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from perseus.cli._common import cli_errors, console
+from perseus.errors import ConfigurationError
 
 __all__ = ["demo"]
 
@@ -35,6 +36,13 @@ def demo(
     max_slowdown: Annotated[
         float, typer.Option(help="Slowdown Perseus may trade for energy (0.01 = 1 %).")
     ] = 0.01,
+    ms_per_layer: Annotated[
+        float,
+        typer.Option(
+            help="Emulated forward time of one layer at the max clock, ms (backward: twice). "
+            "Longer instructions make the unmodelled P2P latency of the CPU job matter less."
+        ),
+    ] = 8.0,
     nominal: Annotated[
         bool,
         typer.Option(
@@ -54,7 +62,15 @@ def demo(
 
     require_torch()
     n_stages = len(layers.split(","))
-    spec = JobSpec(nproc=n_stages, layers=layers, microbatches=microbatches, nominal=nominal)
+    if not ms_per_layer > 0:
+        raise ConfigurationError(f"--ms-per-layer must be positive, got {ms_per_layer}")
+    spec = JobSpec(
+        nproc=n_stages,
+        layers=layers,
+        microbatches=microbatches,
+        nominal=nominal,
+        nominal_ms_per_layer=ms_per_layer,
+    )
     console.print(
         f"[bold]Perseus demo[/]: {n_stages}-stage GPT (layers {layers}), {microbatches} "
         f"microbatches, 1F1B over gloo, emulated A100 GPUs "
