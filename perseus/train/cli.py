@@ -108,8 +108,6 @@ def _run(args: argparse.Namespace) -> None:
     from perseus.train.model import GPTConfig, parse_layers
     from perseus.train.pipeline import NullHook, PipelineTrainer, Topology
 
-    rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
     layers = parse_layers(args.layers)
     if args.steps < 1 or args.microbatches < 1 or args.warmup_steps < 0:
         raise ConfigurationError(
@@ -118,6 +116,8 @@ def _run(args: argparse.Namespace) -> None:
         )
     if not args.no_hook and not args.server_url:
         raise ConfigurationError("--server-url is required (or pass --no-hook)")
+    rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
+    local_rank = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else rank
     topo = Topology(rank=rank, world_size=world_size, pp_degree=len(layers))
     config = GPTConfig(
         vocab_size=args.vocab,
