@@ -194,3 +194,21 @@ def test_frontier_point_is_compact_and_comparable():
     assert p != FrontierPoint(1.0, 10.0, 9.0, [[1410, 1380], [1410]])
     assert p.gap == pytest.approx(1 / 9)
     assert "iteration_time_s=1.000000" in repr(p)
+
+
+def test_bloom_profile_whose_max_frequency_is_not_fastest():
+    """Bloom's forward is faster at 1710 MHz than at 1740: the frontier still starts at all-max."""
+    path = SHARED_PROFILE.with_name("sosp24_bloom-176b_a40_8stage.csv")
+    if not path.is_file():
+        pytest.skip(f"reference data not present at {path}")
+    profile = InstructionProfile.from_csv(path)
+    schedule = make_schedule("1f1b", 8, 6)
+    frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK, max_points=None)
+    base = evaluate(profile, schedule, max_frequencies(profile, schedule), P_BLOCK)
+    times = np.array([p.iteration_time_s for p in frontier.points])
+    energies = np.array([p.energy_j for p in frontier.points])
+    assert times[0] == base.iteration_time_s
+    assert energies[0] < base.energy_j
+    assert np.all(np.diff(times) > 0) and np.all(np.diff(energies) < 0)
+    ev = evaluate(profile, schedule, frontier.points[-1].frequencies, P_BLOCK)
+    assert ev.iteration_time_s == times[-1]

@@ -4,12 +4,18 @@
 
 1. the parametric LP (`perseus.solver.lp`) from the slowest useful iteration time down to
    the all-max-frequency time ``T_fast``, breakpoint to breakpoint;
-2. for every LP breakpoint and every point of a time grid between them (``resolution_s``
-   apart), the LP durations at that time are rounded to a discrete plan that meets it and
-   its slack is reclaimed greedily (`perseus.solver.rounding`);
-3. every plan is scored with the exact accounting of `perseus.plan.evaluate`
-   (``T`` = longest path, ``E = Σ eᵢ + P·(S·T − Σ tᵢ)``), vectorised and bit-identical;
-4. the Pareto set is kept: time strictly increasing, energy strictly decreasing. Its
+2. every LP breakpoint is rounded to discrete plans in two ways (`perseus.solver.rounding`):
+   following the LP schedule (no instruction finishes later than in the LP, so rounding
+   errors diffuse along paths), and hull-vertex rounding with slack reclaimed for the
+   most valuable LP segments first; both then reclaim the remaining slack greedily;
+3. between consecutive breakpoints, and later in every hole of the Pareto set wider than
+   ``resolution_s``, plans are *mixed*: the latest instructions take the slower plan's
+   options and the others the faster one's, then slack is reclaimed;
+4. on small problems, a local search scores every plan one or two option changes away
+   from a frontier plan (tiny instances then match brute force);
+5. every plan is scored with the exact accounting of `perseus.plan.evaluate`
+   (``T`` = longest path, ``E = Σ eᵢ + P·(S·T − Σ tᵢ)``), vectorised and bit-identical,
+   and the Pareto set is kept: time strictly increasing, energy strictly decreasing. Its
    first point is at ``T_fast`` exactly (the all-max plan, or a cheaper plan with the
    same time), so its energy is at most the all-max energy. Plans faster than all-max
    (possible when profiled time is not monotone in frequency) are not reported.
@@ -46,7 +52,6 @@ _BATCH = 128
 _MAX_MIXES = 256
 _POLISH_ROUNDS = 20
 _FILL_ROUNDS = 2
-_ALSO_VERTEX_ROUNDING = True
 _POLISH_COLUMNS = 4096
 
 
@@ -292,8 +297,8 @@ def solve_frontier(
         schedule: The pipeline schedule whose DAG is planned.
         p2p_power_w: Power a GPU draws while blocked on P2P communication or idle.
         progress: Called with the fraction done (0..1) as the sweep proceeds.
-        resolution_s: Spacing of the extra rounding targets between LP breakpoints;
-            default ``(T_slowest − T_fast) / 2000``.
+        resolution_s: Time spacing of the plans built between LP breakpoints (and in
+            any wider hole of the Pareto set); default ``(T_slowest − T_fast) / 2000``.
         max_points: Keep at most this many points (spread evenly in time, fastest and
             slowest always kept); ``None`` keeps the whole Pareto set.
     """
@@ -308,6 +313,8 @@ def solve_frontier(
     t_fast = float(t_fast_arr[0])
     store = _ParetoStore(problem.n, t_fast)
     store.add(t_fast_arr, e_fast_arr, c_fast_arr, all_max[:, None])
+    anchored = rounder.slow_down(all_max, t_fast)[:, None]  # same time, less energy
+    store.add(*problem.score(anchored), anchored)
     fast_times = problem.choices_to_arrays(all_max)[0]
     reclaimed = rounder.round(fast_times[:, None], np.array([t_fast]))
     store.add(*problem.score(reclaimed), reclaimed)
@@ -327,18 +334,18 @@ def solve_frontier(
     pending_d: list[np.ndarray] = []
     pending_t: list[float] = []
     carry: list[tuple[np.ndarray, float]] = []  # last rounded breakpoint (steps, time)
-    counter = {"candidates": 2}
+    counter = {"candidates": 3}
 
     def add(steps: np.ndarray) -> np.ndarray:
         choice = rounder.options(steps)
-        T, E, C = problem.score(choice)
+        T, E, C = problem.score(choice, exact=False)
         store.add(T, E, C, choice)
         counter["candidates"] += steps.shape[1]
         return T
 
     def mixes(slow: np.ndarray, fast: np.ndarray, count: int) -> list[np.ndarray]:
-        """Plans between two consecutive rounded breakpoints: the latest instructions
-        (by topological generation) take the slower plan's options, the rest the faster's."""
+        """`count` plans between two plans: the latest instructions (by topological
+        generation) take the slower plan's options, the others the faster plan's."""
         diff = np.flatnonzero(slow != fast)
         if count <= 0 or len(diff) == 0:
             return []
@@ -352,8 +359,7 @@ def solve_frontier(
         T = np.array(pending_t)
         steps = rounder.follow_steps(D, T)
         add(steps)
-        if _ALSO_VERTEX_ROUNDING:
-            add(rounder.round_steps(D, T))
+        add(rounder.round_steps(D, T))
         seq = [*carry, *((steps[:, j], T[j]) for j in range(len(T)))]
         between: list[np.ndarray] = []
         for (slow, t_slow_bp), (fast, t_fast_bp) in itertools.pairwise(seq):
@@ -409,7 +415,8 @@ def solve_frontier(
             )
             slow = rounder.steps_of(store.choice[g + 1].astype(np.int64))
             fast = rounder.steps_of(store.choice[g].astype(np.int64))
-            between += mixes(slow, fast, count)
+            if slow is not None and fast is not None:
+                between += mixes(slow, fast, count)
         if not between:
             break
         for lo in range(0, len(between), _BATCH):
@@ -424,6 +431,8 @@ def solve_frontier(
         grown = False
         for row in store.choice.copy():
             steps = rounder.steps_of(row.astype(np.int64))
+            if steps is None:
+                continue
             variants = rounder.neighbours(steps, _POLISH_COLUMNS)
             if variants is None:
                 break
@@ -435,6 +444,13 @@ def solve_frontier(
             and np.array_equal(store.energy, before[1])
         ):
             break
+
+    # Score the survivors with evaluate's exact summation order, then re-filter.
+    final = _ParetoStore(problem.n, t_fast)
+    for lo in range(0, len(store.time), 4 * _BATCH):
+        block = store.choice[lo : lo + 4 * _BATCH].T.astype(np.int64)
+        final.add(*problem.score(block, exact=True), block)
+    store = final
 
     idx = np.arange(len(store.time))
     if max_points is not None and len(idx) > max_points:

@@ -75,13 +75,14 @@ class Rounder:
         """Option indices ``(n, K)`` for LP durations ``(n, K)`` and deadlines ``(K,)``."""
         return self.options(self.round_steps(durations, deadlines))
 
-    def steps_of(self, choice: np.ndarray) -> np.ndarray:
-        """Staircase positions of option indices `choice` ``(n,)`` (all must be on it)."""
+    def steps_of(self, choice: np.ndarray) -> np.ndarray | None:
+        """Staircase positions of option indices `choice` ``(n,)``; ``None`` if an option
+        is off the staircase (e.g. a max-frequency option slower than a cheaper one)."""
         pb = self.problem
-        table = self.step_option[pb.type_of]
-        hit = table == choice[:, None]
-        if not hit.any(axis=1).all():  # pragma: no cover - plans are built from the staircase
-            raise ValueError("an option is not on its staircase")
+        hit = self.step_option[pb.type_of] == choice[:, None]
+        hit &= np.arange(hit.shape[1])[None, :] < self.step_count[pb.type_of][:, None]
+        if not hit.any(axis=1).all():
+            return None
         return hit.argmax(axis=1)
 
     def times(self, step: np.ndarray) -> np.ndarray:
@@ -203,3 +204,30 @@ class Rounder:
                     other[j] = t
                     cols.append(other)
         return np.stack(cols, axis=1) if cols else None
+
+    def slow_down(self, choice: np.ndarray, deadline: float) -> np.ndarray:
+        """Latest-first reclaim that only ever slows instructions down, over all options.
+
+        `choice` ``(n,)`` are option indices. Each instruction may switch to any profiled
+        option at least as slow as its current one that fits in its window, picking the
+        lowest effective cost; instructions without slack keep their time, so the
+        critical path — and the iteration time — stay exactly as they were.
+        """
+        pb = self.problem
+        P = pb.p2p_power_w
+        choice = choice.copy()
+        t_cur = pb.opt_time[pb.type_of, choice]
+        start, _ = pb.start_finish(t_cur)
+        latest_start = np.empty(pb.n + 1)
+        latest_start[pb.n] = deadline
+        for lv in reversed(pb.levels):
+            latest_finish = latest_start[pb.succs[lv]].min(axis=1)
+            budget = latest_finish - start[lv]
+            ot = pb.opt_time[pb.type_of[lv]]
+            eff = pb.opt_energy[pb.type_of[lv]] - P * ot
+            ok = (ot >= t_cur[lv][:, None]) & (ot <= budget[:, None])
+            ok[np.arange(len(lv)), choice[lv]] = True
+            best = np.where(ok, eff, np.inf).argmin(axis=1)
+            choice[lv] = best
+            latest_start[lv] = latest_finish - ot[np.arange(len(lv)), best]
+        return choice
