@@ -656,13 +656,11 @@ class PerseusOptimizer:
             duration_s = self.emulator.finish(
                 name, self._instr_start_s, freq, compute_end_s=compute_end_s
             )
-        else:
-            duration_s = time.perf_counter() - self._instr_start_s
-        if self.emulator is not None:
             # Exactly what the emulated GPU's counter gained for this instruction (reading
             # the counter around it would add the idle power of the host's late wake-up).
             energy_j = self.emulator.last_energy_j
         else:
+            duration_s = time.perf_counter() - self._instr_start_s
             energy_j = self._energy_since(self._instr_start_mj, duration_s)
         self._time_breakdown[name][-1].append(duration_s)
         self._energy_breakdown[name][-1].append(energy_j)
