@@ -13,9 +13,10 @@ with PerseusOptimizer(rank=..., dp_rank=..., pp_rank=..., tp_rank=0, device_id=l
         perseus.on_step_end()
 ```
 
-A round: the first `on_step_begin` of a round asks the coordinator for this rank's
-`FrequencySchedule` (a long-poll barrier over all ranks of the job); the rank then runs that
-schedule for `steps_per_round` iterations and reports a `ProfilingResult`. Each instruction's
+A round: the rank runs its `FrequencySchedule` for `steps_per_round` iterations, then a
+background thread reports the round's `ProfilingResult` and asks for the next schedule (a
+long-poll barrier over all ranks of the job); the next `on_step_begin` collects it, and any
+error the exchange met. The very first schedule is fetched in-band. Each instruction's
 frequency is handed to a background thread (one worker, a queue) that locks the GPU's SM
 clock, so the training loop never waits on the driver; each instruction's time and energy
 are measured around a device synchronisation, energy with the GPU's energy counter. With an
@@ -196,6 +197,34 @@ def _default_sync(device_id: int) -> Callable[[], None]:
     return lambda: None
 
 
+class _Exchange:
+    """One call run on a daemon thread; `result()` returns its value or re-raises its error.
+
+    A daemon thread (not an executor) so that a rank that exits never waits for a
+    schedule long-poll that will not be answered.
+    """
+
+    def __init__(self, func: Callable[..., Any], *args: Any, name: str) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(func, *args), name=name, daemon=True).start()
+
+    def _run(self, func: Callable[..., Any], *args: Any) -> None:
+        try:
+            self._value = func(*args)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def result(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 class PerseusOptimizer:
     """The per-rank Perseus hook (constructor as Zeus's `PipelineFrequencyOptimizer`).
 
@@ -319,6 +348,8 @@ class PerseusOptimizer:
             raise
 
         self._state = _State.NEED_SCHEDULE
+        self._pending: _Exchange | None = None
+        self._reported = threading.Event()
         self._schedule: list[tuple[str, int]] = []
         self.round = -1
         self.step = 0
@@ -534,13 +565,25 @@ class PerseusOptimizer:
             )
 
     # ------------------------------------------------------------------ schedule
-    def _fetch_schedule(self) -> None:
-        raw = self._request(
+    def _get_schedule(self) -> Any:
+        return self._request(
             "GET",
             GET_SCHEDULE_URL.format(job_id=self.job_id),
             params={"rank": self.rank},
             timeout_s=self.round_timeout_s,
         )
+
+    def _exchange(self, result: ProfilingResult) -> Any:
+        """Report a round and ask for the next schedule (runs on the exchange thread)."""
+        try:
+            self._post(REPORT_RESULT_URL.format(job_id=self.job_id), result)
+        finally:
+            self._reported.set()
+        return self._get_schedule()
+
+    def _fetch_schedule(self) -> None:
+        exchange, self._pending = self._pending, None
+        raw = exchange.result() if exchange is not None else self._get_schedule()
         try:
             schedule = FrequencySchedule.model_validate(raw)
         except ValueError as exc:
@@ -717,7 +760,10 @@ class PerseusOptimizer:
             energy_breakdown=self._energy_breakdown,
         )
         self._state = _State.NEED_SCHEDULE
-        self._post(REPORT_RESULT_URL.format(job_id=self.job_id), result)
+        # Reporting and the next schedule's long-poll run off the training thread; the
+        # next on_step_begin collects the schedule (and any error) from it.
+        self._reported.clear()
+        self._pending = _Exchange(self._exchange, result, name=f"perseus-round-rank{self.rank}")
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -725,6 +771,11 @@ class PerseusOptimizer:
         if self._state is _State.CLOSED and self._freq is None:
             return
         self._state = _State.CLOSED
+        pending, self._pending = self._pending, None
+        if pending is not None and not self._reported.wait(self.timeout_s):
+            logger.warning(
+                "Rank %d: the last round's report did not reach the coordinator", self.rank
+            )
         try:
             if self._freq is not None:
                 freq, self._freq = self._freq, None
