@@ -12,10 +12,8 @@ from perseus.dag import Instruction, PipelineSchedule
 from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
 from perseus.plan import Plan, evaluate, max_frequencies
 from perseus.profile import InstructionProfile
-from schedulers.perseus_scheduler import DEFAULT_P2P_POWER_W
-from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
-from schedulers.profiler import PROFILE_FILENAME
-from schedulers.sweep import InstructionSweep
+from schedulers.pipeline import RoundMeasurement, StagePlan
+from schedulers.planning import PlanningScheduler
 
 __all__ = ["EnvPipe", "envpipe_frequencies"]
 
@@ -83,7 +81,7 @@ def envpipe_frequencies(
     return [[freqs_by_instr[instr] for instr in order] for order in schedule.orders]
 
 
-class EnvPipe(PipelineScheduler):
+class EnvPipe(PlanningScheduler):
     """Profile like `InstructionProfiler`, then deploy `envpipe_frequencies`' plan.
 
     The iteration time stays that of all-max (checked with `perseus.plan.evaluate`).
@@ -115,20 +113,14 @@ class EnvPipe(PipelineScheduler):
             num_microbatches=num_microbatches,
             schedule=schedule,
         )
-        self.p2p_power_w = p2p_power
-        self.profile: InstructionProfile | None = None
-        if profile_path is not None:
-            self.profile = InstructionProfile.from_csv(profile_path)
-            self.pipeline.check_profile(self.profile)
-        self.sweep: InstructionSweep | None = None
-        if self.profile is None or self.p2p_power_w is None:
-            self.sweep = InstructionSweep(
-                self,
-                warmup_rounds=warmup_rounds,
-                freq_step=freq_step,
-                min_frequency=self.max_freq_mhz if self.profile is not None else min_frequency,
-                early_stop_after=early_stop_after,
-            )
+        self.init_profile_source(
+            profile_path=profile_path,
+            p2p_power=p2p_power,
+            warmup_rounds=warmup_rounds,
+            freq_step=freq_step,
+            min_frequency=min_frequency,
+            early_stop_after=early_stop_after,
+        )
         self.chosen: Plan | None = None
         self._chosen_plan: StagePlan | None = None
         if self.sweep is None:
@@ -150,15 +142,7 @@ class EnvPipe(PipelineScheduler):
             self.sweep.observe(measurement)
 
     def _deploy(self) -> None:
-        if self.sweep is not None:
-            if self.profile is None:
-                self.sweep.write_csv(self.job_dir / PROFILE_FILENAME)
-                self.profile = self.sweep.profile()
-            if self.p2p_power_w is None:
-                measured = self.sweep.p2p_power_w()
-                self.p2p_power_w = (
-                    DEFAULT_P2P_POWER_W if measured is None else measured
-                ) * self.job_info.tp_degree
+        self.complete_profile()
         assert self.profile is not None and self.p2p_power_w is not None
         freqs = envpipe_frequencies(self.profile, self.pipeline, self.p2p_power_w)
         evaluation = evaluate(self.profile, self.pipeline, freqs, self.p2p_power_w)

@@ -13,15 +13,14 @@ from perseus.errors import ConfigurationError
 from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
 from perseus.plan import Plan, evaluate
 from perseus.profile import InstructionProfile
-from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+from schedulers.pipeline import RoundMeasurement, StagePlan
+from schedulers.planning import DEFAULT_P2P_POWER_W, PlanningScheduler
 from schedulers.profiler import PROFILE_FILENAME
-from schedulers.sweep import InstructionSweep
 
 __all__ = ["DEFAULT_P2P_POWER_W", "FRONTIER_DIRNAME", "Perseus", "PerseusPhase"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_P2P_POWER_W = 70.0
 """Blocking power used only when it could not be measured (≈ the A40's measured 70.38 W)."""
 
 FRONTIER_DIRNAME = "frontier"
@@ -42,7 +41,7 @@ class PerseusPhase(enum.Enum):
     DEPLOYED = "deployed"
 
 
-class Perseus(PipelineScheduler):
+class Perseus(PlanningScheduler):
     """The whole Perseus loop online.
 
     1. Profile every instruction at every frequency (`schedulers.sweep`), or read a profile.
@@ -97,23 +96,16 @@ class Perseus(PipelineScheduler):
         )
         self.max_slowdown = max_slowdown
         self.deadline_s = deadline
-        self.p2p_power_w = p2p_power
         self.straggler_threshold = straggler_threshold
         self.straggler_rounds = straggler_rounds
-        self.profile: InstructionProfile | None = None
-        if profile_path is not None:
-            self.profile = InstructionProfile.from_csv(profile_path)
-            self.pipeline.check_profile(self.profile)
-        self.sweep: InstructionSweep | None = None
-        if self.profile is None or self.p2p_power_w is None:
-            self.sweep = InstructionSweep(
-                self,
-                warmup_rounds=warmup_rounds,
-                freq_step=freq_step,
-                # With a given profile, only the blocking power is measured (one max step).
-                min_frequency=self.max_freq_mhz if self.profile is not None else min_frequency,
-                early_stop_after=early_stop_after,
-            )
+        self.init_profile_source(
+            profile_path=profile_path,
+            p2p_power=p2p_power,
+            warmup_rounds=warmup_rounds,
+            freq_step=freq_step,
+            min_frequency=min_frequency,
+            early_stop_after=early_stop_after,
+        )
         self.phase = PerseusPhase.PROFILING
         self.frontier = None
         self.chosen: Plan | None = None
@@ -159,20 +151,7 @@ class Perseus(PipelineScheduler):
     def _deploy(self) -> None:
         from perseus.solver import solve_frontier
 
-        if self.sweep is not None:
-            measured = self.sweep.p2p_power_w()
-            if self.profile is None:
-                self.sweep.write_csv(self.job_dir / PROFILE_FILENAME)
-                self.profile = self.sweep.profile()
-            if self.p2p_power_w is None:
-                if measured is None:
-                    logger.warning(
-                        "Job %s: blocking power could not be measured (no idle time); using %.1f W",
-                        self.job_info.job_id,
-                        DEFAULT_P2P_POWER_W,
-                    )
-                    measured = DEFAULT_P2P_POWER_W
-                self.p2p_power_w = measured * self.job_info.tp_degree
+        self.complete_profile()
         assert self.profile is not None and self.p2p_power_w is not None
         logger.info(
             "Job %s: solving the frontier (%d stages × %d microbatches, P_block %.1f W)",

@@ -1,0 +1,77 @@
+"""Shared by the schedulers that plan from a profile (`Perseus`, `EnvPipe`).
+
+Their profile and the GPUs' blocking (P2P) power come from scheduler arguments when
+given (`profile_path`, `p2p_power`), or else from an online `InstructionSweep`: the sweep
+writes `instruction_profile.csv` and measures the blocking power from its all-max rounds.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from perseus.profile import InstructionProfile
+from schedulers.pipeline import PipelineScheduler
+from schedulers.profiler import PROFILE_FILENAME
+from schedulers.sweep import InstructionSweep
+
+__all__ = ["DEFAULT_P2P_POWER_W", "PlanningScheduler"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_P2P_POWER_W = 70.0
+"""Blocking power per GPU used only when no rank ever had idle time to measure it."""
+
+
+class PlanningScheduler(PipelineScheduler):
+    """A pipeline scheduler that needs a profile and the blocking power before it plans."""
+
+    profile: InstructionProfile | None
+    p2p_power_w: float | None
+    sweep: InstructionSweep | None
+
+    def init_profile_source(
+        self,
+        *,
+        profile_path: str | None,
+        p2p_power: float | None,
+        warmup_rounds: int,
+        freq_step: int,
+        min_frequency: int | None,
+        early_stop_after: int,
+    ) -> None:
+        """Use the given profile / blocking power, and sweep online for what is missing."""
+        self.p2p_power_w = p2p_power
+        self.profile = None
+        if profile_path is not None:
+            self.profile = InstructionProfile.from_csv(profile_path)
+            self.pipeline.check_profile(self.profile)
+        self.sweep = None
+        if self.profile is None or self.p2p_power_w is None:
+            self.sweep = InstructionSweep(
+                self,
+                warmup_rounds=warmup_rounds,
+                freq_step=freq_step,
+                # With a given profile, only the blocking power is measured (one max step).
+                min_frequency=self.max_freq_mhz if self.profile is not None else min_frequency,
+                early_stop_after=early_stop_after,
+            )
+
+    def complete_profile(self) -> tuple[InstructionProfile, float]:
+        """After the sweep: the profile (written to the job folder) and the stage's blocking power."""
+        if self.sweep is not None:
+            measured = self.sweep.p2p_power_w()
+            if self.profile is None:
+                self.sweep.write_csv(self.job_dir / PROFILE_FILENAME)
+                self.profile = self.sweep.profile()
+            if self.p2p_power_w is None:
+                if measured is None:
+                    logger.warning(
+                        "Job %s: blocking power could not be measured (no idle time); using %.1f W",
+                        self.job_info.job_id,
+                        DEFAULT_P2P_POWER_W,
+                    )
+                    measured = DEFAULT_P2P_POWER_W
+                # A stage is tp GPUs, all blocked at once.
+                self.p2p_power_w = measured * self.job_info.tp_degree
+        assert self.profile is not None and self.p2p_power_w is not None
+        return self.profile, self.p2p_power_w
