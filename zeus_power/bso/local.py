@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from zeus_power.bso.models import JobConfig, JobState, TrialAssignment, TrialRecord, TrialResult
-from zeus_power.bso.policy import best_trial, decide, stage_of
+from zeus_power.bso.policy import best_trial, decide, job_state
 from zeus_power.errors import ZeusBSOConfigError, ZeusBSOConflictError, ZeusBSOJobNotFoundError
 from zeus_power.metric import zeus_cost
 
@@ -119,15 +119,4 @@ class LocalBatchSizeOptimizer:
         return config
 
     def _state(self, job_id: str) -> JobState:
-        config = self._require(job_id)
-        trials = self._trials[job_id]
-        stage, survivors = stage_of(config, trials)
-        best = best_trial(trials)
-        return JobState(
-            config=config,
-            stage=stage,
-            survivors=survivors,
-            best_batch_size=best.batch_size if best else None,
-            best_cost=best.cost if best else None,
-            num_trials=len(trials),
-        )
+        return job_state(self._require(job_id), self._trials[job_id])

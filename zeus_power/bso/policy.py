@@ -30,10 +30,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zeus_power.bso.models import JobConfig, JobStage, TrialRecord, TrialStage
+from zeus_power.bso.models import JobConfig, JobStage, JobState, TrialRecord, TrialStage
 from zeus_power.errors import ZeusBSOConflictError
 
-__all__ = ["Decision", "PruningOutcome", "best_trial", "decide", "pruning_outcome", "stage_of"]
+__all__ = [
+    "Decision",
+    "PruningOutcome",
+    "best_trial",
+    "decide",
+    "job_state",
+    "pruning_outcome",
+    "stage_of",
+]
 
 
 @dataclass(frozen=True)
@@ -181,3 +189,17 @@ def _posterior_sample(
     precision = prior_precision + len(rewards) * reward_precision
     mean = (prior_precision * prior_mean + reward_precision * float(np.sum(rewards))) / precision
     return float(rng.normal(mean, 1.0 / math.sqrt(precision)))
+
+
+def job_state(config: JobConfig, trials: Sequence[TrialRecord]) -> JobState:
+    """The job's state as the API reports it (shared by the server and the local optimizer)."""
+    stage, survivors = stage_of(config, trials)
+    best = best_trial(trials)
+    return JobState(
+        config=config,
+        stage=stage,
+        survivors=survivors,
+        best_batch_size=best.batch_size if best else None,
+        best_cost=best.cost if best else None,
+        num_trials=len(trials),
+    )

@@ -24,7 +24,7 @@ from zeus_power.bso.models import (
     TrialRecord,
     TrialResult,
 )
-from zeus_power.bso.policy import best_trial, decide, stage_of
+from zeus_power.bso.policy import best_trial, decide, job_state
 from zeus_power.bso.server.db import Base, JobRow, TrialRow
 from zeus_power.errors import (
     ZeusBSOConfigError,
@@ -261,13 +261,4 @@ class BSOService:
 
     @staticmethod
     def _state(config: JobConfig, trials: list[TrialRecord]) -> JobState:
-        stage, survivors = stage_of(config, trials)
-        best = best_trial(trials)
-        return JobState(
-            config=config,
-            stage=stage,
-            survivors=survivors,
-            best_batch_size=best.batch_size if best else None,
-            best_cost=best.cost if best else None,
-            num_trials=len(trials),
-        )
+        return job_state(config, trials)
