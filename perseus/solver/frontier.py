@@ -313,7 +313,7 @@ def solve_frontier(
     t_fast = float(t_fast_arr[0])
     store = _ParetoStore(problem.n, t_fast)
     store.add(t_fast_arr, e_fast_arr, c_fast_arr, all_max[:, None])
-    anchored = rounder.slow_down(all_max, t_fast)[:, None]  # same time, less energy
+    anchored = rounder.anchor(all_max, t_fast)[:, None]  # same time, less energy
     store.add(*problem.score(anchored), anchored)
     fast_times = problem.choices_to_arrays(all_max)[0]
     reclaimed = rounder.round(fast_times[:, None], np.array([t_fast]))

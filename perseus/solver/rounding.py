@@ -205,19 +205,22 @@ class Rounder:
                     cols.append(other)
         return np.stack(cols, axis=1) if cols else None
 
-    def slow_down(self, choice: np.ndarray, deadline: float) -> np.ndarray:
-        """Latest-first reclaim that only ever slows instructions down, over all options.
+    def anchor(self, choice: np.ndarray, deadline: float) -> np.ndarray:
+        """Spend a plan's slack without touching its critical instructions.
 
-        `choice` ``(n,)`` are option indices. Each instruction may switch to any profiled
-        option at least as slow as its current one that fits in its window, picking the
-        lowest effective cost; instructions without slack keep their time, so the
-        critical path — and the iteration time — stay exactly as they were.
+        `choice` ``(n,)`` are option indices. Instructions with no slack keep their
+        option, so the longest path is computed with the same additions and the
+        iteration time stays the same to the last bit. Latest first, every other
+        instruction takes the profiled option (any, faster or slower) of lowest effective
+        cost that fits in its window.
         """
         pb = self.problem
         P = pb.p2p_power_w
         choice = choice.copy()
         t_cur = pb.opt_time[pb.type_of, choice]
         start, _ = pb.start_finish(t_cur)
+        latest = pb.latest_starts(t_cur, deadline)
+        fixed = np.abs(latest - start) <= 1e-12 * max(deadline, 1.0)
         latest_start = np.empty(pb.n + 1)
         latest_start[pb.n] = deadline
         for lv in reversed(pb.levels):
@@ -225,9 +228,11 @@ class Rounder:
             budget = latest_finish - start[lv]
             ot = pb.opt_time[pb.type_of[lv]]
             eff = pb.opt_energy[pb.type_of[lv]] - P * ot
-            ok = (ot >= t_cur[lv][:, None]) & (ot <= budget[:, None])
-            ok[np.arange(len(lv)), choice[lv]] = True
+            ok = ot <= budget[:, None]
+            rows = np.arange(len(lv))
+            ok[rows, choice[lv]] = True
             best = np.where(ok, eff, np.inf).argmin(axis=1)
+            best = np.where(fixed[lv], choice[lv], best)
             choice[lv] = best
-            latest_start[lv] = latest_finish - ot[np.arange(len(lv)), best]
+            latest_start[lv] = latest_finish - ot[rows, best]
         return choice
