@@ -1,0 +1,145 @@
+"""How far can *any* discrete plan be from the LP bound? An exact MILP answers it.
+
+For one pipeline size, solve the frontier, take the points where our plan is furthest above
+the LP lower bound, and at each point's deadline solve the discrete problem exactly
+(mixed-integer program, scipy's HiGHS): one binary per (instruction, non-dominated option),
+start times, ``T ≤ deadline``, minimise ``Σ eᵢ + P_block·(S·T − Σ tᵢ)``. Prints, per point,
+the LP bound, the true discrete optimum and ours. When the optimum itself sits well above the
+LP bound, that gap is the problem's integrality gap, not the solver's.
+
+    python benchmarks/milp_gap.py [--size 4x8] [--points 5] [--time-limit 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import lil_matrix
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_solver import DEFAULT_PROFILE, derive_profile
+
+from perseus.dag import make_schedule
+from perseus.plan import evaluate
+from perseus.solver import solve_frontier
+
+P_BLOCK_W = 70.38
+
+
+def pareto_options(time_s: np.ndarray, energy_j: np.ndarray) -> list[int]:
+    """Indices of the options no other option beats in both time and energy."""
+    order = np.lexsort((energy_j, time_s))
+    keep, best = [], np.inf
+    for i in order:
+        if energy_j[i] < best - 1e-12:
+            keep.append(int(i))
+            best = energy_j[i]
+    return keep
+
+
+def discrete_optimum(
+    profile, schedule, deadline_s: float, time_limit_s: float
+) -> tuple[float, str]:
+    """Exact minimum energy of a discrete plan with iteration time ≤ deadline (MILP)."""
+    instrs = schedule.instructions()
+    index = {ins: k for k, ins in enumerate(instrs)}
+    opts = []
+    for ins in instrs:
+        o = schedule.options(profile, ins)
+        keep = pareto_options(o.time_s, o.energy_j)
+        opts.append((o.time_s[keep], o.energy_j[keep]))
+    n = len(instrs)
+    nx_ = sum(len(t) for t, _ in opts)
+    # variables: [x (binaries) | start s_i (n) | T]
+    nvar = nx_ + n + 1
+    c = np.zeros(nvar)
+    xoff, col = [], 0
+    for t, e in opts:
+        xoff.append(col)
+        c[col : col + len(t)] = e - P_BLOCK_W * t
+        col += len(t)
+    c[-1] = P_BLOCK_W * schedule.num_stages
+    dag = schedule.dag()
+    rows = n + dag.number_of_edges() + n
+    a = lil_matrix((rows, nvar))
+    lo, hi = np.zeros(rows), np.zeros(rows)
+    r = 0
+    for k, (t, _) in enumerate(opts):  # exactly one option
+        a[r, xoff[k] : xoff[k] + len(t)] = 1
+        lo[r] = hi[r] = 1
+        r += 1
+    for u, v in dag.edges:  # s_v - s_u - dur_u >= 0
+        ku, kv = index[u], index[v]
+        a[r, nx_ + kv] = 1
+        a[r, nx_ + ku] = -1
+        t = opts[ku][0]
+        a[r, xoff[ku] : xoff[ku] + len(t)] = -t
+        lo[r], hi[r] = 0, np.inf
+        r += 1
+    for k, (t, _) in enumerate(opts):  # T - s_k - dur_k >= 0
+        a[r, -1] = 1
+        a[r, nx_ + k] = -1
+        a[r, xoff[k] : xoff[k] + len(t)] = -t
+        lo[r], hi[r] = 0, np.inf
+        r += 1
+    integrality = np.r_[np.ones(nx_), np.zeros(n + 1)]
+    bounds = Bounds(
+        np.r_[np.zeros(nx_), np.zeros(n), 0.0],
+        np.r_[np.ones(nx_), np.full(n, deadline_s), deadline_s],
+    )
+    res = milp(
+        c,
+        constraints=LinearConstraint(a.tocsr(), lo, hi),
+        integrality=integrality,
+        bounds=bounds,
+        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
+    )
+    if res.x is None:
+        return float("nan"), res.message
+    return float(res.fun), res.message
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
+    p.add_argument("--size", default="4x8")
+    p.add_argument("--points", type=int, default=5)
+    p.add_argument("--time-limit", type=float, default=120.0)
+    args = p.parse_args()
+    if not args.profile.is_file():
+        print(f"skipped: reference profile {args.profile} is absent")
+        return 0
+    S, M = (int(x) for x in args.size.split("x"))
+    profile = derive_profile(pd.read_csv(args.profile), S, 0.0)
+    schedule = make_schedule("1f1b", S, M)
+    frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK_W, max_points=None)
+    worst = sorted(frontier.points, key=lambda q: q.energy_j / q.lower_bound_j, reverse=True)[
+        : args.points
+    ]
+    print(
+        f"{S}x{M}: {len(frontier.points)} frontier points; the {len(worst)} furthest above the LP bound"
+    )
+    print(
+        f"{'deadline (s)':>13} {'LP bound':>10} {'MILP opt':>10} {'ours':>10} {'opt vs LB':>10} {'ours vs opt':>12}  MILP status"
+    )
+    for q in sorted(worst, key=lambda q: q.iteration_time_s):
+        t0 = time.perf_counter()
+        # Energy terms are affine in T; the MILP objective drops nothing (E = c·x + P·S·T).
+        opt, status = discrete_optimum(profile, schedule, q.iteration_time_s, args.time_limit)
+        ours = evaluate(profile, schedule, q.frequencies, P_BLOCK_W).energy_j
+        print(
+            f"{q.iteration_time_s:13.5f} {q.lower_bound_j:10.2f} {opt:10.2f} {ours:10.2f} "
+            f"{100 * (opt / q.lower_bound_j - 1):9.2f}% {100 * (ours / opt - 1):11.3f}%  "
+            f"{status.split('.')[0]} ({time.perf_counter() - t0:.1f} s)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
