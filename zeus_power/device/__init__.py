@@ -43,7 +43,7 @@ from zeus_power.device.emulated import (
 )
 from zeus_power.device.specs import GPU_SPECS, GPUSpec, get_gpu_spec, gpu_type_names
 
-__all__ = [  # noqa: RUF022 -- plain sorted(), as the export test checks
+__all__ = [
     "BACKENDS",
     "DEFAULT_ACTIVITY",
     "DVFSModel",
