@@ -20,10 +20,9 @@ from matplotlib.patches import Patch
 from perseus.errors import PerseusError
 from perseus.plan import Plan, timeline
 from perseus.profile import InstructionProfile
+from perseus.solver import FRONTIER_COLUMNS
 
 __all__ = ["plot_frontier", "plot_timeline"]
-
-FRONTIER_COLUMNS = ("index", "iteration_time", "energy", "lower_bound", "plan")
 
 
 def _save(fig: Figure, out_png: str | os.PathLike[str]) -> Path:

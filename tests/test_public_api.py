@@ -7,7 +7,10 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("package", ["perseus", "schedulers", "zeus_power", "zeus_power.device", "profiles"])
+@pytest.mark.parametrize(
+    "package",
+    ["perseus", "perseus.solver", "schedulers", "zeus_power", "zeus_power.device", "profiles"],
+)
 def test_all_is_sorted_and_importable(package: str) -> None:
     module = importlib.import_module(package)
     exported = list(module.__all__)

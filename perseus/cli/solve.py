@@ -148,18 +148,15 @@ def choose(
 ) -> None:
     """Print the path of the minimum-energy plan that meets a slowdown or a deadline."""
     from perseus.plotting import read_frontier_csv
+    from perseus.solver import choose_index
 
     if (max_slowdown is None) == (deadline is None):
         raise PerseusError("Give exactly one of --max-slowdown or --deadline")
-    if max_slowdown is not None and max_slowdown < 0:
-        raise PerseusError(f"--max-slowdown must be non-negative, got {max_slowdown}")
     df = read_frontier_csv(frontier_dir).sort_values("index")
-    fastest = float(df["iteration_time"].iloc[0])
-    limit = deadline if deadline is not None else fastest * (1 + max_slowdown) * (1 + 1e-12)
-    feasible = df[df["iteration_time"] <= limit]
-    if feasible.empty:
-        raise PerseusError(
-            f"No plan meets an iteration time of {limit:.6g} s; the fastest takes {fastest:.6g} s"
-        )
-    best = feasible.sort_values(["energy", "iteration_time"]).iloc[0]
-    typer.echo(str(Path(frontier_dir) / str(best["plan"])))
+    k = choose_index(
+        df["iteration_time"].tolist(),
+        df["energy"].tolist(),
+        max_slowdown=max_slowdown,
+        deadline_s=deadline,
+    )
+    typer.echo(str(Path(frontier_dir) / str(df["plan"].iloc[k])))

@@ -8,19 +8,26 @@ breakpoint) → discrete plans (round + reclaim slack) → exact scores → Pare
     point = frontier.choose(max_slowdown=0.05)
 """
 
-from perseus.solver.frontier import FRONTIER_COLUMNS, Frontier, FrontierPoint, solve_frontier
+from perseus.solver.frontier import (
+    FRONTIER_COLUMNS,
+    Frontier,
+    FrontierPoint,
+    choose_index,
+    solve_frontier,
+)
 from perseus.solver.lp import LPCurve, solve_lp_curve
 from perseus.solver.problem import CostHull, SolverProblem, effective_cost_hull
 from perseus.solver.rounding import Rounder
 
 __all__ = [
-    "FRONTIER_COLUMNS",
     "CostHull",
+    "FRONTIER_COLUMNS",
     "Frontier",
     "FrontierPoint",
     "LPCurve",
     "Rounder",
     "SolverProblem",
+    "choose_index",
     "effective_cost_hull",
     "solve_frontier",
     "solve_lp_curve",

@@ -44,7 +44,7 @@ from perseus.solver.lp import LPCurve, solve_lp_curve
 from perseus.solver.problem import SolverProblem
 from perseus.solver.rounding import Rounder
 
-__all__ = ["FRONTIER_COLUMNS", "Frontier", "FrontierPoint", "solve_frontier"]
+__all__ = ["FRONTIER_COLUMNS", "Frontier", "FrontierPoint", "choose_index", "solve_frontier"]
 
 FRONTIER_COLUMNS = ("index", "iteration_time", "energy", "lower_bound", "plan")
 _TIME_RTOL = 1e-9
@@ -53,6 +53,43 @@ _MAX_MIXES = 256
 _POLISH_ROUNDS = 20
 _FILL_ROUNDS = 2
 _POLISH_COLUMNS = 4096
+
+
+def choose_index(
+    times_s: Sequence[float],
+    energies_j: Sequence[float],
+    *,
+    max_slowdown: float | None = None,
+    deadline_s: float | None = None,
+) -> int:
+    """Index of the minimum-energy point with ``T ≤ (1 + max_slowdown)·T_fastest`` or ``T ≤ deadline_s``.
+
+    The one choice rule, used by `Frontier.choose` and by `perseus choose` (which reads only
+    ``frontier.csv``). Points are fastest first; ties in energy go to the faster point.
+    """
+    if (max_slowdown is None) == (deadline_s is None):
+        raise SolverError("Pass exactly one of max_slowdown= or deadline_s= to choose a plan")
+    if not times_s:
+        raise SolverError("The frontier has no points")
+    fastest = times_s[0]
+    if max_slowdown is not None:
+        if not (math.isfinite(max_slowdown) and max_slowdown >= 0):
+            raise SolverError(
+                f"max_slowdown must be a finite fraction >= 0 (0.05 = 5 % slower), got {max_slowdown!r}"
+            )
+        limit = fastest * (1 + max_slowdown)
+    else:
+        assert deadline_s is not None
+        if not math.isfinite(deadline_s):
+            raise SolverError(f"deadline_s must be a finite number of seconds, got {deadline_s!r}")
+        limit = deadline_s
+    fits = [k for k, t in enumerate(times_s) if t <= limit * (1 + _TIME_RTOL)]
+    if not fits:
+        raise SolverError(
+            f"No plan meets an iteration time of {limit:.6f} s: the fastest plan takes "
+            f"{fastest:.6f} s (all GPUs at maximum frequency); relax the deadline"
+        )
+    return min(fits, key=lambda k: energies_j[k])
 
 
 class FrontierPoint:
@@ -146,29 +183,13 @@ class Frontier:
 
         Times are compared with a relative tolerance of 1e-9.
         """
-        if (max_slowdown is None) == (deadline_s is None):
-            raise SolverError("Pass exactly one of max_slowdown= or deadline_s= to choose a plan")
-        fastest = self.points[0].iteration_time_s
-        if max_slowdown is not None:
-            if not (math.isfinite(max_slowdown) and max_slowdown >= 0):
-                raise SolverError(
-                    f"max_slowdown must be a finite fraction >= 0 (0.05 = 5 % slower), got {max_slowdown!r}"
-                )
-            limit = fastest * (1 + max_slowdown)
-        else:
-            assert deadline_s is not None
-            if not math.isfinite(deadline_s):
-                raise SolverError(
-                    f"deadline_s must be a finite number of seconds, got {deadline_s!r}"
-                )
-            limit = deadline_s
-        fits = [p for p in self.points if p.iteration_time_s <= limit * (1 + _TIME_RTOL)]
-        if not fits:
-            raise SolverError(
-                f"No plan meets an iteration time of {limit:.6f} s: the fastest plan takes "
-                f"{fastest:.6f} s (all GPUs at maximum frequency); relax the deadline"
-            )
-        return min(fits, key=lambda p: p.energy_j)
+        k = choose_index(
+            [p.iteration_time_s for p in self.points],
+            [p.energy_j for p in self.points],
+            max_slowdown=max_slowdown,
+            deadline_s=deadline_s,
+        )
+        return self.points[k]
 
     # ------------------------------------------------------------------ files
     def write(self, out_dir: str | os.PathLike[str]) -> Path:
