@@ -96,9 +96,13 @@ class PipelineSchedule:
         """The instruction DAG (nodes are `Instruction`s). Do not mutate it; it is cached."""
         return self._dag
 
+    @cached_property
+    def _topological_order(self) -> tuple[Instruction, ...]:
+        return tuple(nx.topological_sort(self._dag))
+
     def instructions(self) -> list[Instruction]:
-        """Every instruction, in a topological order of the DAG."""
-        return list(nx.topological_sort(self._dag))
+        """Every instruction, in a topological order of the DAG (computed once)."""
+        return list(self._topological_order)
 
     @property
     def num_instructions(self) -> int:
