@@ -112,7 +112,13 @@ def test_fit_stage_workloads_inverts_synthesis():
 def test_presets_are_valid():
     for name in MODEL_PRESETS:
         frame = synthesize_profile("A100-SXM", [1.0], preset=name)
-        InstructionProfile.from_frame(frame, source=name)
+        profile = InstructionProfile.from_frame(frame, source=name)
+        fwd, bwd = profile.options(0, "forward"), profile.options(0, "backward")
+        assert profile.num_stages == 1
+        # The backward does more work than the forward at every clock.
+        assert (bwd.time_s > fwd.time_s).all(), name
+        # Energy vs clock is U-shaped: its minimum lies strictly inside the clock range.
+        assert 0 < fwd.energy_j.argmin() < len(fwd) - 1, name
 
 
 # ---------------------------------------------------------------- the CLI
