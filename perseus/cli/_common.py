@@ -41,7 +41,9 @@ def cli_errors(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*args, **kwargs)
         except _known_errors() as exc:
-            err_console.print(f"[bold red]Error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            err_console.print(
+                f"[bold red]Error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+            )
             raise typer.Exit(2) from None
 
     return wrapper
