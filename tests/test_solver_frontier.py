@@ -212,3 +212,39 @@ def test_bloom_profile_whose_max_frequency_is_not_fastest():
     assert np.all(np.diff(times) > 0) and np.all(np.diff(energies) < 0)
     ev = evaluate(profile, schedule, frontier.points[-1].frequencies, P_BLOCK)
     assert ev.iteration_time_s == times[-1]
+
+
+@pytest.mark.parametrize("profile_name", ["t5_a100_4stage_imbalanced", "bloom_a40_8stage"])
+def test_every_rounding_meets_its_lp_deadline(profile_name):
+    """Each rounding of an LP solution (breakpoints and points inside LP segments) fits in
+    that LP solution's time, using profiled options only."""
+    from perseus.solver import SolverProblem, solve_lp_curve
+    from perseus.solver.rounding import Rounder
+
+    path = Path(__file__).resolve().parents[1] / "profiles" / f"{profile_name}.csv"
+    profile = InstructionProfile.from_csv(path)
+    stages = int(profile.to_frame()["stage"].max()) + 1
+    problem = SolverProblem.build(profile, make_schedule("1f1b", stages, 6), p2p_power_w=P_BLOCK)
+    rounder = Rounder(problem)
+    targets: list[tuple[np.ndarray, float]] = []
+    prev: list[tuple[float, np.ndarray]] = []
+
+    def on_breakpoint(lam: float, cost: float, d: np.ndarray) -> bool:
+        if prev:
+            lam_prev, d_prev = prev[0]
+            targets.append((0.5 * (d + d_prev), 0.5 * (lam + lam_prev)))
+        targets.append((d.copy(), lam))
+        prev[:] = [(lam, d.copy())]
+        return False
+
+    solve_lp_curve(problem, on_breakpoint=on_breakpoint)
+    assert len(targets) > 10
+    D = np.stack([d for d, _ in targets], axis=1)
+    T = np.array([t for _, t in targets])
+    assert np.all(problem.makespan(D) <= T * (1 + 1e-9))  # the LP targets themselves fit
+    for name in ("follow_steps", "follow_steps_backward", "round_steps"):
+        steps = getattr(rounder, name)(D, T)
+        choice = rounder.options(steps)
+        assert np.all(choice < problem.opt_count[problem.type_of][:, None]), name
+        plan_T, _, _ = problem.score(choice)
+        assert np.all(plan_T <= T * (1 + 1e-9)), name

@@ -4,10 +4,13 @@
 
 1. the parametric LP (`perseus.solver.lp`) from the slowest useful iteration time down to
    the all-max-frequency time ``T_fast``, breakpoint to breakpoint;
-2. every LP breakpoint is rounded to discrete plans in two ways (`perseus.solver.rounding`):
-   following the LP schedule (no instruction finishes later than in the LP, so rounding
-   errors diffuse along paths), and hull-vertex rounding with slack reclaimed for the
-   most valuable LP segments first; both then reclaim the remaining slack greedily;
+2. every LP breakpoint, and LP solutions inside LP segments wider than ``resolution_s``
+   (there the optimal durations move linearly between the two breakpoints' durations), is
+   rounded to discrete plans in three ways (`perseus.solver.rounding`): following the LP
+   schedule forwards (no instruction finishes later than in the LP, so rounding errors
+   diffuse along paths), following it backwards (no instruction starts earlier than in
+   the LP's latest-start schedule), and hull-vertex rounding with slack reclaimed for the
+   most valuable LP segments first; all then reclaim the remaining slack greedily;
 3. between consecutive breakpoints, and later in every hole of the Pareto set wider than
    ``resolution_s``, plans are *mixed*: the latest instructions take the slower plan's
    options and the others the faster one's, then slack is reclaimed;
@@ -53,6 +56,7 @@ _MAX_MIXES = 256
 _POLISH_ROUNDS = 20
 _FILL_ROUNDS = 2
 _POLISH_COLUMNS = 4096
+_SEGMENT_TARGETS = 256
 
 
 def choose_index(
@@ -381,6 +385,7 @@ def solve_frontier(
         steps = rounder.follow_steps(D, T)
         add(steps)
         add(rounder.round_steps(D, T))
+        add(rounder.follow_steps_backward(D, T))
         seq = [*carry, *((steps[:, j], T[j]) for j in range(len(T)))]
         between: list[np.ndarray] = []
         for (slow, t_slow_bp), (fast, t_fast_bp) in itertools.pairwise(seq):
@@ -414,6 +419,17 @@ def solve_frontier(
                 target(d + w * (d_prev - d), t_fast)
             if lam < t_fast and energy >= energy_prev:
                 return True  # convex: faster LP points only cost more; done
+        if prev is not None:
+            # Inside a long LP segment the optimum moves linearly from one breakpoint's
+            # durations to the other's: round some of those interior LP solutions too,
+            # slowest first (the order in which targets are mixed).
+            lam_prev, d_prev, _ = prev
+            lo_t = max(lam, t_fast)
+            count = min(_SEGMENT_TARGETS, math.ceil((lam_prev - lo_t) / resolution_s) - 1)
+            for frac in np.linspace(1, 0, count + 2)[1:-1] if count > 0 else []:
+                t_mid = lo_t + frac * (lam_prev - lo_t)
+                w = (t_mid - lam) / (lam_prev - lam)
+                target(d + w * (d_prev - d), t_mid)
         if lam >= t_fast * (1 - _TIME_RTOL):
             target(d.copy(), max(lam, t_fast))
         state["prev"] = (lam, d.copy(), energy)

@@ -120,6 +120,28 @@ class Rounder:
         self.reclaim(step, np.maximum(T, finish.max(axis=0)), None)
         return step
 
+    def follow_steps_backward(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
+        """The mirror image of `follow_steps`: latest instructions first, each takes the
+        slowest hull vertex that still starts no earlier than in the LP schedule at latest
+        starts (every path ends by the deadline), then slack is reclaimed."""
+        pb = self.problem
+        D = np.asarray(durations, dtype=float)
+        T = np.asarray(deadlines, dtype=float)
+        lp_start = pb.latest_starts(D, T)
+        start = np.empty((pb.n + 1, D.shape[1]))
+        start[pb.n] = T
+        step = np.empty(D.shape, dtype=np.int64)
+        for lv, vt in zip(reversed(pb.levels), reversed(self._level_vertex_time), strict=True):
+            finish = start[pb.succs[lv]].min(axis=1)
+            budget = (finish - lp_start[lv]) * (1 + _REL_TOL)
+            k = np.maximum((vt[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1, 0)
+            types = pb.type_of[lv][:, None]
+            step[lv] = self.vertex_step[types, k]
+            start[lv] = finish - self.step_time[types, step[lv]]
+        T_plan = pb.makespan(self.times(step))
+        self.reclaim(step, np.maximum(T, T_plan), None)
+        return step
+
     def round_steps(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
         """Staircase positions ``(n, K)`` for LP durations ``(n, K)`` and deadlines ``(K,)``."""
         pb = self.problem
