@@ -13,7 +13,9 @@ __all__ = ["available", "path"]
 
 def available() -> list[str]:
     """Names (file stems) of the shipped profiles."""
-    return sorted(p.name.removesuffix(".csv") for p in files(__name__).iterdir() if p.name.endswith(".csv"))
+    return sorted(
+        p.name.removesuffix(".csv") for p in files(__name__).iterdir() if p.name.endswith(".csv")
+    )
 
 
 def path(name: str) -> Path:
