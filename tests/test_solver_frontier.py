@@ -248,3 +248,31 @@ def test_every_rounding_meets_its_lp_deadline(profile_name):
         assert np.all(choice < problem.opt_count[problem.type_of][:, None]), name
         plan_T, _, _ = problem.score(choice)
         assert np.all(plan_T <= T * (1 + 1e-9)), name
+
+
+def test_dithering_beats_plain_rounding_on_the_real_profile(real_profile):
+    """The LP runs lock-step backwards between hull vertices 20 ms apart; capped following
+    alternates them (dithering) and lands closer to the LP bound than plain following."""
+    from perseus.solver import SolverProblem, solve_lp_curve
+    from perseus.solver.rounding import Rounder
+
+    problem = SolverProblem.build(real_profile, make_schedule("1f1b", 8, 16), p2p_power_w=P_BLOCK)
+    rounder = Rounder(problem)
+    durations, deadlines = [], []
+
+    def on_breakpoint(lam: float, cost: float, d: np.ndarray) -> bool:
+        durations.append(d.copy())
+        deadlines.append(lam)
+        return False
+
+    curve = solve_lp_curve(problem, on_breakpoint=on_breakpoint)
+    D, T = np.stack(durations, axis=1), np.array(deadlines)
+    gaps = {}
+    for capped in (False, True):
+        plan_T, energy, _ = problem.score(
+            rounder.options(rounder.follow_steps(D, T, capped=capped))
+        )
+        assert np.all(plan_T <= T * (1 + 1e-9))
+        gaps[capped] = energy / curve.lower_bound(plan_T) - 1
+    assert gaps[True].mean() < gaps[False].mean()
+    assert (gaps[True] < gaps[False]).mean() > 0.6

@@ -6,13 +6,14 @@
    the all-max-frequency time ``T_fast``, breakpoint to breakpoint;
 2. every LP breakpoint, and LP solutions inside LP segments wider than ``resolution_s``
    (there the optimal durations move linearly between the two breakpoints' durations), is
-   rounded to discrete plans in three ways (`perseus.solver.rounding`): following the LP
-   schedule forwards (no instruction finishes later than in the LP, so rounding errors
-   diffuse along paths), following it backwards (no instruction starts earlier than in
-   the LP's latest-start schedule), and hull-vertex rounding with slack reclaimed for the
-   most valuable LP segments first; all then reclaim the remaining slack greedily;
-3. between consecutive breakpoints, and later in every hole of the Pareto set wider than
-   ``resolution_s``, plans are *mixed*: the latest instructions take the slower plan's
+   rounded to discrete plans in three ways (`perseus.solver.rounding`), each following
+   the LP schedule: forwards with *dithering* (no instruction finishes later than in the
+   LP and none runs slower than the slower end of its LP segment, so time gained upstream
+   flows on until a fractional instruction can afford its slower vertex), forwards
+   without that cap, and backwards (no instruction starts earlier than in the LP's
+   latest-start schedule); leftover slack is then reclaimed greedily;
+3. between consecutive targets' dithered plans, and later in every hole of the Pareto set
+   wider than ``resolution_s``, plans are *mixed*: the latest instructions take the slower plan's
    options and the others the faster one's, then slack is reclaimed;
 4. on small problems, a local search scores every plan one or two option changes away
    from a frontier plan (tiny instances then match brute force);
@@ -51,7 +52,7 @@ __all__ = ["FRONTIER_COLUMNS", "Frontier", "FrontierPoint", "choose_index", "sol
 
 FRONTIER_COLUMNS = ("index", "iteration_time", "energy", "lower_bound", "plan")
 _TIME_RTOL = 1e-9
-_BATCH = 128
+_BATCH = 512
 _MAX_MIXES = 256
 _POLISH_ROUNDS = 20
 _FILL_ROUNDS = 2
@@ -382,9 +383,10 @@ def solve_frontier(
             return
         D = np.stack(pending_d, axis=1)
         T = np.array(pending_t)
-        steps = rounder.follow_steps(D, T)
+        # Dithering rounding first: it is the one mixed between targets.
+        steps = rounder.follow_steps(D, T, capped=True)
         add(steps)
-        add(rounder.round_steps(D, T))
+        add(rounder.follow_steps(D, T))
         add(rounder.follow_steps_backward(D, T))
         seq = [*carry, *((steps[:, j], T[j]) for j in range(len(T)))]
         between: list[np.ndarray] = []

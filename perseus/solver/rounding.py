@@ -7,15 +7,27 @@ options that can ever be that choice form a *staircase*: sorted by time, each on
 cheaper (in effective cost) than every faster one. "Best option within a time budget" is
 then the last staircase step at or below the budget.
 
-Rounding a batch of targets ``(durations dᵢ, deadline T)`` (all vectorised over the batch):
+Every method works on a batch of targets ``(LP durations dᵢ, deadline T)`` at once
+(vectorised over the batch) and returns plans that fit in their ``T``:
 
-1. every instruction takes its best option with ``t ≤ dᵢ``. The LP durations fit in ``T``
-   and no instruction got slower, so the plan fits in ``T``;
-2. slack reclaim, latest instructions first (reverse topological generations): an
-   instruction may finish as late as the earliest latest-start of its successors (or
-   ``T``) and start as early as its predecessors allow (their current times); it takes the
-   best option within that window. Processing generations in reverse keeps every
-   predecessor's window valid, so the plan still fits in ``T``.
+- `follow_steps`: in topological order, each instruction takes the slowest hull vertex that
+  still finishes no later than in the LP schedule, so rounding errors diffuse along paths
+  instead of adding up. With ``capped=True`` no instruction goes past the slower end of its
+  LP segment: an instruction the LP runs at a vertex keeps it and hands any time gained
+  upstream on, until an instruction the LP runs *between* two far-apart vertices can afford
+  the slower one. Lock-step fractional instructions then alternate between their two
+  vertices (dithering) in the LP's proportions, instead of a neighbour with a cheap
+  in-between option soaking up every gain;
+- `follow_steps_backward`: the mirror image, latest instructions first against the LP's
+  latest-start schedule;
+- `round_steps`: every instruction at the hull vertex at or below its LP duration, then
+  slack reclaimed up to the LP segment's slower vertex, most valuable segments first.
+
+Slack reclaim (`reclaim`), latest instructions first (reverse topological generations): an
+instruction may finish as late as the earliest latest-start of its successors (or ``T``)
+and start as early as its predecessors allow (their current times); it takes the best
+option within that window. Processing generations in reverse keeps every predecessor's
+window valid, so the plan still fits in ``T``.
 """
 
 from __future__ import annotations
@@ -93,64 +105,21 @@ class Rounder:
         """Option indices of staircase positions `step` ``(n, K)``."""
         return self.step_option[self.problem.type_of[:, None], step]
 
-    def follow_steps(
-        self, durations: np.ndarray, deadlines: np.ndarray, lateness_s: np.ndarray | float = 0.0
-    ) -> np.ndarray:
-        """Round by following the LP schedule, then reclaim slack (staircase positions).
+    def segments(self, durations: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Where LP durations ``(n, K)`` lie on their hulls.
 
-        In topological order, each instruction takes the slowest hull vertex that still
-        finishes no later than it does in the LP schedule (earliest starts with the LP
-        durations). Instructions whose predecessors finished early may run slower than
-        their LP duration: rounding errors diffuse along every path instead of adding up,
-        and every path stays within the LP's iteration time.
+        Returns ``(hi, lo_step, cap_step, value)``: the index of the hull vertex at or above
+        each duration (the slower end of its LP segment; the vertex itself when the LP runs
+        one), the staircase positions of the vertices at or below and at or above it, and
+        the hull slope (W) of the segment (0 at a vertex): what a second of slack is worth
+        to that instruction in the LP.
         """
         pb = self.problem
         D = np.asarray(durations, dtype=float)
-        T = np.asarray(deadlines, dtype=float)
-        lp_finish = pb.finish_times(D) + lateness_s
-        finish = np.zeros((pb.n + 1, D.shape[1]))
-        step = np.empty(D.shape, dtype=np.int64)
-        for lv, vt in zip(pb.levels, self._level_vertex_time, strict=True):
-            start = finish[pb.preds[lv]].max(axis=1)
-            budget = (lp_finish[lv] - start) * (1 + _REL_TOL)
-            k = np.maximum((vt[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1, 0)
-            types = pb.type_of[lv][:, None]
-            step[lv] = self.vertex_step[types, k]
-            finish[lv] = start + self.step_time[types, step[lv]]
-        self.reclaim(step, np.maximum(T, finish.max(axis=0)), None)
-        return step
-
-    def follow_steps_backward(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
-        """The mirror image of `follow_steps`: latest instructions first, each takes the
-        slowest hull vertex that still starts no earlier than in the LP schedule at latest
-        starts (every path ends by the deadline), then slack is reclaimed."""
-        pb = self.problem
-        D = np.asarray(durations, dtype=float)
-        T = np.asarray(deadlines, dtype=float)
-        lp_start = pb.latest_starts(D, T)
-        start = np.empty((pb.n + 1, D.shape[1]))
-        start[pb.n] = T
-        step = np.empty(D.shape, dtype=np.int64)
-        for lv, vt in zip(reversed(pb.levels), reversed(self._level_vertex_time), strict=True):
-            finish = start[pb.succs[lv]].min(axis=1)
-            budget = (finish - lp_start[lv]) * (1 + _REL_TOL)
-            k = np.maximum((vt[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1, 0)
-            types = pb.type_of[lv][:, None]
-            step[lv] = self.vertex_step[types, k]
-            start[lv] = finish - self.step_time[types, step[lv]]
-        T_plan = pb.makespan(self.times(step))
-        self.reclaim(step, np.maximum(T, T_plan), None)
-        return step
-
-    def round_steps(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
-        """Staircase positions ``(n, K)`` for LP durations ``(n, K)`` and deadlines ``(K,)``."""
-        pb = self.problem
-        D = np.asarray(durations, dtype=float)
-        T = np.asarray(deadlines, dtype=float)
-        # 1. the hull vertex at or below each LP duration; the cap is the vertex above.
-        step = np.empty(D.shape, dtype=np.int64)
-        cap = np.empty(D.shape, dtype=np.int64)
-        value = np.zeros(D.shape)  # hull slope (W) of the LP segment the duration lies in
+        hi = np.empty(D.shape, dtype=np.int64)
+        lo_step = np.empty(D.shape, dtype=np.int64)
+        cap_step = np.empty(D.shape, dtype=np.int64)
+        value = np.zeros(D.shape)
         for k, rows in enumerate(self._type_rows):
             if len(rows):
                 st = self.step_time[k, : self.step_count[k]]
@@ -160,30 +129,120 @@ class Rounder:
                 lo = np.clip(
                     np.searchsorted(hull.time_s, d * (1 + _REL_TOL), side="right") - 1, 0, last
                 )
-                hi = np.minimum(np.searchsorted(hull.time_s, d * (1 - _REL_TOL), side="left"), last)
-                step[rows] = np.searchsorted(st, hull.time_s[lo] * (1 + _REL_TOL), side="right") - 1
-                cap[rows] = np.searchsorted(st, hull.time_s[hi] * (1 + _REL_TOL), side="right") - 1
+                hi[rows] = np.minimum(
+                    np.searchsorted(hull.time_s, d * (1 - _REL_TOL), side="left"), last
+                )
+                lo_step[rows] = (
+                    np.searchsorted(st, hull.time_s[lo] * (1 + _REL_TOL), side="right") - 1
+                )
+                cap_step[rows] = (
+                    np.searchsorted(st, hull.time_s[hi[rows]] * (1 + _REL_TOL), side="right") - 1
+                )
                 if last > 0:
                     slopes = np.concatenate([hull.slopes_w, [0.0]])
-                    value[rows] = np.where(hi > lo, slopes[lo], 0.0)
-        np.maximum(step, 0, out=step)
-        np.maximum(cap, step, out=cap)
-        # 2. reclaim slack up to the LP segment's slower vertex, most valuable segments
-        #    first (halving the slope threshold each pass), then without limit.
-        top = float(value.max()) if value.size else 0.0
+                    value[rows] = np.where(hi[rows] > lo, slopes[lo], 0.0)
+        np.maximum(lo_step, 0, out=lo_step)
+        np.maximum(cap_step, lo_step, out=cap_step)
+        return hi, lo_step, cap_step, value
+
+    def tiered_reclaim(
+        self, step: np.ndarray, T: np.ndarray, cap: np.ndarray, value: np.ndarray
+    ) -> None:
+        """Reclaim slack up to `cap`, most valuable LP segments first (halving the slope
+        threshold each pass), then without limit; in place on staircase positions."""
+        top = value.max(axis=0) if value.size else np.zeros(value.shape[1:])  # per plan
         threshold = top / 2
-        done = np.zeros(value.shape, dtype=bool)
-        while top > 0:
+        done = value <= 0
+        for _ in range(_TIERS):
             allowed = (value >= threshold) & ~done
-            if allowed.any():
-                self.reclaim(step, T, np.where(allowed, cap, step))
-                done |= allowed
-            if done[value > 0].all() or threshold < top * 2.0**-_TIERS:
+            if not allowed.any():
                 break
-            threshold /= 2
-        if not done[value > 0].all():
-            self.reclaim(step, T, cap)
+            self.reclaim(step, T, np.where(allowed, np.maximum(cap, step), step))
+            done |= allowed
+            threshold = threshold / 2
+        if not done.all():
+            self.reclaim(step, T, np.maximum(cap, step))
         self.reclaim(step, T, None)
+
+    def follow_steps(
+        self,
+        durations: np.ndarray,
+        deadlines: np.ndarray,
+        lateness_s: np.ndarray | float = 0.0,
+        *,
+        capped: bool = False,
+    ) -> np.ndarray:
+        """Round by following the LP schedule, then reclaim slack (staircase positions).
+
+        In topological order, each instruction takes the slowest hull vertex that still
+        finishes no later than it does in the LP schedule (earliest starts with the LP
+        durations). Instructions whose predecessors finished early may run slower than
+        their LP duration: rounding errors diffuse along every path instead of adding up,
+        and every path stays within the LP's iteration time.
+
+        With `capped`, no instruction runs slower than the slower end of its LP segment: an
+        instruction the LP runs at a hull vertex keeps it and passes time gained upstream
+        on to later instructions, so fractional ones alternate between their segment's two
+        vertices (dithering) instead of a cheap neighbour soaking up every gain. Leftover
+        slack then goes to the most valuable LP segments first (`tiered_reclaim`).
+        """
+        pb = self.problem
+        D = np.asarray(durations, dtype=float)
+        T = np.asarray(deadlines, dtype=float)
+        hi, _, cap, value = self.segments(D)
+        lp_finish = pb.finish_times(D) + lateness_s
+        finish = np.zeros((pb.n + 1, D.shape[1]))
+        step = np.empty(D.shape, dtype=np.int64)
+        for lv, vt in zip(pb.levels, self._level_vertex_time, strict=True):
+            start = finish[pb.preds[lv]].max(axis=1)
+            budget = (lp_finish[lv] - start) * (1 + _REL_TOL)
+            k = np.maximum((vt[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1, 0)
+            if capped:
+                k = np.minimum(k, hi[lv])
+            types = pb.type_of[lv][:, None]
+            step[lv] = self.vertex_step[types, k]
+            finish[lv] = start + self.step_time[types, step[lv]]
+        T_plan = np.maximum(T, finish.max(axis=0))
+        if capped:
+            self.tiered_reclaim(step, T_plan, cap, value)
+        else:
+            self.reclaim(step, T_plan, None)
+        return step
+
+    def follow_steps_backward(
+        self, durations: np.ndarray, deadlines: np.ndarray, *, capped: bool = False
+    ) -> np.ndarray:
+        """The mirror image of `follow_steps`: latest instructions first, each takes the
+        slowest hull vertex that still starts no earlier than in the LP schedule at latest
+        starts (every path ends by the deadline), then slack is reclaimed."""
+        pb = self.problem
+        D = np.asarray(durations, dtype=float)
+        T = np.asarray(deadlines, dtype=float)
+        hi = self.segments(D)[0] if capped else None
+        lp_start = pb.latest_starts(D, T)
+        start = np.empty((pb.n + 1, D.shape[1]))
+        start[pb.n] = T
+        step = np.empty(D.shape, dtype=np.int64)
+        for lv, vt in zip(reversed(pb.levels), reversed(self._level_vertex_time), strict=True):
+            finish = start[pb.succs[lv]].min(axis=1)
+            budget = (finish - lp_start[lv]) * (1 + _REL_TOL)
+            k = np.maximum((vt[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1, 0)
+            if hi is not None:
+                k = np.minimum(k, hi[lv])
+            types = pb.type_of[lv][:, None]
+            step[lv] = self.vertex_step[types, k]
+            start[lv] = finish - self.step_time[types, step[lv]]
+        T_plan = pb.makespan(self.times(step))
+        self.reclaim(step, np.maximum(T, T_plan), None)
+        return step
+
+    def round_steps(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
+        """Staircase positions ``(n, K)`` for LP durations ``(n, K)`` and deadlines ``(K,)``."""
+        D = np.asarray(durations, dtype=float)
+        T = np.asarray(deadlines, dtype=float)
+        # The hull vertex at or below each LP duration; the cap is the vertex above.
+        _, step, cap, value = self.segments(D)
+        self.tiered_reclaim(step, T, cap, value)
         return step
 
     def reclaim(self, step: np.ndarray, T: np.ndarray, cap: np.ndarray | None = None) -> None:
