@@ -42,6 +42,7 @@ __all__ = [
     "PerseusSettings",
     "ProfilingResult",
     "RankInfo",
+    "atomic_write_text",
     "load_prof",
     "load_ranks",
     "load_sched",
@@ -302,7 +303,7 @@ class OfflineProfilingResult(BaseModel):
     backward_energy: dict[int, float]
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` via a temporary file and rename, so readers never see half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -360,7 +361,7 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(CSV_COLUMNS)
         writer.writerows(lines)
-        _atomic_write_text(path, buf.getvalue())
+        atomic_write_text(path, buf.getvalue())
 
     @classmethod
     def from_csv(cls, filepath: str | os.PathLike[str]) -> InstructionProfilingResult:
@@ -449,7 +450,7 @@ async def save_prof(
 ) -> None:
     """Save a list of `ProfilingResult`s in the designated directory."""
     text = _ProfilingResultList(data).model_dump_json()
-    await asyncio.to_thread(_atomic_write_text, Path(directory) / f"{schedule_num}.prof.json", text)
+    await asyncio.to_thread(atomic_write_text, Path(directory) / f"{schedule_num}.prof.json", text)
 
 
 def load_prof(directory: str | os.PathLike[str], schedule_num: int) -> list[ProfilingResult]:
@@ -463,9 +464,7 @@ async def save_sched(
 ) -> None:
     """Save a list of `FrequencySchedule`s in the designated directory."""
     text = _FrequencyScheduleList(data).model_dump_json()
-    await asyncio.to_thread(
-        _atomic_write_text, Path(directory) / f"{schedule_num}.sched.json", text
-    )
+    await asyncio.to_thread(atomic_write_text, Path(directory) / f"{schedule_num}.sched.json", text)
 
 
 def load_sched(directory: str | os.PathLike[str], schedule_num: int) -> list[FrequencySchedule]:
@@ -477,7 +476,7 @@ def load_sched(directory: str | os.PathLike[str], schedule_num: int) -> list[Fre
 async def save_ranks(data: list[RankInfo], directory: str | os.PathLike[str]) -> None:
     """Save a list of `RankInfo`s in the designated directory."""
     text = _RankInfoList(data).model_dump_json()
-    await asyncio.to_thread(_atomic_write_text, Path(directory) / "ranks.json", text)
+    await asyncio.to_thread(atomic_write_text, Path(directory) / "ranks.json", text)
 
 
 def load_ranks(directory: str | os.PathLike[str]) -> list[RankInfo]:

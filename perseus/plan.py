@@ -30,10 +30,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from perseus.dag import Instruction, PipelineSchedule, make_schedule
 from perseus.errors import PlanError
-from perseus.models import _atomic_write_text
+from perseus.models import atomic_write_text
 from perseus.profile import InstructionProfile
 
-__all__ = ["Evaluation", "Plan", "ScheduledInstruction", "evaluate", "max_frequencies", "timeline"]
+__all__ = [
+    "DEFAULT_P2P_POWER_W",
+    "Evaluation",
+    "Plan",
+    "ScheduledInstruction",
+    "evaluate",
+    "max_frequencies",
+    "timeline",
+]
+
+DEFAULT_P2P_POWER_W = 70.38
+"""Power (W) a GPU draws while blocked on P2P communication, when nothing better is known:
+the A40 measurement published with Perseus. `perseus solve` defaults to it, and the online
+schedulers fall back to it when no rank ever had idle time to measure it."""
 
 PLAN_FORMAT_VERSION = 1
 
@@ -225,4 +238,4 @@ class Plan(BaseModel):
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan as JSON (atomically)."""
-        _atomic_write_text(Path(path), self.model_dump_json(indent=None) + "\n")
+        atomic_write_text(Path(path), self.model_dump_json(indent=None) + "\n")

@@ -21,8 +21,6 @@ __all__ = ["DEFAULT_P2P_POWER_W", "FRONTIER_DIRNAME", "Perseus", "PerseusPhase"]
 
 logger = logging.getLogger(__name__)
 
-"""Blocking power used only when it could not be measured (≈ the A40's measured 70.38 W)."""
-
 FRONTIER_DIRNAME = "frontier"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from perseus.plan import DEFAULT_P2P_POWER_W
 from perseus.profile import InstructionProfile
 from schedulers.pipeline import PipelineScheduler
 from schedulers.profiler import PROFILE_FILENAME
@@ -17,9 +18,6 @@ from schedulers.sweep import InstructionSweep
 __all__ = ["DEFAULT_P2P_POWER_W", "PlanningScheduler"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_P2P_POWER_W = 70.0
-"""Blocking power per GPU used only when no rank ever had idle time to measure it."""
 
 
 class PlanningScheduler(PipelineScheduler):
@@ -66,7 +64,7 @@ class PlanningScheduler(PipelineScheduler):
             if self.p2p_power_w is None:
                 if measured is None:
                     logger.warning(
-                        "Job %s: blocking power could not be measured (no idle time); using %.1f W",
+                        "Job %s: blocking power could not be measured (no idle time); using %.2f W",
                         self.job_info.job_id,
                         DEFAULT_P2P_POWER_W,
                     )

@@ -13,12 +13,10 @@ from rich.table import Table
 from perseus.cli._common import cli_errors, console, resolve_profile_path
 from perseus.dag import SCHEDULES, make_schedule
 from perseus.errors import PerseusError
-from perseus.plan import Plan, evaluate, max_frequencies
+from perseus.plan import DEFAULT_P2P_POWER_W, Plan, evaluate, max_frequencies
 from perseus.profile import InstructionProfile
 
 __all__ = ["choose", "evaluate_plan", "solve"]
-
-DEFAULT_P2P_POWER_W = 70.38  # measured on the A40 while blocked on P2P (Perseus artifact)
 
 
 @cli_errors

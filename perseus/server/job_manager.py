@@ -32,7 +32,7 @@ from perseus.models import (
     PerseusSettings,
     ProfilingResult,
     RankInfo,
-    _atomic_write_text,
+    atomic_write_text,
     load_ranks,
     resolve_scheduler,
     save_prof,
@@ -360,7 +360,7 @@ class Job:
                 if text != self._persisted_plan:
                     await self._dump(
                         asyncio.to_thread(
-                            _atomic_write_text, self.dump_dir / DEPLOYED_PLAN_FILE, text
+                            atomic_write_text, self.dump_dir / DEPLOYED_PLAN_FILE, text
                         )
                     )
                     self._persisted_plan = text
@@ -473,12 +473,12 @@ class JobManager:
             }
             await job._dump(
                 asyncio.to_thread(
-                    _atomic_write_text, job.dump_dir / JOB_FILE, info.model_dump_json() + "\n"
+                    atomic_write_text, job.dump_dir / JOB_FILE, info.model_dump_json() + "\n"
                 )
             )
             await job._dump(
                 asyncio.to_thread(
-                    _atomic_write_text, job.dump_dir / SCHEDULER_FILE, json.dumps(meta) + "\n"
+                    atomic_write_text, job.dump_dir / SCHEDULER_FILE, json.dumps(meta) + "\n"
                 )
             )
         logger.info("Registered job %s (world_size %d)", info.job_id, info.world_size)
