@@ -242,8 +242,13 @@ def test_every_rounding_meets_its_lp_deadline(profile_name):
     D = np.stack([d for d, _ in targets], axis=1)
     T = np.array([t for _, t in targets])
     assert np.all(problem.makespan(D) <= T * (1 + 1e-9))  # the LP targets themselves fit
-    for name in ("follow_steps", "follow_steps_backward", "round_steps"):
-        steps = getattr(rounder, name)(D, T)
+    for name, kwargs in (
+        ("follow_steps", {}),
+        ("follow_steps", {"capped": True}),
+        ("follow_steps_backward", {}),
+        ("round_steps", {}),
+    ):
+        steps = getattr(rounder, name)(D, T, **kwargs)
         choice = rounder.options(steps)
         assert np.all(choice < problem.opt_count[problem.type_of][:, None]), name
         plan_T, _, _ = problem.score(choice)

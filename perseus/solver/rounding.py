@@ -168,7 +168,6 @@ class Rounder:
         self,
         durations: np.ndarray,
         deadlines: np.ndarray,
-        lateness_s: np.ndarray | float = 0.0,
         *,
         capped: bool = False,
     ) -> np.ndarray:
@@ -189,36 +188,34 @@ class Rounder:
         pb = self.problem
         D = np.asarray(durations, dtype=float)
         T = np.asarray(deadlines, dtype=float)
-        hi, _, cap, value = self.segments(D)
-        lp_finish = pb.finish_times(D) + lateness_s
+        segs = self.segments(D) if capped else None
+        lp_finish = pb.finish_times(D)
         finish = np.zeros((pb.n + 1, D.shape[1]))
         step = np.empty(D.shape, dtype=np.int64)
         for lv, vt in zip(pb.levels, self._level_vertex_time, strict=True):
             start = finish[pb.preds[lv]].max(axis=1)
             budget = (lp_finish[lv] - start) * (1 + _REL_TOL)
             k = np.maximum((vt[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1, 0)
-            if capped:
-                k = np.minimum(k, hi[lv])
+            if segs is not None:
+                k = np.minimum(k, segs[0][lv])  # at most the LP segment's slower vertex
             types = pb.type_of[lv][:, None]
             step[lv] = self.vertex_step[types, k]
             finish[lv] = start + self.step_time[types, step[lv]]
         T_plan = np.maximum(T, finish.max(axis=0))
-        if capped:
+        if segs is not None:
+            _, _, cap, value = segs
             self.tiered_reclaim(step, T_plan, cap, value)
         else:
             self.reclaim(step, T_plan, None)
         return step
 
-    def follow_steps_backward(
-        self, durations: np.ndarray, deadlines: np.ndarray, *, capped: bool = False
-    ) -> np.ndarray:
+    def follow_steps_backward(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
         """The mirror image of `follow_steps`: latest instructions first, each takes the
         slowest hull vertex that still starts no earlier than in the LP schedule at latest
         starts (every path ends by the deadline), then slack is reclaimed."""
         pb = self.problem
         D = np.asarray(durations, dtype=float)
         T = np.asarray(deadlines, dtype=float)
-        hi = self.segments(D)[0] if capped else None
         lp_start = pb.latest_starts(D, T)
         start = np.empty((pb.n + 1, D.shape[1]))
         start[pb.n] = T
@@ -227,8 +224,6 @@ class Rounder:
             finish = start[pb.succs[lv]].min(axis=1)
             budget = (finish - lp_start[lv]) * (1 + _REL_TOL)
             k = np.maximum((vt[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1, 0)
-            if hi is not None:
-                k = np.minimum(k, hi[lv])
             types = pb.type_of[lv][:, None]
             step[lv] = self.vertex_step[types, k]
             start[lv] = finish - self.step_time[types, step[lv]]
