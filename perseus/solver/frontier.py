@@ -416,22 +416,20 @@ def solve_frontier(
         energy = cost + problem.p2p_power_w * problem.schedule.num_stages * lam
         if prev is not None:
             lam_prev, d_prev, energy_prev = prev
-            if lam < t_fast < lam_prev:  # the all-max time falls inside this LP segment
-                w = (t_fast - lam) / (lam_prev - lam)
-                target(d + w * (d_prev - d), t_fast)
-            if lam < t_fast and energy >= energy_prev:
-                return True  # convex: faster LP points only cost more; done
-        if prev is not None:
             # Inside a long LP segment the optimum moves linearly from one breakpoint's
-            # durations to the other's: round some of those interior LP solutions too,
-            # slowest first (the order in which targets are mixed).
-            lam_prev, d_prev, _ = prev
+            # durations to the other's: round interior LP solutions too, slowest first
+            # (targets are mixed in the order they come), down to the all-max time.
             lo_t = max(lam, t_fast)
             count = min(_SEGMENT_TARGETS, math.ceil((lam_prev - lo_t) / resolution_s) - 1)
             for frac in np.linspace(1, 0, count + 2)[1:-1] if count > 0 else []:
                 t_mid = lo_t + frac * (lam_prev - lo_t)
                 w = (t_mid - lam) / (lam_prev - lam)
                 target(d + w * (d_prev - d), t_mid)
+            if lam < t_fast < lam_prev:  # the all-max time falls inside this LP segment
+                w = (t_fast - lam) / (lam_prev - lam)
+                target(d + w * (d_prev - d), t_fast)
+            if lam < t_fast and energy >= energy_prev:
+                return True  # convex: faster LP points only cost more; done
         if lam >= t_fast * (1 - _TIME_RTOL):
             target(d.copy(), max(lam, t_fast))
         state["prev"] = (lam, d.copy(), energy)
