@@ -59,6 +59,24 @@ def running_server(settings: PerseusSettings, *, round_timeout_s: float = 30.0) 
         thread.join(timeout=10)
 
 
+def single_rank_layout(**overrides: object) -> dict[str, object]:
+    """`PerseusOptimizer`'s layout arguments for a one-rank job (no pipeline, no parallelism)."""
+    kwargs: dict[str, object] = dict(
+        rank=0,
+        dp_rank=0,
+        pp_rank=0,
+        tp_rank=0,
+        device_id=0,
+        dp_degree=1,
+        pp_degree=1,
+        tp_degree=1,
+        world_size=1,
+        server_url="http://127.0.0.1:1",
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
 def job_info(pp: int, dp: int = 1, tp: int = 1) -> JobInfo:
     return JobInfo(pp_degree=pp, dp_degree=dp, tp_degree=tp, world_size=pp * dp * tp)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from server_fixtures import single_rank_layout
 
 from perseus.client import FrequencyController, PerseusOptimizer
 from perseus.demo import free_port
@@ -25,23 +26,6 @@ def process_group():
     )
     yield
     dist.destroy_process_group()
-
-
-def _layout(**overrides):
-    kwargs = dict(
-        rank=0,
-        dp_rank=0,
-        pp_rank=0,
-        tp_rank=0,
-        device_id=0,
-        dp_degree=1,
-        pp_degree=1,
-        tp_degree=1,
-        world_size=1,
-        server_url="http://127.0.0.1:1",
-    )
-    kwargs.update(overrides)
-    return kwargs
 
 
 def test_frequency_controller_applies_the_latest_clock_and_always_resets():
@@ -123,7 +107,7 @@ def test_emulation_settings_come_from_the_environment(monkeypatch):
 
 def test_hook_needs_a_process_group():
     with pytest.raises(ConfigurationError, match="init_process_group"):
-        PerseusOptimizer(**_layout(), gpu=EmulatedGPU(0))
+        PerseusOptimizer(**single_rank_layout(), gpu=EmulatedGPU(0))
 
 
 @pytest.mark.parametrize(
@@ -137,12 +121,12 @@ def test_hook_needs_a_process_group():
 )
 def test_bad_layouts_are_named(overrides, message):
     with pytest.raises(ConfigurationError, match=message):
-        PerseusOptimizer(**_layout(**overrides), gpu=EmulatedGPU(0))
+        PerseusOptimizer(**single_rank_layout(**overrides), gpu=EmulatedGPU(0))
 
 
 def test_unreachable_coordinator_names_the_url(process_group):
     url = f"http://127.0.0.1:{free_port()}"
     gpu = EmulatedGPU(0)
     with pytest.raises(CoordinatorError, match=f"Cannot reach the Perseus coordinator at {url}"):
-        PerseusOptimizer(**_layout(server_url=url), gpu=gpu, timeout_s=5)
+        PerseusOptimizer(**single_rank_layout(server_url=url), gpu=gpu, timeout_s=5)
     assert gpu.current_sm_clock_mhz() == gpu.spec.max_sm_clock_mhz

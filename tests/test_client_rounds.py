@@ -10,6 +10,7 @@ import json
 import time
 
 import pytest
+from server_fixtures import single_rank_layout
 
 from perseus.client import PerseusOptimizer
 from perseus.dag import make_schedule
@@ -74,16 +75,7 @@ def point(tmp_path_factory, process_group):
 
 def _hook(coordinator, gpu=None, **kwargs):
     return PerseusOptimizer(
-        rank=0,
-        dp_rank=0,
-        pp_rank=0,
-        tp_rank=0,
-        device_id=0,
-        dp_degree=1,
-        pp_degree=1,
-        tp_degree=1,
-        world_size=1,
-        server_url=coordinator.url,
+        **single_rank_layout(server_url=coordinator.url),
         job_metadata="client-test",
         gpu=gpu or EmulatedGPU(0),
         emulation=EmulationSettings(nominal=True),

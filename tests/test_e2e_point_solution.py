@@ -34,8 +34,8 @@ def _plan(path, microbatches, freqs):
     return path
 
 
-def test_each_device_runs_the_plans_frequencies_in_order(tmp_path):
-    plan_path = _plan(tmp_path / "plan.json", 2, FREQS)
+def _run_two_stage_job(tmp_path, plan_path):
+    """Run the 2-stage, 2-microbatch job for 3 steps under `PointSolution(plan_path)`."""
     with Coordinator(
         scheduler="PointSolution",
         scheduler_args={"solution_path": str(plan_path)},
@@ -43,7 +43,12 @@ def test_each_device_runs_the_plans_frequencies_in_order(tmp_path):
         log_path=tmp_path / "coordinator.log",
     ) as coordinator:
         spec = JobSpec(nproc=2, layers="1,3", microbatches=2, steps=3)
-        status, traces, log = run_job(tmp_path, spec, coordinator)
+        return run_job(tmp_path, spec, coordinator)
+
+
+def test_each_device_runs_the_plans_frequencies_in_order(tmp_path):
+    plan_path = _plan(tmp_path / "plan.json", 2, FREQS)
+    status, traces, log = _run_two_stage_job(tmp_path, plan_path)
     assert status == 0, log
     plan = Plan.load(plan_path)
     for rank in (0, 1):
@@ -54,14 +59,7 @@ def test_each_device_runs_the_plans_frequencies_in_order(tmp_path):
 def test_a_schedule_of_the_wrong_length_is_a_clear_error(tmp_path):
     freqs = [[1410] * 6, [1410] * 6]  # 3 microbatches: 6 instructions per stage
     plan_path = _plan(tmp_path / "plan.json", 3, freqs)
-    with Coordinator(
-        scheduler="PointSolution",
-        scheduler_args={"solution_path": str(plan_path)},
-        dump_dir=tmp_path / "dump",
-        log_path=tmp_path / "coordinator.log",
-    ) as coordinator:
-        spec = JobSpec(nproc=2, layers="1,3", microbatches=2, steps=3)
-        status, traces, log = run_job(tmp_path, spec, coordinator)
+    status, traces, log = _run_two_stage_job(tmp_path, plan_path)
     assert status != 0
     for rank in (0, 1):
         assert (
