@@ -245,6 +245,7 @@ def test_every_rounding_meets_its_lp_deadline(profile_name):
     for name, kwargs in (
         ("follow_steps", {}),
         ("follow_steps", {"capped": True}),
+        ("follow_steps", {"capped": True, "vertices_first": True}),
         ("follow_steps_backward", {}),
         ("round_steps", {}),
     ):
@@ -281,3 +282,31 @@ def test_dithering_beats_plain_rounding_on_the_real_profile(real_profile):
         gaps[capped] = energy / curve.lower_bound(plan_T) - 1
     assert gaps[True].mean() < gaps[False].mean()
     assert (gaps[True] < gaps[False]).mean() > 0.6
+
+
+def test_vertex_first_reclaim_beats_staircase_reclaim_on_the_real_profile(real_profile):
+    """After dithering, leftover slack too small to reach a hull vertex is better left to
+    an earlier instruction that can reach one than spent on an in-between option far
+    above the hull (the real backward hull jumps 284.8 → 305.3 ms)."""
+    from perseus.solver import SolverProblem, solve_lp_curve
+    from perseus.solver.rounding import Rounder
+
+    problem = SolverProblem.build(real_profile, make_schedule("1f1b", 8, 16), p2p_power_w=P_BLOCK)
+    rounder = Rounder(problem)
+    durations, deadlines = [], []
+
+    def on_breakpoint(lam: float, cost: float, d: np.ndarray) -> bool:
+        durations.append(d.copy())
+        deadlines.append(lam)
+        return False
+
+    curve = solve_lp_curve(problem, on_breakpoint=on_breakpoint)
+    D, T = np.stack(durations, axis=1), np.array(deadlines)
+    gaps = {}
+    for vertices_first in (False, True):
+        steps = rounder.follow_steps(D, T, capped=True, vertices_first=vertices_first)
+        plan_T, energy, _ = problem.score(rounder.options(steps))
+        assert np.all(plan_T <= T * (1 + 1e-9))
+        gaps[vertices_first] = energy / curve.lower_bound(plan_T) - 1
+    assert gaps[True].mean() < gaps[False].mean()
+    assert (gaps[True] < gaps[False]).sum() > (gaps[True] > gaps[False]).sum()

@@ -11,7 +11,8 @@
    LP and none runs slower than the slower end of its LP segment, so time gained upstream
    flows on until a fractional instruction can afford its slower vertex), forwards
    without that cap, and backwards (no instruction starts earlier than in the LP's
-   latest-start schedule); leftover slack is then reclaimed greedily;
+   latest-start schedule); leftover slack is then reclaimed greedily (after dithering,
+   first only where it lifts an instruction onto a hull vertex);
 3. between consecutive targets' dithered plans, and later in every hole of the Pareto set
    wider than ``resolution_s``, plans are *mixed*: the latest instructions take the slower plan's
    options and the others the faster one's, then slack is reclaimed;
@@ -384,7 +385,7 @@ def solve_frontier(
         D = np.stack(pending_d, axis=1)
         T = np.array(pending_t)
         # Dithering rounding first: it is the one mixed between targets.
-        steps = rounder.follow_steps(D, T, capped=True)
+        steps = rounder.follow_steps(D, T, capped=True, vertices_first=True)
         add(steps)
         add(rounder.follow_steps(D, T))
         add(rounder.follow_steps_backward(D, T))

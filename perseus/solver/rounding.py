@@ -17,7 +17,9 @@ Every method works on a batch of targets ``(LP durations dᵢ, deadline T)`` at 
   upstream on, until an instruction the LP runs *between* two far-apart vertices can afford
   the slower one. Lock-step fractional instructions then alternate between their two
   vertices (dithering) in the LP's proportions, instead of a neighbour with a cheap
-  in-between option soaking up every gain;
+  in-between option soaking up every gain. With ``vertices_first=True`` leftover slack
+  then goes only to instructions it lifts onto a hull vertex before any in-between
+  option is bought;
 - `follow_steps_backward`: the mirror image, latest instructions first against the LP's
   latest-start schedule;
 - `round_steps`: every instruction at the hull vertex at or below its LP duration, then
@@ -146,10 +148,22 @@ class Rounder:
         return hi, lo_step, cap_step, value
 
     def tiered_reclaim(
-        self, step: np.ndarray, T: np.ndarray, cap: np.ndarray, value: np.ndarray
+        self,
+        step: np.ndarray,
+        T: np.ndarray,
+        cap: np.ndarray,
+        value: np.ndarray,
+        *,
+        vertices_first: bool = False,
     ) -> None:
         """Reclaim slack up to `cap`, most valuable LP segments first (halving the slope
-        threshold each pass), then without limit; in place on staircase positions."""
+        threshold each pass), then without limit; in place on staircase positions.
+
+        With `vertices_first`, the tiered passes only move instructions onto hull
+        vertices: slack too small to reach the next vertex stays free for an earlier
+        instruction that can reach one, instead of buying an in-between option that sits
+        well above the hull. A capped pass over every staircase step follows.
+        """
         top = value.max(axis=0) if value.size else np.zeros(value.shape[1:])  # per plan
         threshold = top / 2
         done = value <= 0
@@ -157,10 +171,18 @@ class Rounder:
             allowed = (value >= threshold) & ~done
             if not allowed.any():
                 break
-            self.reclaim(step, T, np.where(allowed, np.maximum(cap, step), step))
+            self.reclaim(
+                step,
+                T,
+                np.where(allowed, np.maximum(cap, step), step),
+                vertices_only=vertices_first,
+            )
             done |= allowed
             threshold = threshold / 2
-        if not done.all():
+        if vertices_first:
+            self.reclaim(step, T, np.maximum(cap, step), vertices_only=True)
+            self.reclaim(step, T, np.maximum(cap, step))
+        elif not done.all():
             self.reclaim(step, T, np.maximum(cap, step))
         self.reclaim(step, T, None)
 
@@ -170,6 +192,7 @@ class Rounder:
         deadlines: np.ndarray,
         *,
         capped: bool = False,
+        vertices_first: bool = False,
     ) -> np.ndarray:
         """Round by following the LP schedule, then reclaim slack (staircase positions).
 
@@ -183,7 +206,8 @@ class Rounder:
         instruction the LP runs at a hull vertex keeps it and passes time gained upstream
         on to later instructions, so fractional ones alternate between their segment's two
         vertices (dithering) instead of a cheap neighbour soaking up every gain. Leftover
-        slack then goes to the most valuable LP segments first (`tiered_reclaim`).
+        slack then goes to the most valuable LP segments first (`tiered_reclaim`), with
+        `vertices_first` onto hull vertices only before any in-between option.
         """
         pb = self.problem
         D = np.asarray(durations, dtype=float)
@@ -204,7 +228,7 @@ class Rounder:
         T_plan = np.maximum(T, finish.max(axis=0))
         if segs is not None:
             _, _, cap, value = segs
-            self.tiered_reclaim(step, T_plan, cap, value)
+            self.tiered_reclaim(step, T_plan, cap, value, vertices_first=vertices_first)
         else:
             self.reclaim(step, T_plan, None)
         return step
@@ -240,17 +264,29 @@ class Rounder:
         self.tiered_reclaim(step, T, cap, value)
         return step
 
-    def reclaim(self, step: np.ndarray, T: np.ndarray, cap: np.ndarray | None = None) -> None:
-        """One latest-first slack-reclaim pass, in place on staircase positions `step`."""
+    def reclaim(
+        self,
+        step: np.ndarray,
+        T: np.ndarray,
+        cap: np.ndarray | None = None,
+        *,
+        vertices_only: bool = False,
+    ) -> None:
+        """One latest-first slack-reclaim pass, in place on staircase positions `step`
+        (with `vertices_only`, an instruction moves only onto a hull vertex)."""
         pb = self.problem
         times = self.step_time[pb.type_of[:, None], step]
         start, _ = pb.start_finish(times)
         latest_start = np.empty((pb.n + 1, step.shape[1]))
         latest_start[pb.n] = T
-        for lv, st in zip(reversed(pb.levels), reversed(self._level_step_time), strict=True):
+        tables = self._level_vertex_time if vertices_only else self._level_step_time
+        for lv, st in zip(reversed(pb.levels), reversed(tables), strict=True):
             latest_finish = latest_start[pb.succs[lv]].min(axis=1)
             budget = (latest_finish - start[lv]) * (1 + _REL_TOL)
             fits = (st[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1
+            if vertices_only:
+                types = pb.type_of[lv][:, None]
+                fits = np.where(fits >= 0, self.vertex_step[types, np.maximum(fits, 0)], -1)
             if cap is not None:
                 fits = np.minimum(fits, cap[lv])
             new = np.maximum(fits, step[lv])
