@@ -256,14 +256,13 @@ def test_every_rounding_meets_its_lp_deadline(profile_name):
         assert np.all(plan_T <= T * (1 + 1e-9)), name
 
 
-def test_dithering_beats_plain_rounding_on_the_real_profile(real_profile):
-    """The LP runs lock-step backwards between hull vertices 20 ms apart; capped following
-    alternates them (dithering) and lands closer to the LP bound than plain following."""
+def _real_breakpoints(real_profile):
+    """8×16 on the real profile: problem, rounder, LP curve, and every LP breakpoint's
+    durations ``(n, K)`` and times ``(K,)``."""
     from perseus.solver import SolverProblem, solve_lp_curve
     from perseus.solver.rounding import Rounder
 
     problem = SolverProblem.build(real_profile, make_schedule("1f1b", 8, 16), p2p_power_w=P_BLOCK)
-    rounder = Rounder(problem)
     durations, deadlines = [], []
 
     def on_breakpoint(lam: float, cost: float, d: np.ndarray) -> bool:
@@ -272,7 +271,13 @@ def test_dithering_beats_plain_rounding_on_the_real_profile(real_profile):
         return False
 
     curve = solve_lp_curve(problem, on_breakpoint=on_breakpoint)
-    D, T = np.stack(durations, axis=1), np.array(deadlines)
+    return problem, Rounder(problem), curve, np.stack(durations, axis=1), np.array(deadlines)
+
+
+def test_dithering_beats_plain_rounding_on_the_real_profile(real_profile):
+    """The LP runs lock-step backwards between hull vertices 20 ms apart; capped following
+    alternates them (dithering) and lands closer to the LP bound than plain following."""
+    problem, rounder, curve, D, T = _real_breakpoints(real_profile)
     gaps = {}
     for capped in (False, True):
         plan_T, energy, _ = problem.score(
@@ -288,20 +293,7 @@ def test_vertex_first_reclaim_beats_staircase_reclaim_on_the_real_profile(real_p
     """After dithering, leftover slack too small to reach a hull vertex is better left to
     an earlier instruction that can reach one than spent on an in-between option far
     above the hull (the real backward hull jumps 284.8 → 305.3 ms)."""
-    from perseus.solver import SolverProblem, solve_lp_curve
-    from perseus.solver.rounding import Rounder
-
-    problem = SolverProblem.build(real_profile, make_schedule("1f1b", 8, 16), p2p_power_w=P_BLOCK)
-    rounder = Rounder(problem)
-    durations, deadlines = [], []
-
-    def on_breakpoint(lam: float, cost: float, d: np.ndarray) -> bool:
-        durations.append(d.copy())
-        deadlines.append(lam)
-        return False
-
-    curve = solve_lp_curve(problem, on_breakpoint=on_breakpoint)
-    D, T = np.stack(durations, axis=1), np.array(deadlines)
+    problem, rounder, curve, D, T = _real_breakpoints(real_profile)
     gaps = {}
     for vertices_first in (False, True):
         steps = rounder.follow_steps(D, T, capped=True, vertices_first=vertices_first)
