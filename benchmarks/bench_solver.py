@@ -79,13 +79,7 @@ def derive_profile(base: pd.DataFrame, num_stages: int, perturb: float) -> Instr
 
 def plans_to_choice(problem: SolverProblem, plans: list[list[list[int]]]) -> np.ndarray:
     """Per-stage frequency lists → option indices ``(n, K)``."""
-    lookup = [{int(f): k for k, f in enumerate(o.freq_mhz)} for o in problem.type_options]
-    choice = np.empty((problem.n, len(plans)), dtype=np.int64)
-    for k, plan in enumerate(plans):
-        for stage, index in enumerate(problem.stage_index):
-            for i, f in zip(index, plan[stage], strict=True):
-                choice[i, k] = lookup[problem.type_of[i]][f]
-    return choice
+    return np.stack([problem.choice_from_frequencies(plan) for plan in plans], axis=1)
 
 
 @dataclass

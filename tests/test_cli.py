@@ -148,3 +148,28 @@ def test_choose_from_frontier_csv(tmp_path: Path) -> None:
     assert code == 2 and "No plan meets" in out
     code, out = _run("choose", tmp_path / "empty", "--deadline", "5")
     assert code == 2 and "run `perseus solve" in " ".join(out.split())
+
+
+def test_polish_writes_a_plan_no_slower_and_no_costlier(tmp_path: Path) -> None:
+    profile = _profile(tmp_path)
+    code, out = _run("solve", profile, "-m", "3", "--out", tmp_path / "f", "--no-plots")
+    assert code == 0, out
+    plans = sorted((tmp_path / "f" / "plans").glob("plan_*.json"))
+    for plan in plans[:3]:
+        before = json.loads(_run("evaluate", profile, plan)[1])
+        code, out = _run("polish", profile, plan, "--out", tmp_path / "p.json", "--window", "3")
+        assert code == 0, out
+        assert "windows improved" in out and "above LP bound" in out
+        after = json.loads(_run("evaluate", profile, tmp_path / "p.json")[1])
+        assert after["iteration_time"] <= before["iteration_time"]
+        assert after["energy"] <= before["energy"] + 1e-9
+
+
+def test_polish_rejects_a_plan_the_profile_cannot_run(tmp_path: Path) -> None:
+    path = _plan(tmp_path)
+    data = json.loads(path.read_text())
+    data["frequencies"][1] = [["forward", 1000], ["backward", 999]]
+    path.write_text(json.dumps(data))
+    code, out = _run("polish", _profile(tmp_path), path, "--out", tmp_path / "p.json")
+    assert code == 2 and "999 MHz" in out and "Traceback" not in out
+    assert not (tmp_path / "p.json").exists()

@@ -21,6 +21,7 @@ app = typer.Typer(
 app.command("solve")(_solve.solve)
 app.command("evaluate")(_solve.evaluate_plan)
 app.command("choose")(_solve.choose)
+app.command("polish")(_solve.polish)
 app.add_typer(_plot.app, name="plot")
 app.command("serve")(_serve.serve)
 app.command("demo")(_demo.demo)

@@ -1,4 +1,4 @@
-"""`perseus solve`, `perseus evaluate`, `perseus choose`."""
+"""`perseus solve`, `perseus evaluate`, `perseus choose`, `perseus polish`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from perseus.errors import PerseusError
 from perseus.plan import DEFAULT_P2P_POWER_W, Plan, evaluate, max_frequencies
 from perseus.profile import InstructionProfile
 
-__all__ = ["choose", "evaluate_plan", "solve"]
+__all__ = ["choose", "evaluate_plan", "polish", "solve"]
 
 
 @cli_errors
@@ -158,3 +158,74 @@ def choose(
         deadline_s=deadline,
     )
     typer.echo(str(Path(frontier_dir) / str(df["plan"].iloc[k])))
+
+
+@cli_errors
+def polish(
+    profile: Annotated[str, typer.Argument(help="Profile CSV, or the name of a shipped profile.")],
+    plan: Annotated[
+        Path, typer.Argument(help="Plan JSON file, e.g. one `perseus choose` printed.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the polished plan.")],
+    window: Annotated[
+        int | None,
+        typer.Option(help="Instructions re-chosen together (default: 7 per stage)."),
+    ] = None,
+    window_time_limit: Annotated[
+        float, typer.Option(help="Seconds one window's MILP may take.")
+    ] = 5.0,
+    budget: Annotated[
+        float | None, typer.Option(help="Seconds the whole polish may take (default: no limit).")
+    ] = None,
+) -> None:
+    """Lower one plan's energy at no longer iteration time (exact MILP over sliding windows).
+
+    Takes minutes on large pipelines: meant for the plan you deploy, not a whole frontier.
+    """
+    from perseus.solver import SolverProblem, solve_lp_curve
+    from perseus.solver.polish import polish_plan
+
+    prof = InstructionProfile.from_csv(resolve_profile_path(profile))
+    original = Plan.load(plan)
+    sched = original.pipeline_schedule()
+    sched.check_profile(prof)
+    problem = SolverProblem.build(prof, sched, p2p_power_w=original.p2p_power)
+    choice = problem.choice_from_frequencies(original.stage_frequencies())
+    with Progress(
+        TextColumn("[bold]polishing[/] {task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"{plan.name}", total=1.0)
+        result = polish_plan(
+            problem,
+            choice,
+            window=window,
+            window_time_limit_s=window_time_limit,
+            budget_s=budget,
+            progress=lambda f: progress.update(task, completed=f),
+        )
+    freqs = problem.frequencies(result.choice)
+    ev = evaluate(prof, sched, freqs, original.p2p_power)
+    Plan.from_frequencies(sched, freqs, p2p_power_w=original.p2p_power, evaluation=ev).save(out)
+    lp = solve_lp_curve(problem)
+    table = Table(title=f"Polish of {plan}")
+    table.add_column("plan")
+    table.add_column("iteration time (s)", justify="right")
+    table.add_column("energy (J)", justify="right")
+    table.add_column("above LP bound", justify="right")
+    for label, T, E in (
+        ("before", result.initial_iteration_time_s, result.initial_energy_j),
+        ("after", ev.iteration_time_s, ev.energy_j),
+    ):
+        bound = float(lp.lower_bound(T))
+        table.add_row(label, f"{T:.5f}", f"{E:.2f}", f"{100 * (E / bound - 1):.3f} %")
+    console.print(table)
+    note = "" if result.complete else " (stopped by --budget before the last window)"
+    console.print(
+        f"{result.improved_windows} of {result.windows} windows improved{note}; "
+        f"polished plan written to [bold]{out}[/]"
+    )

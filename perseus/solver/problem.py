@@ -252,6 +252,32 @@ class SolverProblem:
         freq = self.opt_freq[self.type_of, choice]
         return [[int(f) for f in freq[idx]] for idx in self.stage_index]
 
+    def choice_from_frequencies(self, frequencies: list[list[int]]) -> np.ndarray:
+        """Option indices ``(n,)`` of a plan given as per-stage frequency lists.
+
+        The inverse of `frequencies`; a frequency the profile has no option for is an error.
+        """
+        if len(frequencies) != len(self.stage_index):
+            raise SolverError(
+                f"The plan has {len(frequencies)} stages, the schedule {len(self.stage_index)}"
+            )
+        lookup = [{int(f): k for k, f in enumerate(o.freq_mhz)} for o in self.type_options]
+        choice = np.empty(self.n, dtype=np.int64)
+        for stage, (index, freqs) in enumerate(zip(self.stage_index, frequencies, strict=True)):
+            if len(freqs) != len(index):
+                raise SolverError(
+                    f"Stage {stage} of the plan has {len(freqs)} instructions, the schedule {len(index)}"
+                )
+            for i, f in zip(index, freqs, strict=True):
+                k = lookup[self.type_of[i]].get(int(f))
+                if k is None:
+                    ins = self.instructions[i]
+                    raise SolverError(
+                        f"Stage {stage}: the profile has no {ins.kind} option at {f} MHz"
+                    )
+                choice[i] = k
+        return choice
+
     def max_frequency_choice(self) -> np.ndarray:
         """Option index of every instruction's highest profiled frequency."""
         best = np.array([int(np.argmax(o.freq_mhz)) for o in self.type_options], dtype=np.int64)

@@ -1,0 +1,67 @@
+"""How much of the gap above the LP bound does `perseus polish` recover?
+
+For one pipeline size of the reference profile, solve the frontier, take the points furthest
+above the LP lower bound, polish each plan (`perseus.solver.polish.polish_plan`: exact MILPs
+over sliding windows, iteration time held) and print the gap before and after, with the
+polish's wall time.
+
+    python benchmarks/polish_gap.py [--size 8x64] [--points 1] [--window-time-limit 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_solver import DEFAULT_PROFILE, derive_profile
+
+from perseus.dag import make_schedule
+from perseus.solver import SolverProblem, solve_frontier
+from perseus.solver.polish import polish_plan
+
+P_BLOCK_W = 70.38
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
+    p.add_argument("--size", default="8x64")
+    p.add_argument("--points", type=int, default=1)
+    p.add_argument("--window-time-limit", type=float, default=5.0)
+    args = p.parse_args()
+    if not args.profile.is_file():
+        print(f"skipped: reference profile {args.profile} is absent")
+        return 0
+    S, M = (int(x) for x in args.size.split("x"))
+    profile = derive_profile(pd.read_csv(args.profile), S, 0.0)
+    schedule = make_schedule("1f1b", S, M)
+    frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK_W, max_points=None)
+    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK_W)
+    t_fast = frontier.points[0].iteration_time_s
+    worst = sorted(frontier.points, key=lambda q: q.gap, reverse=True)[: args.points]
+    print(f"{S}x{M}: {len(frontier.points)} frontier points; polishing the {len(worst)} worst")
+    print(
+        f"{'slowdown':>9} {'gap before':>10} {'gap after':>10} {'T after/before':>14} {'time':>8}"
+    )
+    for q in sorted(worst, key=lambda q: q.iteration_time_s):
+        t0 = time.perf_counter()
+        result = polish_plan(
+            problem,
+            problem.choice_from_frequencies(q.frequencies),
+            window_time_limit_s=args.window_time_limit,
+        )
+        print(
+            f"{100 * (q.iteration_time_s / t_fast - 1):8.3f}% {100 * q.gap:9.3f}% "
+            f"{100 * (result.energy_j / q.lower_bound_j - 1):9.3f}% "
+            f"{result.iteration_time_s / q.iteration_time_s:14.6f} {time.perf_counter() - t0:7.1f}s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
