@@ -10,13 +10,27 @@ from typing import ParamSpec, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from perseus.errors import PerseusError
 
-__all__ = ["cli_errors", "console", "err_console", "resolve_profile_path"]
+__all__ = ["cli_errors", "console", "err_console", "fraction_progress", "resolve_profile_path"]
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+def fraction_progress(verb: str) -> Progress:
+    """A transient progress bar for work that reports the fraction done (0..1)."""
+    return Progress(
+        TextColumn(f"[bold]{verb}[/] {{task.description}}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
 
 P = ParamSpec("P")
 R = TypeVar("R")

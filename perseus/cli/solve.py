@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from perseus.cli._common import cli_errors, console, resolve_profile_path
+from perseus.cli._common import cli_errors, console, fraction_progress, resolve_profile_path
 from perseus.dag import SCHEDULES, make_schedule
 from perseus.errors import PerseusError
 from perseus.plan import DEFAULT_P2P_POWER_W, Plan, evaluate, max_frequencies
@@ -53,14 +52,7 @@ def solve(
     base = evaluate(prof, sched, max_frequencies(prof, sched), p2p_power)
     from perseus.solver import solve_frontier
 
-    with Progress(
-        TextColumn("[bold]solving[/] {task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
+    with fraction_progress("solving") as progress:
         task = progress.add_task(
             f"{sched.name} S={sched.num_stages} M={sched.num_microbatches}", total=1.0
         )
@@ -191,14 +183,7 @@ def polish(
     sched.check_profile(prof)
     problem = SolverProblem.build(prof, sched, p2p_power_w=original.p2p_power)
     choice = problem.choice_from_frequencies(original.stage_frequencies())
-    with Progress(
-        TextColumn("[bold]polishing[/] {task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
+    with fraction_progress("polishing") as progress:
         task = progress.add_task(f"{plan.name}", total=1.0)
         result = polish_plan(
             problem,
