@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from perseus.dag import PipelineSchedule, make_schedule
 from perseus.profile import InstructionProfile
-from perseus.solver import SolverProblem, solve_frontier
+from perseus.solver import Frontier, SolverProblem, solve_frontier
 
 P_BLOCK_W = 70.38  # A40 power while blocked on P2P (Perseus artifact)
 DEFAULT_PROFILE = (
@@ -75,6 +75,17 @@ def derive_profile(base: pd.DataFrame, num_stages: int, perturb: float) -> Instr
             rows["energy"] *= 1 + perturb * rng.standard_normal(len(rows))
         parts.append(rows)
     return InstructionProfile.from_frame(pd.concat(parts), source=f"derived-{num_stages}")
+
+
+def reference_frontier(
+    profile_path: Path, size: str
+) -> tuple[InstructionProfile, PipelineSchedule, Frontier]:
+    """The reference profile cut to ``"SxM"``, its 1F1B schedule and its full frontier."""
+    S, M = (int(x) for x in size.split("x"))
+    profile = derive_profile(pd.read_csv(profile_path), S, 0.0)
+    schedule = make_schedule("1f1b", S, M)
+    frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK_W, max_points=None)
+    return profile, schedule, frontier
 
 
 def plans_to_choice(problem: SolverProblem, plans: list[list[list[int]]]) -> np.ndarray:

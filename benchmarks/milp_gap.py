@@ -23,18 +23,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_solver import DEFAULT_PROFILE, derive_profile
+from bench_solver import DEFAULT_PROFILE, P_BLOCK_W, reference_frontier
 
-from perseus.dag import make_schedule
 from perseus.plan import evaluate
-from perseus.solver import solve_frontier
-
-P_BLOCK_W = 70.38
 
 
 def pareto_options(time_s: np.ndarray, energy_j: np.ndarray) -> list[int]:
@@ -128,10 +123,8 @@ def main() -> int:
     if not args.profile.is_file():
         print(f"skipped: reference profile {args.profile} is absent")
         return 0
-    S, M = (int(x) for x in args.size.split("x"))
-    profile = derive_profile(pd.read_csv(args.profile), S, 0.0)
-    schedule = make_schedule("1f1b", S, M)
-    frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK_W, max_points=None)
+    profile, schedule, frontier = reference_frontier(args.profile, args.size)
+    S, M = schedule.num_stages, schedule.num_microbatches
     if args.indices:
         try:
             picks = [frontier.points[int(k)] for k in args.indices.split(",")]

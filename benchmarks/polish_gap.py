@@ -15,16 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_solver import DEFAULT_PROFILE, derive_profile
+from bench_solver import DEFAULT_PROFILE, P_BLOCK_W, reference_frontier
 
-from perseus.dag import make_schedule
-from perseus.solver import SolverProblem, solve_frontier
+from perseus.solver import SolverProblem
 from perseus.solver.polish import polish_plan
-
-P_BLOCK_W = 70.38
 
 
 def main() -> int:
@@ -37,10 +32,8 @@ def main() -> int:
     if not args.profile.is_file():
         print(f"skipped: reference profile {args.profile} is absent")
         return 0
-    S, M = (int(x) for x in args.size.split("x"))
-    profile = derive_profile(pd.read_csv(args.profile), S, 0.0)
-    schedule = make_schedule("1f1b", S, M)
-    frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK_W, max_points=None)
+    profile, schedule, frontier = reference_frontier(args.profile, args.size)
+    S, M = schedule.num_stages, schedule.num_microbatches
     problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK_W)
     t_fast = frontier.points[0].iteration_time_s
     worst = sorted(frontier.points, key=lambda q: q.gap, reverse=True)[: args.points]

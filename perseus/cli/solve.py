@@ -180,7 +180,6 @@ def polish(
     prof = InstructionProfile.from_csv(resolve_profile_path(profile))
     original = Plan.load(plan)
     sched = original.pipeline_schedule()
-    sched.check_profile(prof)
     problem = SolverProblem.build(prof, sched, p2p_power_w=original.p2p_power)
     choice = problem.choice_from_frequencies(original.stage_frequencies())
     with fraction_progress("polishing") as progress:

@@ -102,7 +102,6 @@ def polish_plan(
     size = min(size, problem.n)
     stride = max(1, size // 3)
     useful = _useful_options(problem)
-    edges = problem.edges
     t0 = time.perf_counter()
 
     T0, E0, _ = (float(x[0]) for x in problem.score(choice[:, None]))
@@ -122,9 +121,7 @@ def polish_plan(
         if budget_s is not None:
             limit = max(0.1, min(limit, budget_s - (time.perf_counter() - t0)))
         tail = lo + size >= problem.n  # nothing after the window: it may shorten T too
-        new = _solve_window(
-            problem, choice, members, useful, edges, finish, latest, T_cur, tail, limit
-        )
+        new = _solve_window(problem, choice, members, useful, finish, latest, T_cur, tail, limit)
         done += 1
         if new is not None:
             T_new, E_new, _ = (float(x[0]) for x in problem.score(new[:, None]))
@@ -150,7 +147,6 @@ def _solve_window(
     choice: np.ndarray,
     members: np.ndarray,
     useful: list[np.ndarray],
-    edges: np.ndarray,
     finish: np.ndarray,
     latest: np.ndarray,
     deadline_s: float,
@@ -177,7 +173,7 @@ def _solve_window(
     s_lo = np.zeros(n_w)
     s_hi = np.full(n_w, deadline_s)
     finish_hi = np.full(n_w, np.inf)  # s + Σ t·x ≤ this (fixed successors' latest starts)
-    u, v = edges[:, 0], edges[:, 1]
+    u, v = problem.edges[:, 0], problem.edges[:, 1]
     pu, pv = pos[u], pos[v]
     into = (pu < 0) & (pv >= 0)  # fixed predecessor → window
     np.maximum.at(s_lo, pv[into], finish[u[into]])
