@@ -61,6 +61,16 @@ def test_nvml_errors_map_onto_the_gpu_error_tree(code, error, match):
     assert info.value.__cause__ is exc
 
 
+def test_not_found_is_a_bad_value_except_when_looking_up_the_gpu():
+    # On a real H100, nvmlDeviceGetSupportedGraphicsClocks(handle, 1) answers NOT_FOUND.
+    exc = pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+    bad_value = _translate(exc, 0, "nvmlDeviceGetSupportedGraphicsClocks")
+    assert type(bad_value) is GPUValueError
+    assert "no such value" in str(bad_value) and "driver" not in str(bad_value)
+    missing_gpu = _translate(exc, 3, "nvmlDeviceGetHandleByIndex")
+    assert type(missing_gpu) is GPUInitError
+
+
 @pytest.mark.skipif(_driver_present(), reason="an NVIDIA driver is present")
 def test_handle_without_driver_is_an_init_error():
     with pytest.raises(GPUInitError, match="GPU 0: nvmlDeviceGetHandleByIndex"):

@@ -24,6 +24,9 @@ __all__ = ["NVMLGPU", "init_nvml", "open_nvml_gpus", "visible_nvml_indices"]
 
 T = TypeVar("T")
 
+_LOOKUPS = frozenset({"nvmlDeviceGetHandleByIndex", "nvmlDeviceGetCount", "nvmlDeviceGetUUID"})
+"""NVML calls for which NOT_FOUND means the GPU itself is missing."""
+
 
 def _translate(exc: Exception, gpu_index: int | None, what: str) -> GPUError:
     """Map one NVML error to the GPU error tree (the only place that does it)."""
@@ -41,6 +44,10 @@ def _translate(exc: Exception, gpu_index: int | None, what: str) -> GPUError:
         return GPUNotSupportedError(f"{detail} (not supported by this GPU)", gpu_index=gpu_index)
     if code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
         return GPUValueError(f"{detail} (a value outside the GPU's range)", gpu_index=gpu_index)
+    if code == pynvml.NVML_ERROR_NOT_FOUND and what not in _LOOKUPS:
+        # Seen on an H100 (driver 580): asking for the SM clocks of a memory clock the GPU
+        # does not have answers NOT_FOUND, which is a bad value, not a missing driver.
+        return GPUValueError(f"{detail} (no such value on this GPU)", gpu_index=gpu_index)
     init_codes = {
         pynvml.NVML_ERROR_UNINITIALIZED,
         pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
