@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from zeus_power.errors import (
     ZeusBSORuntimeError,
     ZeusBSORuntimError,
     ZeusBSOTrainFailError,
+    ZeusBSOTrialNotFoundError,
     ZeusConfigError,
 )
 from zeus_power.metric import zeus_cost
@@ -25,8 +27,13 @@ from zeus_power.monitor import ZeusMonitor
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    with running_server(f"sqlite:///{tmp_path / 'bso.db'}") as url:
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "bso.db"
+
+
+@pytest.fixture
+def server(db_path: Path) -> Iterator[str]:
+    with running_server(f"sqlite:///{db_path}") as url:
         yield url
 
 
@@ -81,6 +88,17 @@ def test_converging_session_reports_its_measured_energy_and_time(server: str) ->
     assert record.energy_j == pytest.approx((s.gpu.total_energy_mj() - energy0) / 1000, abs=1e-2)
     assert record.cost == pytest.approx(zeus_cost(record.energy_j, record.time_s, 0.5, 300.0))
     with pytest.raises(ZeusBSOOperationOrderError, match="already ended"):
+        s.bso.on_evaluate(0.9)
+
+
+def test_a_trial_lost_on_the_server_is_a_trial_not_found_error(server: str, db_path: Path) -> None:
+    job = JobSpec(job_id="lost", batch_sizes=[32, 64], default_batch_size=32)
+    s = Session(server, job)
+    s.bso.get_batch_size()
+    s.bso.on_train_begin()
+    with sqlite3.connect(db_path) as db:  # e.g. the database was restored from a backup
+        db.execute("DELETE FROM bso_trials WHERE job_id = 'lost'")
+    with pytest.raises(ZeusBSOTrialNotFoundError, match="has no trial 1"):
         s.bso.on_evaluate(0.9)
 
 

@@ -223,12 +223,12 @@ def test_bad_reports(http: httpx.Client) -> None:
         json={"energy_j": -1, "time_s": 1, "converged": True},
     )
     assert bad.status_code == 422
-    assert (
-        http.patch(
-            "/jobs/rep/trials/99", json={"energy_j": 1, "time_s": 1, "converged": True}
-        ).status_code
-        == 409
+    unknown = http.patch(
+        "/jobs/rep/trials/99", json={"energy_j": 1, "time_s": 1, "converged": True}
     )
+    assert unknown.status_code == 404
+    assert unknown.json()["error"] == "ZeusBSOTrialNotFoundError"
+    assert "has no trial 99" in unknown.json()["detail"]
     _report(http, "rep", trial.trial_number, 10.0, True)
     again = http.patch(
         f"/jobs/rep/trials/{trial.trial_number}",

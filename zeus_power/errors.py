@@ -31,6 +31,7 @@ __all__ = [
     "ZeusBSORuntimError",
     "ZeusBSORuntimeError",
     "ZeusBSOTrainFailError",
+    "ZeusBSOTrialNotFoundError",
     "ZeusConfigError",
     "ZeusCostThresholdExceededError",
     "ZeusError",
@@ -108,6 +109,10 @@ class ZeusBSOJobNotFoundError(ZeusBSOError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"Unknown job id {job_id!r}: register it first (POST /jobs).")
         self.job_id = job_id
+
+
+class ZeusBSOTrialNotFoundError(ZeusBSOError):
+    """The job exists but has no trial with that number (HTTP 404)."""
 
 
 class ZeusBSOOperationOrderError(ZeusBSOError):

@@ -28,6 +28,7 @@ from zeus_power.errors import (
     ZeusBSOOperationOrderError,
     ZeusBSORuntimeError,
     ZeusBSOTrainFailError,
+    ZeusBSOTrialNotFoundError,
     ZeusConfigError,
 )
 from zeus_power.metric import zeus_cost
@@ -251,6 +252,8 @@ class BatchSizeOptimizer:
         except ValueError:
             detail = response.text
         code = response.status_code
+        if code == 404 and _error_name(response) == "ZeusBSOTrialNotFoundError":
+            raise ZeusBSOTrialNotFoundError(str(detail))
         if code == 404:
             raise ZeusBSOJobNotFoundError(self.job.job_id)
         if code == 409 and response.request.method == "POST" and url.endswith("/jobs"):
@@ -262,3 +265,12 @@ class BatchSizeOptimizer:
             url=url,
             status_code=code,
         )
+
+
+def _error_name(response: httpx.Response) -> str | None:
+    """The server's error class name (`{"error": ...}` in its error bodies), if any."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get("error") if isinstance(body, dict) else None

@@ -24,12 +24,14 @@ from zeus_power.errors import (
     ZeusBSOError,
     ZeusBSOJobNotFoundError,
     ZeusBSORuntimeError,
+    ZeusBSOTrialNotFoundError,
 )
 
 __all__ = ["create_app"]
 
 _STATUS: dict[type[ZeusBSOError], int] = {
     ZeusBSOJobNotFoundError: 404,
+    ZeusBSOTrialNotFoundError: 404,
     ZeusBSOConfigError: 409,
     ZeusBSOConflictError: 409,
     ZeusBSORuntimeError: 503,

@@ -32,6 +32,7 @@ from zeus_power.errors import (
     ZeusBSOError,
     ZeusBSOJobNotFoundError,
     ZeusBSORuntimeError,
+    ZeusBSOTrialNotFoundError,
 )
 from zeus_power.metric import zeus_cost
 
@@ -192,7 +193,7 @@ class BSOService:
                 )
             )
             if row is None:
-                raise ZeusBSOConflictError(
+                raise ZeusBSOTrialNotFoundError(
                     f"Job {job_id!r} has no trial {trial_number}; report the trial_number "
                     f"that POST /jobs/{job_id}/trials returned."
                 )
