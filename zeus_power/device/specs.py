@@ -5,8 +5,10 @@ each product. The power-curve parameters (`static_power_w`, `dynamic_power_w`,
 `voltage_floor`, `knee_mhz`, `voltage_exponent`) of the A40 are fitted to the measured
 A40 profiles (see `docs/emulator.md` and `scripts/calibrate_emulator.py`); the A100 and
 H100 reuse the A40's curve shape scaled to their clock range and power envelope.
-`p2p_block_power_w` is measured for the A40 (70.38 W) and A100 (83.64 W) and assumed for
-the H100.
+`p2p_block_power_w` is measured for the A40 (70.38 W) and A100 (83.64 W) in the Perseus
+artifact. For the H100, the idle and spin-kernel (P2P-blocking) power and the scale of
+`dynamic_power_w` were read on one real H100 with `benchmarks/nvml_probe.py`, without
+changing its clocks (see `docs/emulator.md`); its curve shape is still assumed.
 """
 
 from __future__ import annotations
@@ -156,18 +158,22 @@ _H100 = GPUSpec(
     product_name="NVIDIA H100 80GB HBM3",
     max_sm_clock_mhz=1980,
     min_sm_clock_mhz=345,
-    memory_clocks_mhz=(2619,),
+    memory_clocks_mhz=(2619, 1593),
     min_power_limit_w=200.0,
     max_power_limit_w=700.0,
     default_power_limit_w=700.0,
     idle_power_w=70.0,
-    p2p_block_power_w=130.0,
+    p2p_block_power_w=119.0,
     static_power_w=180.0,
-    dynamic_power_w=600.0,
+    dynamic_power_w=750.0,
     voltage_floor=0.726,
     knee_mhz=1225.0,
     voltage_exponent=0.91,
-    notes="A40 curve shape scaled to the H100 clock range and 700 W envelope; P2P power assumed.",
+    notes=(
+        "A40 curve shape scaled to the H100 clock range. Clocks, power limits, idle power, "
+        "spin-kernel (P2P-blocking) power and the dynamic-power scale read on one real H100 "
+        "(benchmarks/nvml_probe.py, 2026-11-22)."
+    ),
 )
 
 GPU_SPECS: Mapping[str, GPUSpec] = MappingProxyType(
