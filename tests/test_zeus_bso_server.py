@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -159,6 +160,41 @@ def test_filler_while_the_pruning_trial_is_in_flight(http: httpx.Client) -> None
     _report(http, "fill", filler.trial_number, 90.0, True)
     nxt = _trial(http, "fill")
     assert (nxt.stage, nxt.batch_size) == ("pruning", 16)  # fillers do not steer pruning
+
+
+def test_a_dead_clients_trial_times_out_and_its_batch_size_is_handed_out_again(
+    db_url: str,
+) -> None:
+    with running_server(db_url, trial_timeout_s=0.5) as url, httpx.Client(base_url=url) as http:
+        _register(http, _job("dead"))
+        first = _trial(http, "dead")
+        filler = _trial(http, "dead")  # not timed out yet: the walk still waits on `first`
+        assert (first.stage, filler.stage) == ("pruning", "filler")
+        time.sleep(0.7)  # both clients die silently
+        again = _trial(http, "dead")
+        assert (again.stage, again.round, again.batch_size) == ("pruning", 1, first.batch_size)
+        statuses = [
+            r.status for r in TrialList.validate_python(http.get("/jobs/dead/trials").json())
+        ]
+        assert statuses == ["timed_out", "timed_out", "dispatched"]
+        _report(http, "dead", first.trial_number, 100.0, True)  # a late report still counts
+        late = TrialList.validate_python(http.get("/jobs/dead/trials").json())[0]
+        assert (late.status, late.cost) == ("succeeded", 100.0)
+        twice = http.patch(
+            f"/jobs/dead/trials/{first.trial_number}",
+            json={"energy_j": 1, "time_s": 1, "converged": True},
+        )
+        assert twice.status_code == 409
+
+
+def test_without_a_trial_timeout_a_trial_waits_forever(http: httpx.Client) -> None:
+    _register(http, _job("patient"))
+    first = _trial(http, "patient")
+    time.sleep(0.3)
+    assert _trial(http, "patient").stage == "filler"
+    records = TrialList.validate_python(http.get("/jobs/patient/trials").json())
+    assert [r.status for r in records] == ["dispatched", "dispatched"]
+    assert records[0].trial_number == first.trial_number
 
 
 def test_nothing_converges_is_a_conflict(http: httpx.Client) -> None:

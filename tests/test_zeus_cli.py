@@ -17,7 +17,7 @@ from zeus_power.cli import app
 def test_serve_help_lists_the_options() -> None:
     result = CliRunner().invoke(app, ["serve", "--help"])
     assert result.exit_code == 0
-    for option in ("--host", "--port", "--db-url", "--log-level"):
+    for option in ("--host", "--port", "--db-url", "--log-level", "--trial-timeout"):
         assert option in result.output
 
 
@@ -25,6 +25,12 @@ def test_bad_log_level_is_a_usage_error() -> None:
     result = CliRunner().invoke(app, ["serve", "--log-level", "loud"])
     assert result.exit_code == 2
     assert "log_level" in result.output
+
+
+def test_non_positive_trial_timeout_is_a_usage_error() -> None:
+    result = CliRunner().invoke(app, ["serve", "--trial-timeout", "0"])
+    assert result.exit_code == 2
+    assert "trial_timeout_s" in result.output
 
 
 def test_bad_database_url_is_a_usage_error() -> None:

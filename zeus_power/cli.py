@@ -40,6 +40,13 @@ def serve(
     log_level: Annotated[
         str | None, typer.Option(help="critical, error, warning, info or debug.")
     ] = None,
+    trial_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds after which an unreported trial counts as dead and its batch size "
+            "is handed out again (default: ZEUS_BSO_TRIAL_TIMEOUT_S, else never).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the batch-size optimizer over HTTP."""
     import uvicorn
@@ -49,11 +56,13 @@ def serve(
     from zeus_power.bso.server.db import make_engine
     from zeus_power.errors import ZeusConfigError
 
-    overrides: dict[str, str] = {}
+    overrides: dict[str, str | float] = {}
     if db_url is not None:
         overrides["db_url"] = db_url
     if log_level is not None:
         overrides["log_level"] = log_level.lower()
+    if trial_timeout is not None:
+        overrides["trial_timeout_s"] = trial_timeout
     try:
         settings = BSOSettings(**overrides)
     except ValidationError as exc:

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import uvicorn
 
@@ -13,9 +14,9 @@ from zeus_power.bso.server import BSOSettings, create_app
 
 
 @contextmanager
-def running_server(db_url: str) -> Iterator[str]:
-    """Serve `create_app(BSOSettings(db_url=...))` on a free loopback port; yield its URL."""
-    app = create_app(BSOSettings(db_url=db_url, log_level="warning"))
+def running_server(db_url: str, **settings: Any) -> Iterator[str]:
+    """Serve `create_app(BSOSettings(db_url=..., **settings))` on loopback; yield its URL."""
+    app = create_app(BSOSettings(db_url=db_url, log_level="warning", **settings))
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="bso-test-server", daemon=True)

@@ -30,8 +30,9 @@ TrialStage = Literal["pruning", "filler", "mab"]
 """Why a trial was handed out: a pruning-round exploration, a stand-in handed out while a
 pruning trial is in flight, or a Thompson-sampling pick."""
 
-TrialStatus = Literal["dispatched", "succeeded", "failed"]
-"""`dispatched` until the client reports; `succeeded` when it reached the target metric."""
+TrialStatus = Literal["dispatched", "succeeded", "failed", "timed_out"]
+"""`dispatched` until the client reports; `succeeded` when it reached the target metric;
+`timed_out` when the server's `trial_timeout_s` passed without a report."""
 
 JobStage = Literal["pruning", "mab", "infeasible"]
 """Where the job's exploration stands; `infeasible` when no batch size reached the target."""

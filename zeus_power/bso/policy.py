@@ -82,7 +82,11 @@ def pruning_outcome(config: JobConfig, trials: Sequence[TrialRecord]) -> Pruning
     candidates = list(config.batch_sizes)
     pivot = config.default_batch_size
     for rnd in range(1, config.num_pruning_rounds + 1):
-        results = {t.batch_size: t for t in trials if t.stage == "pruning" and t.round == rnd}
+        results = {
+            t.batch_size: t
+            for t in trials
+            if t.stage == "pruning" and t.round == rnd and t.status != "timed_out"
+        }
         smaller = [b for b in reversed(candidates) if b < pivot]
         larger = [b for b in candidates if b > pivot]
         for direction in ([pivot], smaller, larger):

@@ -61,7 +61,7 @@ def create_app(settings: BSOSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         logging.getLogger("zeus_power.bso.server").setLevel(settings.log_level.upper())
         engine = make_engine(settings.db_url, sqlite_busy_timeout_s=settings.sqlite_busy_timeout_s)
-        service = BSOService(engine)
+        service = BSOService(engine, trial_timeout_s=settings.trial_timeout_s)
         service.create_tables()
         app.state.service = service
         try:

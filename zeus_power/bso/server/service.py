@@ -62,8 +62,9 @@ def _to_record(row: TrialRow) -> TrialRecord:
 class BSOService:
     """Jobs and trials of the batch-size optimizer, kept in a SQL database."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, trial_timeout_s: float | None = None) -> None:
         self._engine = engine
+        self._trial_timeout_s = trial_timeout_s
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     def create_tables(self) -> None:
@@ -137,6 +138,7 @@ class BSOService:
 
         def run(session: Session) -> TrialAssignment:
             config = self._config(self._require_job(session, job_id, lock=True))
+            self._expire_stale_trials(session, job_id)
             trials = self._trials(session, job_id)
             decision = decide(config, trials)
             number = (
@@ -197,7 +199,13 @@ class BSOService:
                     f"Job {job_id!r} has no trial {trial_number}; report the trial_number "
                     f"that POST /jobs/{job_id}/trials returned."
                 )
-            if row.status != "dispatched":
+            if row.status == "timed_out":
+                logger.warning(
+                    "job %s trial %d: late report accepted after the trial timed out",
+                    job_id,
+                    trial_number,
+                )
+            elif row.status != "dispatched":
                 raise ZeusBSOConflictError(
                     f"Trial {trial_number} of job {job_id!r} was already reported "
                     f"({row.status}); a trial is reported once."
@@ -233,6 +241,31 @@ class BSOService:
             raise
         except SQLAlchemyError as exc:
             raise ZeusBSORuntimeError(f"Database error: {type(exc).__name__}: {exc}") from exc
+
+    def _expire_stale_trials(self, session: Session, job_id: str) -> None:
+        """Mark trials dispatched longer ago than `trial_timeout_s` as `timed_out`."""
+        if self._trial_timeout_s is None:
+            return
+        now = datetime.now(timezone.utc)
+        rows = session.scalars(
+            select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.status == "dispatched")
+        )
+        for row in rows:
+            created = row.created_at
+            if created.tzinfo is None:  # SQLite returns naive datetimes; they were UTC
+                created = created.replace(tzinfo=timezone.utc)
+            if (now - created).total_seconds() > self._trial_timeout_s:
+                row.status = "timed_out"
+                row.finished_at = now
+                logger.warning(
+                    "job %s trial %d (batch size %d) timed out after %.0f s without a report; "
+                    "its batch size will be handed out again",
+                    job_id,
+                    row.trial_number,
+                    row.batch_size,
+                    self._trial_timeout_s,
+                )
+        session.flush()
 
     @staticmethod
     def _lock_job(session: Session, job_id: str) -> JobRow | None:

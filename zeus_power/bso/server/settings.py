@@ -21,3 +21,8 @@ class BSOSettings(BaseSettings):
     """Log level of the server's logger."""
     sqlite_busy_timeout_s: float = Field(default=30.0, gt=0.0)
     """How long a SQLite transaction waits for the write lock before failing."""
+    trial_timeout_s: float | None = Field(default=None, gt=0.0)
+    """A trial not reported this long after it was dispatched is marked `timed_out` (its
+    client is taken for dead) and its batch size is handed out again; a late report is
+    still accepted. Checked whenever a trial is requested. Default: wait forever, as Zeus
+    does; set it above the longest training run you expect."""
