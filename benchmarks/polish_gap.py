@@ -5,7 +5,7 @@ above the LP lower bound, polish each plan (`perseus.solver.polish.polish_plan`:
 over sliding windows, iteration time held) and print the gap before and after, with the
 polish's wall time.
 
-    python benchmarks/polish_gap.py [--size 8x64] [--points 1] [--window-time-limit 5]
+    python benchmarks/polish_gap.py [--size 8x64] [--points 1] [--window-time-limit 5] [--window N]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def main() -> int:
     p.add_argument("--size", default="8x64")
     p.add_argument("--points", type=int, default=1)
     p.add_argument("--window-time-limit", type=float, default=5.0)
+    p.add_argument("--window", type=int, default=None, help="instructions per window (7·S)")
     args = p.parse_args()
     if not args.profile.is_file():
         print(f"skipped: reference profile {args.profile} is absent")
@@ -46,6 +47,7 @@ def main() -> int:
         result = polish_plan(
             problem,
             problem.choice_from_frequencies(q.frequencies),
+            window=args.window,
             window_time_limit_s=args.window_time_limit,
         )
         print(
