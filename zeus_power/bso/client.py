@@ -248,11 +248,13 @@ class BatchSizeOptimizer:
         if response.is_success:
             return
         try:
-            detail = response.json().get("detail", response.text)
+            body = response.json()
         except ValueError:
-            detail = response.text
+            body = None
+        body = body if isinstance(body, dict) else {}
+        detail = body.get("detail", response.text)
         code = response.status_code
-        if code == 404 and _error_name(response) == "ZeusBSOTrialNotFoundError":
+        if code == 404 and body.get("error") == "ZeusBSOTrialNotFoundError":
             raise ZeusBSOTrialNotFoundError(str(detail))
         if code == 404:
             raise ZeusBSOJobNotFoundError(self.job.job_id)
@@ -265,12 +267,3 @@ class BatchSizeOptimizer:
             url=url,
             status_code=code,
         )
-
-
-def _error_name(response: httpx.Response) -> str | None:
-    """The server's error class name (`{"error": ...}` in its error bodies), if any."""
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    return body.get("error") if isinstance(body, dict) else None
