@@ -363,14 +363,13 @@ def fit_activity(rows: list[dict[str, Any]], spec: GPUSpec | None) -> list[dict[
         f"{spec.static_power_w} W + activity x {spec.dynamic_power_w} W x V(f)^2 f/fmax)"
     )
     model = DVFSModel(spec)
+    full = Workload(compute_s_at_max=1.0, activity=1.0)
     fits = []
     for r in rows:
         f = min(max(r["sm_mhz"], spec.min_sm_clock_mhz), spec.max_sm_clock_mhz)
-        shape = (
-            model.power_w(Workload(compute_s_at_max=1.0, memory_s=0.0, activity=1.0), f)
-            - spec.static_power_w
-        ) / spec.dynamic_power_w
-        activity = (r["counter_w"] - spec.static_power_w) / (spec.dynamic_power_w * shape)
+        # Busy power is linear in activity: static + activity · (power at activity 1 − static).
+        dynamic_at_f = model.power_w(full, f) - spec.static_power_w
+        activity = (r["counter_w"] - spec.static_power_w) / dynamic_at_f
         fits.append({"stage": r["stage"], "instruction": r["instruction"], "activity": activity})
         print(
             f"  stage {r['stage']} {r['instruction']:8s} {r['counter_w']:6.1f} W at {f:.0f} MHz"
