@@ -121,8 +121,6 @@ class EnvPipe(PlanningScheduler):
             min_frequency=min_frequency,
             early_stop_after=early_stop_after,
         )
-        self.chosen: Plan | None = None
-        self._chosen_plan: StagePlan | None = None
         if self.sweep is None:
             self._deploy()
 
@@ -153,10 +151,11 @@ class EnvPipe(PlanningScheduler):
             self.p2p_power_w,
         )
         assert evaluation.iteration_time_s <= fastest.iteration_time_s * (1 + 1e-9)
-        self.chosen = Plan.from_frequencies(
-            self.pipeline, freqs, p2p_power_w=self.p2p_power_w, evaluation=evaluation
+        self.adopt(
+            Plan.from_frequencies(
+                self.pipeline, freqs, p2p_power_w=self.p2p_power_w, evaluation=evaluation
+            )
         )
-        self._chosen_plan = self.check_plan(self.chosen)
         logger.info(
             "Job %s: EnvPipe plan T=%.4f s, E=%.1f J (all-max E=%.1f J)",
             self.job_info.job_id,
@@ -165,11 +164,7 @@ class EnvPipe(PlanningScheduler):
             fastest.energy_j,
         )
 
-    def deployed_plan(self) -> Plan | None:
-        return self.chosen
-
     def resume(self, plan: Plan) -> None:
         """Resume at a persisted plan (restarted coordinator)."""
-        self._chosen_plan = self.check_plan(plan)
-        self.chosen = plan
+        self.adopt(plan)
         self.sweep = None

@@ -106,8 +106,6 @@ class Perseus(PlanningScheduler):
         )
         self.phase = PerseusPhase.PROFILING
         self.frontier = None
-        self.chosen: Plan | None = None
-        self._chosen_plan: StagePlan | None = None
         self.announced: dict[int, float] = {}
         self.detected: dict[int, float] = {}
         self._streak: dict[int, int] = {}
@@ -164,14 +162,14 @@ class Perseus(PlanningScheduler):
             point = self.frontier.choose(deadline_s=self.deadline_s)
         else:
             point = self.frontier.choose(max_slowdown=self.max_slowdown)
-        self.chosen = self._plan_of(point.frequencies)
-        self._chosen_plan = self.check_plan(self.chosen)
+        chosen = self._plan_of(point.frequencies)
+        self.adopt(chosen)
         self.phase = PerseusPhase.DEPLOYED
         logger.info(
             "Job %s: deployed plan T=%.4f s, E=%.1f J",
             self.job_info.job_id,
-            self.chosen.iteration_time,
-            self.chosen.energy,
+            chosen.iteration_time,
+            chosen.energy,
         )
         self._update_overrides()
 
@@ -182,17 +180,13 @@ class Perseus(PlanningScheduler):
             self.pipeline, frequencies, p2p_power_w=self.p2p_power_w, evaluation=evaluation
         )
 
-    def deployed_plan(self) -> Plan | None:
-        return self.chosen
-
     def resume(self, plan: Plan) -> None:
         """Go straight to DEPLOYED with a persisted plan (restarted coordinator).
 
         The frontier is read back from ``frontier/`` when present, so straggler handling
         keeps working; otherwise stragglers are only logged.
         """
-        self._chosen_plan = self.check_plan(plan)
-        self.chosen = plan
+        self.adopt(plan)
         self.p2p_power_w = plan.p2p_power
         frontier_dir = self.job_dir / FRONTIER_DIRNAME
         if (frontier_dir / "frontier.csv").exists():

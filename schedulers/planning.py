@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from perseus.plan import DEFAULT_P2P_POWER_W
+from perseus.plan import DEFAULT_P2P_POWER_W, Plan
 from perseus.profile import InstructionProfile
-from schedulers.pipeline import PipelineScheduler
+from schedulers.pipeline import PipelineScheduler, StagePlan
 from schedulers.profiler import PROFILE_FILENAME
 from schedulers.sweep import InstructionSweep
 
@@ -26,6 +26,17 @@ class PlanningScheduler(PipelineScheduler):
     profile: InstructionProfile | None
     p2p_power_w: float | None
     sweep: InstructionSweep | None
+    chosen: Plan | None = None
+    """The deployed plan (None until the scheduler has planned)."""
+    _chosen_plan: StagePlan | None = None
+
+    def adopt(self, plan: Plan) -> None:
+        """Deploy `plan` from now on (checked against this job's stages and kinds first)."""
+        self._chosen_plan = self.check_plan(plan)
+        self.chosen = plan
+
+    def deployed_plan(self) -> Plan | None:
+        return self.chosen
 
     def init_profile_source(
         self,
