@@ -1,7 +1,8 @@
 """What the steady state of 1F1B can reach at the fastest iteration time: a periodic MILP.
 
 At the all-max iteration time the last stage ``S−1`` runs every instruction at maximum
-frequency without a pause, so every other stage must keep its pace ``c`` = (forward +
+frequency without a pause (true of the reference profile, whose last stage is the
+slowest), so every other stage must keep its pace ``c`` = (forward +
 backward of stage ``S−1`` at maximum frequency) and the LP runs their steady-state cycles
 in lock-step at fractional durations. A discrete plan cannot, so it pays for the pace with
 patterns that repeat over a few cycles. This script asks how cheap such patterns can be:
