@@ -38,19 +38,9 @@ from scipy.sparse import lil_matrix
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver import DEFAULT_PROFILE, P_BLOCK_W, reference_frontier
 
-from perseus.dag import Instruction
 from perseus.solver import SolverProblem
-from perseus.solver.problem import CostHull, effective_cost_hull
-
-
-def staircase(time_s: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Options by time, each strictly cheaper than every faster one (the rest never pay)."""
-    keep, best = [], np.inf
-    for i in np.lexsort((cost, time_s)):
-        if cost[i] < best:
-            keep.append(int(i))
-            best = cost[i]
-    return time_s[keep], cost[keep]
+from perseus.solver.problem import CostHull
+from perseus.solver.rounding import Rounder
 
 
 def lockstep_pair(forward: CostHull, backward: CostHull, pace_s: float) -> float:
@@ -179,29 +169,29 @@ def main() -> int:
     profile, schedule, frontier = reference_frontier(args.profile, args.size)
     fastest = frontier.points[0]
     P = P_BLOCK_W
+    problem = SolverProblem.build(profile, schedule, p2p_power_w=P)
+    rounder = Rounder(problem)
+    where = {(ins.stage, ins.kind, ins.microbatch): k for k, ins in enumerate(problem.instructions)}
 
     def options_of(s: int, kind: str) -> tuple[np.ndarray, np.ndarray, CostHull]:
-        o = schedule.options(profile, Instruction(s, kind, 0))  # type: ignore[arg-type]
-        t, cost = staircase(o.time_s, o.energy_j - P * o.time_s)
-        return t, cost, effective_cost_hull(o.time_s, o.energy_j, P)
+        """The options that can pay (the rounder's staircase): times, costs ``e − P·t``."""
+        ty = problem.type_of[where[s, kind, 0]]
+        o = rounder.step_option[ty, : rounder.step_count[ty]]
+        t = problem.opt_time[ty, o]
+        return t, problem.opt_energy[ty, o] - P * t, problem.hulls[ty]
 
     table = {
         (s, k): options_of(s, kind)
         for s in range(S - 1)
         for k, kind in (("F", "forward"), ("B", "backward"))
     }
-    # Options are sorted by frequency, highest first: the last stage's all-max cycle.
-    pace = sum(
-        float(schedule.options(profile, Instruction(S - 1, kind, 0)).time_s[0])  # type: ignore[arg-type]
-        for kind in ("forward", "backward")
-    )
+    all_max_s = problem.choices_to_arrays(problem.max_frequency_choice())[0]
+    pace = float(sum(all_max_s[where[S - 1, kind, 0]] for kind in ("forward", "backward")))
     lp_cycle = sum(lockstep_pair(table[s, "F"][2], table[s, "B"][2], pace) for s in range(S - 1))
 
     # Our fastest plan in its middle cycles: B_s(j) and the forward after it, F_s(j + S − s).
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P)
     choice = problem.choice_from_frequencies(fastest.frequencies)
     t_all, e_all = problem.choices_to_arrays(choice)
-    where = {(ins.stage, ins.kind, ins.microbatch): k for k, ins in enumerate(problem.instructions)}
     cycles = range(S, M - S)
     ours = sum(
         (e_all[where[s, "backward", j]] - P * t_all[where[s, "backward", j]])
