@@ -137,7 +137,8 @@ def periodic_optimum(
         bounds=Bounds(lower, upper),
         options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
     )
-    dual = float(getattr(res, "mip_dual_bound", None) or np.nan)
+    bound = getattr(res, "mip_dual_bound", None)
+    dual = float("nan") if bound is None else float(bound)
     if res.x is None:
         return float("nan"), dual, res.message, {}
     chosen = {key: float(res.x[opt_cols[key]] @ options[key[0], key[1]][0]) for key in keys}
@@ -212,9 +213,9 @@ def main() -> int:
     print(
         f"{'period':>6} {'best found':>11} {'proven >=':>10}  excess per cycle: best / bound  status"
     )
+    options = {key: (t, cost) for key, (t, cost, _) in table.items()}
     for period in periods:
         t0 = time.perf_counter()
-        options = {(s, k): table[s, k][:2] for s in range(S - 1) for k in ("F", "B")}
         best, dual, status, chosen = periodic_optimum(options, S, pace, period, args.time_limit)
         print(
             f"{period:6d} {best / period:11.3f} {dual / period:10.3f}  "

@@ -104,7 +104,8 @@ def discrete_optimum(
         bounds=bounds,
         options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
     )
-    dual = float(getattr(res, "mip_dual_bound", float("nan")) or float("nan"))
+    bound = getattr(res, "mip_dual_bound", None)
+    dual = float("nan") if bound is None else float(bound)
     if res.x is None:
         return float("nan"), dual, res.message
     return float(res.fun), dual, res.message
