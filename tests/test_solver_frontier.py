@@ -212,6 +212,33 @@ def test_bloom_profile_whose_max_frequency_is_not_fastest():
     assert np.all(np.diff(times) > 0) and np.all(np.diff(energies) < 0)
     ev = evaluate(profile, schedule, frontier.points[-1].frequencies, P_BLOCK)
     assert ev.iteration_time_s == times[-1]
+    # Plans faster than all-max exist here; slowed to just above T_fast they are cheap,
+    # so the second point sits right next to the first and close to the LP bound.
+    assert times[1] <= times[0] * (1 + 1e-4)
+    assert frontier.points[1].gap < 0.005
+
+
+def test_stretch_slows_a_plan_faster_than_all_max_to_just_above_it():
+    """Bloom's all-fastest plan beats the all-max time; `stretch` brings it back to at
+    least that time and keeps it cheaper than all-max."""
+    from perseus.solver import SolverProblem
+    from perseus.solver.rounding import Rounder
+
+    path = SHARED_PROFILE.with_name("sosp24_bloom-176b_a40_8stage.csv")
+    if not path.is_file():
+        pytest.skip(f"reference data not present at {path}")
+    problem = SolverProblem.build(
+        InstructionProfile.from_csv(path), make_schedule("1f1b", 8, 6), p2p_power_w=P_BLOCK
+    )
+    rounder = Rounder(problem)
+    t_max, e_max, _ = problem.score(problem.max_frequency_choice()[:, None])
+    fastest = np.zeros((problem.n, 1), dtype=np.int64)  # first staircase step: fastest option
+    t_fastest = problem.makespan(rounder.times(fastest))[0]
+    assert t_fastest < t_max[0]
+    stretched = rounder.stretch(fastest, float(t_max[0]))
+    t, e, _ = problem.score(rounder.options(stretched))
+    assert t_max[0] <= t[0] <= t_max[0] * 1.001
+    assert e[0] < e_max[0]
 
 
 @pytest.mark.parametrize("profile_name", ["t5_a100_4stage_imbalanced", "bloom_a40_8stage"])
@@ -242,10 +269,12 @@ def test_every_rounding_meets_its_lp_deadline(profile_name):
     D = np.stack([d for d, _ in targets], axis=1)
     T = np.array([t for _, t in targets])
     assert np.all(problem.makespan(D) <= T * (1 + 1e-9))  # the LP targets themselves fit
+    lead = np.linspace(0.0, 0.05, problem.n)
     for name, kwargs in (
         ("follow_steps", {}),
         ("follow_steps", {"capped": True}),
         ("follow_steps", {"capped": True, "vertices_first": True}),
+        ("follow_steps", {"capped": True, "vertices_first": True, "lead": lead}),
         ("follow_steps_backward", {}),
         ("round_steps", {}),
     ):
@@ -287,6 +316,23 @@ def test_dithering_beats_plain_rounding_on_the_real_profile(real_profile):
         gaps[capped] = energy / curve.lower_bound(plan_T) - 1
     assert gaps[True].mean() < gaps[False].mean()
     assert (gaps[True] < gaps[False]).mean() > 0.6
+
+
+def test_lead_staggers_dithering_on_the_real_profile(real_profile):
+    """A zero lead changes nothing; a lead growing downstream makes later stages run
+    faster (they keep a margin on the LP) and earlier ones take the slow steps."""
+    problem, rounder, _, D, T = _real_breakpoints(real_profile)
+    plain = rounder.follow_steps(D, T, capped=True)
+    assert np.array_equal(rounder.follow_steps(D, T, capped=True, lead=np.zeros(problem.n)), plain)
+    stage = np.empty(problem.n)
+    for s, idx in enumerate(problem.stage_index):
+        stage[idx] = s
+    led = rounder.follow_steps(D, T, capped=True, lead=0.02 * stage / stage.max())
+    plan_T, _, _ = problem.score(rounder.options(led))
+    assert np.all(plan_T <= T * (1 + 1e-9))
+    moved = rounder.times(led) - rounder.times(plain)  # per instruction and target
+    first, before_last = problem.stage_index[0], problem.stage_index[-2]
+    assert moved[first].sum() > 0 > moved[before_last].sum()
 
 
 def test_vertex_first_reclaim_beats_staircase_reclaim_on_the_real_profile(real_profile):

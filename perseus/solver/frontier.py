@@ -6,13 +6,17 @@
    the all-max-frequency time ``T_fast``, breakpoint to breakpoint;
 2. every LP breakpoint, and LP solutions inside LP segments wider than ``resolution_s``
    (there the optimal durations move linearly between the two breakpoints' durations), is
-   rounded to discrete plans in three ways (`perseus.solver.rounding`), each following
+   rounded to discrete plans in four ways (`perseus.solver.rounding`), each following
    the LP schedule: forwards with *dithering* (no instruction finishes later than in the
    LP and none runs slower than the slower end of its LP segment, so time gained upstream
-   flows on until a fractional instruction can afford its slower vertex), forwards
-   without that cap, and backwards (no instruction starts earlier than in the LP's
-   latest-start schedule); leftover slack is then reclaimed greedily (after dithering,
-   first only where it lifts an instruction onto a hull vertex);
+   flows on until a fractional instruction can afford its slower vertex), the same with
+   a *staggered lead* (an instruction takes its slower vertex only while it runs ahead of
+   the LP by a lead that grows from 0 on the first stage to a tenth of a mean all-max
+   instruction on the last, so downstream stages keep a margin and upstream ones take
+   the slow steps), forwards without the cap, and backwards (no instruction starts
+   earlier than in the LP's latest-start schedule); leftover slack is then reclaimed
+   greedily (after dithering, first only where it lifts an instruction onto a hull
+   vertex);
 3. between consecutive targets' dithered plans, and later in every hole of the Pareto set
    wider than ``resolution_s``, plans are *mixed*: the latest instructions take the slower plan's
    options and the others the faster one's, then slack is reclaimed;
@@ -23,7 +27,9 @@
    and the Pareto set is kept: time strictly increasing, energy strictly decreasing. Its
    first point is at ``T_fast`` exactly (the all-max plan, or a cheaper plan with the
    same time), so its energy is at most the all-max energy. Plans faster than all-max
-   (possible when profiled time is not monotone in frequency) are not reported.
+   (possible when profiled time is not monotone in frequency, e.g. power-capped top
+   clocks) are not reported; each is slowed to just above ``T_fast`` instead
+   (`Rounder.stretch`), which keeps most of its saving.
 
 Every point carries the LP lower bound at its time: no plan that finishes within that
 time can use less energy.
@@ -59,6 +65,7 @@ _POLISH_ROUNDS = 20
 _FILL_ROUNDS = 2
 _POLISH_COLUMNS = 4096
 _SEGMENT_TARGETS = 256
+_LEAD_FRACTION = 0.1
 
 
 def choose_index(
@@ -358,6 +365,12 @@ def solve_frontier(
         )
 
     level = problem.level_of
+    # Lead for the staggered dithering: 0 on the first stage, growing linearly to
+    # _LEAD_FRACTION of a mean all-max instruction on the last one.
+    stage_of = np.empty(problem.n)
+    for s, idx in enumerate(problem.stage_index):
+        stage_of[idx] = s / max(len(problem.stage_index) - 1, 1)
+    lead = _LEAD_FRACTION * float(np.mean(fast_times)) * stage_of
     pending_d: list[np.ndarray] = []
     pending_t: list[float] = []
     carry: list[tuple[np.ndarray, float]] = []  # last rounded breakpoint (steps, time)
@@ -368,6 +381,13 @@ def solve_frontier(
         T, E, C = problem.score(choice, exact=False)
         store.add(T, E, C, choice)
         counter["candidates"] += steps.shape[1]
+        faster = np.less(T, t_fast)
+        if faster.any():
+            # Plans faster than all-max exist where profiled time is not monotone in
+            # frequency (power-capped top clocks). They are not reported, but slowed to
+            # just above T_fast they can be much cheaper than the all-max-time plans.
+            stretched = rounder.options(rounder.stretch(steps[:, faster], t_fast))
+            store.add(*problem.score(stretched, exact=False), stretched)
         return T
 
     def mixes(slow: np.ndarray, fast: np.ndarray, count: int) -> list[np.ndarray]:
@@ -387,6 +407,7 @@ def solve_frontier(
         # Dithering rounding first: it is the one mixed between targets.
         steps = rounder.follow_steps(D, T, capped=True, vertices_first=True)
         add(steps)
+        add(rounder.follow_steps(D, T, capped=True, vertices_first=True, lead=lead))
         add(rounder.follow_steps(D, T))
         add(rounder.follow_steps_backward(D, T))
         seq = [*carry, *((steps[:, j], T[j]) for j in range(len(T)))]

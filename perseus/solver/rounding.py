@@ -17,9 +17,10 @@ Every method works on a batch of targets ``(LP durations dᵢ, deadline T)`` at 
   upstream on, until an instruction the LP runs *between* two far-apart vertices can afford
   the slower one. Lock-step fractional instructions then alternate between their two
   vertices (dithering) in the LP's proportions, instead of a neighbour with a cheap
-  in-between option soaking up every gain. With ``vertices_first=True`` leftover slack
-  then goes only to instructions it lifts onto a hull vertex before any in-between
-  option is bought;
+  in-between option soaking up every gain. A per-instruction ``lead`` makes instructions
+  pick as if their LP finish were that much earlier (see `follow_steps`). With
+  ``vertices_first=True`` leftover slack then goes only to instructions it lifts onto a
+  hull vertex before any in-between option is bought;
 - `follow_steps_backward`: the mirror image, latest instructions first against the LP's
   latest-start schedule;
 - `round_steps`: every instruction at the hull vertex at or below its LP duration, then
@@ -193,6 +194,7 @@ class Rounder:
         *,
         capped: bool = False,
         vertices_first: bool = False,
+        lead: np.ndarray | None = None,
     ) -> np.ndarray:
         """Round by following the LP schedule, then reclaim slack (staircase positions).
 
@@ -208,6 +210,10 @@ class Rounder:
         vertices (dithering) instead of a cheap neighbour soaking up every gain. Leftover
         slack then goes to the most valuable LP segments first (`tiered_reclaim`), with
         `vertices_first` onto hull vertices only before any in-between option.
+
+        `lead` ``(n,)`` (seconds) staggers the dithering: instruction ``i`` picks its vertex
+        as if its LP finish time were ``lead[i]`` earlier, so instructions with a larger
+        lead keep a margin and hand the slower steps to those with a smaller one.
         """
         pb = self.problem
         D = np.asarray(durations, dtype=float)
@@ -219,6 +225,8 @@ class Rounder:
         for lv, vt in zip(pb.levels, self._level_vertex_time, strict=True):
             start = finish[pb.preds[lv]].max(axis=1)
             budget = (lp_finish[lv] - start) * (1 + _REL_TOL)
+            if lead is not None:
+                budget = budget - lead[lv][:, None]
             k = np.maximum((vt[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1, 0)
             if segs is not None:
                 k = np.minimum(k, segs[0][lv])  # at most the LP segment's slower vertex
@@ -292,6 +300,35 @@ class Rounder:
             new = np.maximum(fits, step[lv])
             step[lv] = new
             latest_start[lv] = latest_finish - self.step_time[pb.type_of[lv][:, None], new]
+
+    def stretch(self, step: np.ndarray, t_floor: float) -> np.ndarray:
+        """Plans faster than `t_floor` slowed to just at or above it, then reclaimed.
+
+        For each plan (staircase positions ``(n, K)``), slack is first reclaimed up to
+        `t_floor`; then one critical instruction (no slack) takes a slower staircase step
+        that lengthens the iteration by at least what is still missing: the instruction
+        and step that overshoot least. Leftover slack is then reclaimed at the new time.
+        Plans where no step is slow enough stay faster than `t_floor`.
+        """
+        pb = self.problem
+        step = step.copy()
+        self.reclaim(step, np.full(step.shape[1], t_floor))
+        times = self.times(step)
+        start, finish = pb.start_finish(times)
+        T = finish.max(axis=0)
+        slack = pb.latest_starts(times, T) - start
+        critical = slack <= 1e-12 * np.maximum(T, 1.0)
+        need = times + (t_floor - T)  # (n, K): a critical instruction's duration to reach t_floor
+        st = self.step_time[pb.type_of]  # (n, width), +inf padded
+        slow_enough = st[:, :, None] >= need[:, None, :]  # (n, width, K)
+        first = slow_enough.argmax(axis=1)  # fastest such step, (n, K)
+        ok = slow_enough.any(axis=1) & critical
+        overshoot = np.where(ok, np.take_along_axis(st, first, axis=1) - need, np.inf)
+        who = overshoot.argmin(axis=0)
+        cols = np.flatnonzero(np.isfinite(overshoot[who, np.arange(step.shape[1])]))
+        step[who[cols], cols] = first[who[cols], cols]
+        self.reclaim(step, np.asarray(pb.makespan(self.times(step))))
+        return step
 
     def neighbours(self, step: np.ndarray, max_columns: int) -> np.ndarray | None:
         """All plans that differ from plan `step` ``(n,)`` in one or two instructions.
