@@ -319,11 +319,17 @@ class Rounder:
         slack = pb.latest_starts(times, T) - start
         critical = slack <= 1e-12 * np.maximum(T, 1.0)
         need = times + (t_floor - T)  # (n, K): a critical instruction's duration to reach t_floor
-        st = self.step_time[pb.type_of]  # (n, width), +inf padded
-        slow_enough = st[:, :, None] >= need[:, None, :]  # (n, width, K)
-        first = slow_enough.argmax(axis=1)  # fastest such step, (n, K)
-        ok = slow_enough.any(axis=1) & critical
-        overshoot = np.where(ok, np.take_along_axis(st, first, axis=1) - need, np.inf)
+        # Per type, the fastest staircase step at least `need` long (sorted steps, so a
+        # binary search keeps memory at (n, K) instead of (n, steps, K)).
+        first = np.zeros(need.shape, dtype=np.int64)
+        for k, rows in enumerate(self._type_rows):
+            if len(rows):
+                first[rows] = np.searchsorted(
+                    self.step_time[k, : self.step_count[k]], need[rows], side="left"
+                )
+        ok = critical & (first < self.step_count[pb.type_of][:, None])
+        first = np.where(ok, first, 0)
+        overshoot = np.where(ok, self.times(first) - need, np.inf)
         who = overshoot.argmin(axis=0)
         cols = np.flatnonzero(np.isfinite(overshoot[who, np.arange(step.shape[1])]))
         step[who[cols], cols] = first[who[cols], cols]
