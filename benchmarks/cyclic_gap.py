@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver import DEFAULT_PROFILE, P_BLOCK_W, reference_frontier
 
 from perseus.solver import SolverProblem
+from perseus.solver.polish import native_stdout_silenced
 from perseus.solver.problem import CostHull
 from perseus.solver.rounding import Rounder
 
@@ -130,13 +131,14 @@ def periodic_optimum(
     for r, row in enumerate(rows):
         for cc, v in row.items():
             a[r, cc] = v
-    res = milp(
-        c,
-        constraints=LinearConstraint(a.tocsr(), lo, hi),
-        integrality=integrality,
-        bounds=Bounds(lower, upper),
-        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
-    )
+    with native_stdout_silenced():  # HiGHS's stray debug line at a time limit
+        res = milp(
+            c,
+            constraints=LinearConstraint(a.tocsr(), lo, hi),
+            integrality=integrality,
+            bounds=Bounds(lower, upper),
+            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
+        )
     bound = getattr(res, "mip_dual_bound", None)
     dual = float("nan") if bound is None else float(bound)
     if res.x is None:

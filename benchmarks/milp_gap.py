@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver import DEFAULT_PROFILE, P_BLOCK_W, reference_frontier
 
 from perseus.plan import evaluate
+from perseus.solver.polish import native_stdout_silenced
 
 
 def pareto_options(time_s: np.ndarray, energy_j: np.ndarray) -> list[int]:
@@ -97,13 +98,14 @@ def discrete_optimum(
         np.r_[np.zeros(nx_), np.zeros(n), 0.0],
         np.r_[np.ones(nx_), np.full(n, deadline_s), deadline_s],
     )
-    res = milp(
-        c,
-        constraints=LinearConstraint(a.tocsr(), lo, hi),
-        integrality=integrality,
-        bounds=bounds,
-        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
-    )
+    with native_stdout_silenced():  # HiGHS's stray debug line at a time limit
+        res = milp(
+            c,
+            constraints=LinearConstraint(a.tocsr(), lo, hi),
+            integrality=integrality,
+            bounds=bounds,
+            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
+        )
     bound = getattr(res, "mip_dual_bound", None)
     dual = float("nan") if bound is None else float(bound)
     if res.x is None:

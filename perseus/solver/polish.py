@@ -218,7 +218,7 @@ def _solve_window(
     floor = float(finish[outside].max()) if tail and outside.any() else 0.0
     T_lo = floor if tail else deadline_s
     T_cost = problem.p2p_power_w * problem.schedule.num_stages if tail else 0.0
-    with _native_stdout_silenced():
+    with native_stdout_silenced():
         res = milp(
             np.concatenate([cost, np.zeros(n_w), [T_cost]]),
             constraints=LinearConstraint(a_mat, lo, hi),
@@ -239,7 +239,7 @@ def _solve_window(
 
 
 @contextlib.contextmanager
-def _native_stdout_silenced() -> Iterator[None]:
+def native_stdout_silenced() -> Iterator[None]:
     """Send file descriptor 1 to /dev/null for a moment.
 
     HiGHS (inside scipy) prints a stray debug line from C++ now and then when a time limit
