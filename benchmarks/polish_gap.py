@@ -5,7 +5,8 @@ above the LP lower bound, polish each plan (`perseus.solver.polish.polish_plan`:
 over sliding windows, iteration time held) and print the gap before and after, with the
 polish's wall time.
 
-    python benchmarks/polish_gap.py [--size 8x64] [--points 1] [--window-time-limit 5] [--window N]
+    python benchmarks/polish_gap.py [--size 8x64] [--points 1] [--window-time-limit 5]
+                                    [--window SECONDS] [--passes 2]
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ def main() -> int:
     p.add_argument("--size", default="8x64")
     p.add_argument("--points", type=int, default=1)
     p.add_argument("--window-time-limit", type=float, default=5.0)
-    p.add_argument("--window", type=int, default=None, help="instructions per window (7·S)")
+    p.add_argument(
+        "--window", type=float, default=None, help="window width in seconds (7.5 mean durations)"
+    )
+    p.add_argument("--passes", type=int, default=2, help="sweeps over the plan")
     args = p.parse_args()
     if not args.profile.is_file():
         print(f"skipped: reference profile {args.profile} is absent")
@@ -47,8 +51,9 @@ def main() -> int:
         result = polish_plan(
             problem,
             problem.choice_from_frequencies(q.frequencies),
-            window=args.window,
+            window_s=args.window,
             window_time_limit_s=args.window_time_limit,
+            passes=args.passes,
         )
         print(
             f"{100 * (q.iteration_time_s / t_fast - 1):8.3f}% {100 * q.gap:9.3f}% "

@@ -160,12 +160,18 @@ def polish(
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the polished plan.")],
     window: Annotated[
-        int | None,
-        typer.Option(help="Instructions re-chosen together (default: 7 per stage)."),
+        float | None,
+        typer.Option(
+            help="Seconds of the schedule re-chosen together "
+            "(default: 7.5 mean instruction durations, about four 1F1B cycles)."
+        ),
     ] = None,
     window_time_limit: Annotated[
         float, typer.Option(help="Seconds one window's MILP may take.")
     ] = 5.0,
+    passes: Annotated[
+        int, typer.Option(help="Sweeps over the plan, each with its windows shifted.")
+    ] = 2,
     budget: Annotated[
         float | None, typer.Option(help="Seconds the whole polish may take (default: no limit).")
     ] = None,
@@ -187,8 +193,9 @@ def polish(
         result = polish_plan(
             problem,
             choice,
-            window=window,
+            window_s=window,
             window_time_limit_s=window_time_limit,
+            passes=passes,
             budget_s=budget,
             progress=lambda f: progress.update(task, completed=f),
         )
