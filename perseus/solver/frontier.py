@@ -518,16 +518,19 @@ def solve_frontier(
         picks = np.clip(picks, 0, len(idx) - 1)
         idx = np.unique(np.concatenate([[0, len(idx) - 1], picks]))
     bounds = curve.lower_bound(store.time[idx])
+    # Every kept plan's frequencies at once (n, points), split per stage below: one
+    # gather instead of a Python list per plan (thousands of plans on big pipelines).
+    freqs = problem.opt_freq[problem.type_of[:, None], store.choice[idx].T].astype(np.int32)
     points = [
         FrontierPoint(
             float(store.time[k]),
             float(store.energy[k]),
             # A plan at an LP vertex can meet the bound up to rounding noise.
             float(min(b, store.energy[k]) if b <= store.energy[k] * (1 + 1e-9) else b),
-            problem.frequencies(store.choice[k].astype(np.int64)),
+            [freqs[stage, j] for stage in problem.stage_index],
             compute_energy_j=float(store.compute[k]),
         )
-        for k, b in zip(idx, bounds, strict=True)
+        for j, (k, b) in enumerate(zip(idx, bounds, strict=True))
     ]
     if points[0].iteration_time_s != t_fast:  # pragma: no cover - the all-max plan is a candidate
         raise SolverError("Internal error: the frontier lost the all-max-frequency plan")

@@ -177,6 +177,10 @@ def solve_lp_curve(
     row_of = er[order]
     col_of = ec[order]
 
+    # The two residual networks of every phase share this arc layout; building the sparse
+    # matrices once and swapping their data skips scipy's format checks, phase after phase.
+    graph = sp.csr_matrix((np.zeros(2 * A), indices, indptr), shape=(V, V))
+    capacities = sp.csr_matrix((np.zeros(2 * A, dtype=np.int32), indices, indptr), shape=(V, V))
     flow = np.zeros(A, dtype=np.int64)
     length = np.zeros(2 * A)
     cap = np.zeros(2 * A, dtype=np.int64)
@@ -216,8 +220,7 @@ def solve_lp_curve(
 
         # ---- longest paths via Dijkstra on reduced lengths (arcs without capacity: ∞)
         red = pi[col_of] - pi[row_of] - length
-        weight = np.where(cap > 0, np.maximum(red, 0.0), np.inf)
-        graph = sp.csr_matrix((weight, indices, indptr), shape=(V, V))
+        graph.data = np.where(cap > 0, np.maximum(red, 0.0), np.inf)
         while True:
             dist = dijkstra(graph, directed=True, indices=0, limit=limit)
             if np.isfinite(dist[1]):
@@ -252,8 +255,8 @@ def solve_lp_curve(
         # ---- push a maximum flow through the tight arcs
         red = pi[col_of] - pi[row_of] - length
         tight = (red <= tol) & (cap > 0)
-        capacity = np.where(tight, np.minimum(cap, _INF_CAP), 0).astype(np.int32)
-        result = maximum_flow(sp.csr_matrix((capacity, indices, indptr), shape=(V, V)), 0, 1)
+        capacities.data = np.where(tight, np.minimum(cap, _INF_CAP), 0).astype(np.int32)
+        result = maximum_flow(capacities, 0, 1)
         if result.flow_value >= _INF_CAP:
             break  # a tight path of infinite capacity: λ is the minimum time T_min
         if result.flow_value <= 0:  # pragma: no cover - the longest path is tight

@@ -344,10 +344,10 @@ class Rounder:
         """
         pb = self.problem
         counts = self.step_count[pb.type_of]
+        n_singles = int(counts.sum()) - pb.n  # every other step of every instruction
+        if n_singles + n_singles * (n_singles - 1) // 2 > max_columns:
+            return None  # decided before listing them: big problems have hundreds of thousands
         singles = [(i, s) for i in range(pb.n) for s in range(int(counts[i])) if s != step[i]]
-        total = len(singles) + len(singles) * (len(singles) - 1) // 2
-        if total > max_columns:
-            return None
         cols = []
         for a, (i, s) in enumerate(singles):
             base = step.copy()
