@@ -520,7 +520,7 @@ def solve_frontier(
     bounds = curve.lower_bound(store.time[idx])
     # Every kept plan's frequencies at once (n, points), split per stage below: one
     # gather instead of a Python list per plan (thousands of plans on big pipelines).
-    freqs = problem.opt_freq[problem.type_of[:, None], store.choice[idx].T].astype(np.int32)
+    freqs = problem.choices_to_frequencies(store.choice[idx].T).astype(np.int32)
     points = [
         FrontierPoint(
             float(store.time[k]),

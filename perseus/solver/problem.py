@@ -247,9 +247,14 @@ class SolverProblem:
         blocking = self.p2p_power_w * (S * T - compute_t)
         return T, compute_e + blocking, compute_e
 
+    def choices_to_frequencies(self, choice: np.ndarray) -> np.ndarray:
+        """Frequencies (MHz) of option indices `choice` (shape ``(n,)`` or ``(n, K)``)."""
+        t_idx = self.type_of if choice.ndim == 1 else self.type_of[:, None]
+        return self.opt_freq[t_idx, choice]
+
     def frequencies(self, choice: np.ndarray) -> list[list[int]]:
         """One plan's option indices ``(n,)`` as per-stage frequency lists (execution order)."""
-        freq = self.opt_freq[self.type_of, choice]
+        freq = self.choices_to_frequencies(choice)
         return [[int(f) for f in freq[idx]] for idx in self.stage_index]
 
     def choice_from_frequencies(self, frequencies: list[list[int]]) -> np.ndarray:
