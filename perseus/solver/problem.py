@@ -109,6 +109,10 @@ class SolverProblem:
         self.edges = edges
         self.levels = levels
         self.level_of = level_of
+        # Per level, one index array per adjacency column: the max/min over a level's
+        # predecessors/successors as a few elementwise ops instead of an axis reduction.
+        self.level_preds = [[preds[lv, c] for c in range(preds.shape[1])] for lv in levels]
+        self.level_succs = [[succs[lv, c] for c in range(succs.shape[1])] for lv in levels]
         self.stage_index = stage_index
         width = max(len(o) for o in type_options)
         ntypes = len(type_options)
@@ -195,8 +199,8 @@ class SolverProblem:
         d = np.asarray(durations, dtype=float)
         start = np.zeros(d.shape)
         finish = np.zeros((self.n + 1, *d.shape[1:]))  # row n: the "no predecessor" zero
-        for lv in self.levels:
-            start[lv] = finish[self.preds[lv]].max(axis=1)
+        for lv, pred in zip(self.levels, self.level_preds, strict=True):
+            start[lv] = latest_of(finish, pred)
             finish[lv] = start[lv] + d[lv]
         return start, finish[: self.n]
 
@@ -213,8 +217,8 @@ class SolverProblem:
         d = np.asarray(durations, dtype=float)
         ls = np.empty((self.n + 1, *d.shape[1:]))
         ls[self.n] = deadline_s
-        for lv in reversed(self.levels):
-            ls[lv] = ls[self.succs[lv]].min(axis=1) - d[lv]
+        for lv, succ in zip(reversed(self.levels), reversed(self.level_succs), strict=True):
+            ls[lv] = earliest_of(ls, succ) - d[lv]
         return ls[: self.n]
 
     def choices_to_arrays(self, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -287,6 +291,22 @@ class SolverProblem:
         """Option index of every instruction's highest profiled frequency."""
         best = np.array([int(np.argmax(o.freq_mhz)) for o in self.type_options], dtype=np.int64)
         return best[self.type_of]
+
+
+def latest_of(times: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:
+    """Row-wise max of ``times[c]`` over the adjacency columns (a new array)."""
+    out = times[columns[0]]
+    for c in columns[1:]:
+        np.maximum(out, times[c], out=out)
+    return out
+
+
+def earliest_of(times: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:
+    """Row-wise min of ``times[c]`` over the adjacency columns (a new array)."""
+    out = times[columns[0]]
+    for c in columns[1:]:
+        np.minimum(out, times[c], out=out)
+    return out
 
 
 def _padded_adjacency(n: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:

@@ -37,12 +37,39 @@ from __future__ import annotations
 
 import numpy as np
 
-from perseus.solver.problem import SolverProblem
+from perseus.solver.problem import SolverProblem, earliest_of, latest_of
 
 __all__ = ["Rounder"]
 
 _REL_TOL = 1e-12
 _TIERS = 2
+
+
+class _SortedRows:
+    """Rows of ascending times (one per instruction of a level), searched all at once.
+
+    ``count_at_most(x)`` is ``(rows[:, :, None] <= x[:, None, :]).sum(axis=1)`` without
+    the ``(rows, width, plans)`` temporary: a binary search by halving steps over rows
+    padded with ``+inf`` to a power of two, one gather per step (same counts, about twice
+    as fast on the 25–30-step staircases of real profiles).
+    """
+
+    def __init__(self, rows: np.ndarray):
+        count, width = rows.shape
+        padded_width = 1 << width.bit_length()  # > width: the steps below sum to >= width
+        padded = np.full((count, padded_width), np.inf)
+        padded[:, :width] = rows
+        self.flat = padded.ravel()
+        self.row_start = (np.arange(count, dtype=np.int64) * padded_width)[:, None]
+        self.steps = [1 << b for b in reversed(range(width.bit_length()))]
+
+    def count_at_most(self, x: np.ndarray) -> np.ndarray:
+        """For ``x`` ``(rows, K)``: how many entries of each row are ``<= x`` ``(rows, K)``."""
+        at = np.empty(x.shape, dtype=np.int64)
+        at[...] = self.row_start
+        for s in self.steps:
+            at += s * (self.flat[at + (s - 1)] <= x)
+        return at - self.row_start
 
 
 class Rounder:
@@ -83,8 +110,12 @@ class Rounder:
             self.vertex_step[k, : len(h.time_s)] = pos
             self.vertex_step[k, len(h.time_s) :] = pos[-1]
         self._type_rows = [np.flatnonzero(problem.type_of == k) for k in range(ntypes)]
-        self._level_vertex_time = [self.vertex_time[problem.type_of[lv]] for lv in problem.levels]
-        self._level_step_time = [self.step_time[problem.type_of[lv]] for lv in problem.levels]
+        self._level_vertex_time = [
+            _SortedRows(self.vertex_time[problem.type_of[lv]]) for lv in problem.levels
+        ]
+        self._level_step_time = [
+            _SortedRows(self.step_time[problem.type_of[lv]]) for lv in problem.levels
+        ]
 
     def round(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
         """Option indices ``(n, K)`` for LP durations ``(n, K)`` and deadlines ``(K,)``."""
@@ -222,12 +253,12 @@ class Rounder:
         lp_finish = pb.finish_times(D)
         finish = np.zeros((pb.n + 1, D.shape[1]))
         step = np.empty(D.shape, dtype=np.int64)
-        for lv, vt in zip(pb.levels, self._level_vertex_time, strict=True):
-            start = finish[pb.preds[lv]].max(axis=1)
+        for lv, pred, vt in zip(pb.levels, pb.level_preds, self._level_vertex_time, strict=True):
+            start = latest_of(finish, pred)
             budget = (lp_finish[lv] - start) * (1 + _REL_TOL)
             if lead is not None:
                 budget = budget - lead[lv][:, None]
-            k = np.maximum((vt[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1, 0)
+            k = np.maximum(vt.count_at_most(budget) - 1, 0)
             if segs is not None:
                 k = np.minimum(k, segs[0][lv])  # at most the LP segment's slower vertex
             types = pb.type_of[lv][:, None]
@@ -252,10 +283,15 @@ class Rounder:
         start = np.empty((pb.n + 1, D.shape[1]))
         start[pb.n] = T
         step = np.empty(D.shape, dtype=np.int64)
-        for lv, vt in zip(reversed(pb.levels), reversed(self._level_vertex_time), strict=True):
-            finish = start[pb.succs[lv]].min(axis=1)
+        for lv, succ, vt in zip(
+            reversed(pb.levels),
+            reversed(pb.level_succs),
+            reversed(self._level_vertex_time),
+            strict=True,
+        ):
+            finish = earliest_of(start, succ)
             budget = (finish - lp_start[lv]) * (1 + _REL_TOL)
-            k = np.maximum((vt[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1, 0)
+            k = np.maximum(vt.count_at_most(budget) - 1, 0)
             types = pb.type_of[lv][:, None]
             step[lv] = self.vertex_step[types, k]
             start[lv] = finish - self.step_time[types, step[lv]]
@@ -288,10 +324,12 @@ class Rounder:
         latest_start = np.empty((pb.n + 1, step.shape[1]))
         latest_start[pb.n] = T
         tables = self._level_vertex_time if vertices_only else self._level_step_time
-        for lv, st in zip(reversed(pb.levels), reversed(tables), strict=True):
-            latest_finish = latest_start[pb.succs[lv]].min(axis=1)
+        for lv, succ, st in zip(
+            reversed(pb.levels), reversed(pb.level_succs), reversed(tables), strict=True
+        ):
+            latest_finish = earliest_of(latest_start, succ)
             budget = (latest_finish - start[lv]) * (1 + _REL_TOL)
-            fits = (st[:, :, None] <= budget[:, None, :]).sum(axis=1) - 1
+            fits = st.count_at_most(budget) - 1
             if vertices_only:
                 types = pb.type_of[lv][:, None]
                 fits = np.where(fits >= 0, self.vertex_step[types, np.maximum(fits, 0)], -1)
@@ -378,8 +416,8 @@ class Rounder:
         fixed = np.abs(latest - start) <= 1e-12 * max(deadline, 1.0)
         latest_start = np.empty(pb.n + 1)
         latest_start[pb.n] = deadline
-        for lv in reversed(pb.levels):
-            latest_finish = latest_start[pb.succs[lv]].min(axis=1)
+        for lv, succ in zip(reversed(pb.levels), reversed(pb.level_succs), strict=True):
+            latest_finish = earliest_of(latest_start, succ)
             budget = latest_finish - start[lv]
             ot = pb.opt_time[pb.type_of[lv]]
             eff = pb.opt_energy[pb.type_of[lv]] - P * ot
