@@ -87,8 +87,12 @@ def test_bad_input_is_a_clear_solver_error():
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(SolverError, match="positive number of seconds"):
             polish_plan(problem, good, window_s=bad)
-    with pytest.raises(SolverError, match="time limit must be positive"):
-        polish_plan(problem, good, window_time_limit_s=0)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(SolverError, match="time limit must be a positive number"):
+            polish_plan(problem, good, window_time_limit_s=bad)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(SolverError, match="budget must be a number of seconds >= 0"):
+            polish_plan(problem, good, budget_s=bad)
     with pytest.raises(SolverError, match="at least one pass"):
         polish_plan(problem, good, passes=0)
     freqs = problem.frequencies(good)

@@ -111,8 +111,14 @@ def polish_plan(
         window_s = _WINDOW_DURATIONS * float(problem.choices_to_arrays(choice)[0].mean())
     if not (math.isfinite(window_s) and window_s > 0):
         raise SolverError(f"The polish window must be a positive number of seconds, got {window_s}")
-    if window_time_limit_s <= 0:
-        raise SolverError(f"The window time limit must be positive, got {window_time_limit_s}")
+    if not (math.isfinite(window_time_limit_s) and window_time_limit_s > 0):
+        raise SolverError(
+            f"The window time limit must be a positive number of seconds, got {window_time_limit_s}"
+        )
+    if budget_s is not None and not (math.isfinite(budget_s) and budget_s >= 0):
+        raise SolverError(
+            f"The polish budget must be a number of seconds >= 0 (or none), got {budget_s}"
+        )
     if passes < 1:
         raise SolverError(f"The polish needs at least one pass, got {passes}")
     useful = _useful_options(problem)
