@@ -35,6 +35,8 @@ window valid, so the plan still fits in ``T``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from perseus.solver.problem import SolverProblem, earliest_of, latest_of
@@ -45,23 +47,29 @@ _REL_TOL = 1e-12
 _TIERS = 2
 
 
-class _SortedRows:
-    """Rows of ascending times (one per instruction of a level), searched all at once.
+class _LevelRows:
+    """One table row per instruction of a topological level, flattened and padded to a
+    power-of-two width, so a ``(rows, K)`` array of positions gathers with one add.
 
-    ``count_at_most(x)`` is ``(rows[:, :, None] <= x[:, None, :]).sum(axis=1)`` without
-    the ``(rows, width, plans)`` temporary: a binary search by halving steps over rows
-    padded with ``+inf`` to a power of two, one gather per step (same counts, about twice
-    as fast on the 25–30-step staircases of real profiles).
+    For rows of ascending times, ``count_at_most(x)`` is
+    ``(rows[:, :, None] <= x[:, None, :]).sum(axis=1)`` without the ``(rows, width, K)``
+    temporary: a binary search by halving steps over rows padded with ``+inf``, one gather
+    per step (same counts, about twice as fast on the 25–30-step staircases of real
+    profiles).
     """
 
-    def __init__(self, rows: np.ndarray):
+    def __init__(self, rows: np.ndarray, fill: float | int):
         count, width = rows.shape
         padded_width = 1 << width.bit_length()  # > width: the steps below sum to >= width
-        padded = np.full((count, padded_width), np.inf)
+        padded = np.full((count, padded_width), fill, dtype=rows.dtype)
         padded[:, :width] = rows
         self.flat = padded.ravel()
         self.row_start = (np.arange(count, dtype=np.int64) * padded_width)[:, None]
         self.steps = [1 << b for b in reversed(range(width.bit_length()))]
+
+    def take(self, position: np.ndarray) -> np.ndarray:
+        """Entries at `position` ``(rows, K)`` of each row."""
+        return self.flat[self.row_start + position]
 
     def count_at_most(self, x: np.ndarray) -> np.ndarray:
         """For ``x`` ``(rows, K)``: how many entries of each row are ``<= x`` ``(rows, K)``."""
@@ -70,6 +78,17 @@ class _SortedRows:
         for s in self.steps:
             at += s * (self.flat[at + (s - 1)] <= x)
         return at - self.row_start
+
+
+class _Level(NamedTuple):
+    """A topological level's instructions and their rows of the rounding tables."""
+
+    index: np.ndarray  # instruction indices
+    preds: list[np.ndarray]  # adjacency columns (see SolverProblem.level_preds)
+    succs: list[np.ndarray]
+    step_time: _LevelRows  # staircase durations
+    vertex_time: _LevelRows  # hull vertex durations
+    vertex_step: _LevelRows  # staircase position of each hull vertex
 
 
 class Rounder:
@@ -110,11 +129,18 @@ class Rounder:
             self.vertex_step[k, : len(h.time_s)] = pos
             self.vertex_step[k, len(h.time_s) :] = pos[-1]
         self._type_rows = [np.flatnonzero(problem.type_of == k) for k in range(ntypes)]
-        self._level_vertex_time = [
-            _SortedRows(self.vertex_time[problem.type_of[lv]]) for lv in problem.levels
-        ]
-        self._level_step_time = [
-            _SortedRows(self.step_time[problem.type_of[lv]]) for lv in problem.levels
+        self._levels = [
+            _Level(
+                lv,
+                pred,
+                succ,
+                _LevelRows(self.step_time[problem.type_of[lv]], np.inf),
+                _LevelRows(self.vertex_time[problem.type_of[lv]], np.inf),
+                _LevelRows(self.vertex_step[problem.type_of[lv]], 0),
+            )
+            for lv, pred, succ in zip(
+                problem.levels, problem.level_preds, problem.level_succs, strict=True
+            )
         ]
 
     def round(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
@@ -253,17 +279,17 @@ class Rounder:
         lp_finish = pb.finish_times(D)
         finish = np.zeros((pb.n + 1, D.shape[1]))
         step = np.empty(D.shape, dtype=np.int64)
-        for lv, pred, vt in zip(pb.levels, pb.level_preds, self._level_vertex_time, strict=True):
-            start = latest_of(finish, pred)
+        for level in self._levels:
+            lv = level.index
+            start = latest_of(finish, level.preds)
             budget = (lp_finish[lv] - start) * (1 + _REL_TOL)
             if lead is not None:
                 budget = budget - lead[lv][:, None]
-            k = np.maximum(vt.count_at_most(budget) - 1, 0)
+            k = np.maximum(level.vertex_time.count_at_most(budget) - 1, 0)
             if segs is not None:
                 k = np.minimum(k, segs[0][lv])  # at most the LP segment's slower vertex
-            types = pb.type_of[lv][:, None]
-            step[lv] = self.vertex_step[types, k]
-            finish[lv] = start + self.step_time[types, step[lv]]
+            step[lv] = level.vertex_step.take(k)
+            finish[lv] = start + level.step_time.take(step[lv])
         T_plan = np.maximum(T, finish.max(axis=0))
         if segs is not None:
             _, _, cap, value = segs
@@ -283,18 +309,13 @@ class Rounder:
         start = np.empty((pb.n + 1, D.shape[1]))
         start[pb.n] = T
         step = np.empty(D.shape, dtype=np.int64)
-        for lv, succ, vt in zip(
-            reversed(pb.levels),
-            reversed(pb.level_succs),
-            reversed(self._level_vertex_time),
-            strict=True,
-        ):
-            finish = earliest_of(start, succ)
+        for level in reversed(self._levels):
+            lv = level.index
+            finish = earliest_of(start, level.succs)
             budget = (finish - lp_start[lv]) * (1 + _REL_TOL)
-            k = np.maximum(vt.count_at_most(budget) - 1, 0)
-            types = pb.type_of[lv][:, None]
-            step[lv] = self.vertex_step[types, k]
-            start[lv] = finish - self.step_time[types, step[lv]]
+            k = np.maximum(level.vertex_time.count_at_most(budget) - 1, 0)
+            step[lv] = level.vertex_step.take(k)
+            start[lv] = finish - level.step_time.take(step[lv])
         T_plan = pb.makespan(self.times(step))
         self.reclaim(step, np.maximum(T, T_plan), None)
         return step
@@ -323,21 +344,20 @@ class Rounder:
         start, _ = pb.start_finish(times)
         latest_start = np.empty((pb.n + 1, step.shape[1]))
         latest_start[pb.n] = T
-        tables = self._level_vertex_time if vertices_only else self._level_step_time
-        for lv, succ, st in zip(
-            reversed(pb.levels), reversed(pb.level_succs), reversed(tables), strict=True
-        ):
-            latest_finish = earliest_of(latest_start, succ)
+        for level in reversed(self._levels):
+            lv = level.index
+            latest_finish = earliest_of(latest_start, level.succs)
             budget = (latest_finish - start[lv]) * (1 + _REL_TOL)
-            fits = st.count_at_most(budget) - 1
             if vertices_only:
-                types = pb.type_of[lv][:, None]
-                fits = np.where(fits >= 0, self.vertex_step[types, np.maximum(fits, 0)], -1)
+                fits = level.vertex_time.count_at_most(budget) - 1
+                fits = np.where(fits >= 0, level.vertex_step.take(np.maximum(fits, 0)), -1)
+            else:
+                fits = level.step_time.count_at_most(budget) - 1
             if cap is not None:
                 fits = np.minimum(fits, cap[lv])
             new = np.maximum(fits, step[lv])
             step[lv] = new
-            latest_start[lv] = latest_finish - self.step_time[pb.type_of[lv][:, None], new]
+            latest_start[lv] = latest_finish - level.step_time.take(new)
 
     def stretch(self, step: np.ndarray, t_floor: float) -> np.ndarray:
         """Plans faster than `t_floor` slowed to just at or above it, then reclaimed.
