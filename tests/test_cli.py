@@ -150,6 +150,19 @@ def test_choose_from_frontier_csv(tmp_path: Path) -> None:
     assert code == 2 and "run `perseus solve" in " ".join(out.split())
 
 
+def test_solve_reports_the_gap_above_the_lp_bound(tmp_path: Path) -> None:
+    code, out = _run("solve", _profile(tmp_path), "-m", "3", "--out", tmp_path / "f", "--no-plots")
+    assert code == 0, out
+    frontier = pd.read_csv(tmp_path / "f" / "frontier.csv")
+    gaps = frontier["energy"] / frontier["lower_bound"] - 1
+    text = " ".join(out.split())
+    assert f"median {100 * gaps.median():.2f} %, worst {100 * gaps.max():.2f} %" in text, text
+    # The no-slowdown row is the fastest point (index 0) and ends with its own gap.
+    row = next(line for line in out.splitlines() if "no slowdown" in line)
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert cells[-1] == f"{100 * gaps[0]:.2f} %", row
+
+
 def test_polish_writes_a_plan_no_slower_and_no_costlier(tmp_path: Path) -> None:
     profile = _profile(tmp_path)
     code, out = _run("solve", profile, "-m", "3", "--out", tmp_path / "f", "--no-plots")
