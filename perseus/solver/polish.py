@@ -130,6 +130,14 @@ def polish_plan(
     count = max(1, math.ceil(T0 / stride))
     done = improved = 0
     complete = False
+
+    def schedule(choice: np.ndarray, T: float) -> tuple[np.ndarray, ...]:
+        durations, _ = problem.choices_to_arrays(choice)
+        start, finish = problem.start_finish(durations)
+        return start, finish, problem.latest_starts(durations, T)
+
+    # The plan's schedule changes only when a window's result is kept.
+    start, finish, latest = schedule(choice, T_cur)
     for sweep in range(passes):
         # Later sweeps shift the windows by a fraction of the stride, so instructions cut
         # apart at one sweep's window edges are re-chosen together in the next.
@@ -138,9 +146,6 @@ def polish_plan(
         for k, lo in enumerate(lows):
             if budget_s is not None and time.perf_counter() - t0 > budget_s:
                 break
-            durations, _ = problem.choices_to_arrays(choice)
-            start, finish = problem.start_finish(durations)
-            latest = problem.latest_starts(durations, T_cur)
             members = np.flatnonzero((start >= lo) & (start < lo + window_s))
             tail = bool(start.max() < lo + window_s)  # nothing after it: may shorten T too
             if len(members):
@@ -155,6 +160,7 @@ def polish_plan(
                     T_new, E_new, _ = (float(x[0]) for x in problem.score(new[:, None]))
                     if T_new <= T_cur and E_new < E_cur - 1e-9:
                         choice, T_cur, E_cur = new, T_new, E_new
+                        start, finish, latest = schedule(choice, T_cur)
                         improved += 1
             complete = tail
             if progress is not None:
