@@ -71,6 +71,7 @@ CSV_COLUMNS = (
     "energy",
 )
 SHORT_CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+_ID_COLUMNS = ("stage", "rank", "dp_rank", "pp_rank", "tp_rank")
 INSTRUCTIONS = ("forward", "backward")
 
 
@@ -375,6 +376,10 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
                 rows = list(reader)
         except OSError as exc:
             raise ProfileError(f"Cannot read profile {str(path)!r}: {exc.strerror or exc}") from exc
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise ProfileError(
+                f"Profile {str(path)!r} is not a UTF-8 CSV text file ({exc})"
+            ) from None
         if set(CSV_COLUMNS) <= set(header):
             long_form = True
         elif set(SHORT_CSV_COLUMNS) <= set(header):
@@ -405,6 +410,12 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
                 energy_j = float(row["energy"])
             except (TypeError, ValueError) as exc:
                 raise ProfileError(f"{path}:{lineno}: unparsable value ({exc})") from None
+            negative = [k for k in _ID_COLUMNS[: 5 if long_form else 1] if int(row[k]) < 0]
+            if negative:
+                raise ProfileError(
+                    f"{path}:{lineno}: "
+                    + ", ".join(f"{k} must be >= 0, got {row[k]}" for k in negative)
+                )
             instruction = row["instruction"]
             if instruction not in INSTRUCTIONS:
                 raise ProfileError(
@@ -421,6 +432,11 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
             entry = by_rank.setdefault(
                 ids, {f"{i}_{q}": {} for i in INSTRUCTIONS for q in ("time", "energy")}
             )
+            if freq in entry[f"{instruction}_time"]:
+                raise ProfileError(
+                    f"{path}:{lineno}: a second row for {instruction} at {freq} MHz of stage "
+                    f"{stage} (rank {ids[0]}); give each measurement once"
+                )
             entry[f"{instruction}_time"][freq] = time_s
             entry[f"{instruction}_energy"][freq] = energy_j
         if not by_rank:

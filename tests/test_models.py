@@ -95,12 +95,32 @@ def test_from_csv_reads_short_form(tmp_path: Path) -> None:
         ("stage,instruction,frequency,time,energy\n0,sideways,1410,0.1,2\n", "not one of"),
         ("stage,instruction,frequency,time,energy\n0,forward,abc,0.1,2\n", "unparsable"),
         ("stage,instruction,frequency,time,energy\n", "no rows"),
+        (
+            "stage,instruction,frequency,time,energy\n-1,forward,1410,0.1,2\n",
+            ":2: stage must be >= 0",
+        ),
+        (
+            ",".join(CSV_COLUMNS) + "\n0,0,-1,0,0,forward,1410,0.1,2\n",
+            ":2: pp_rank must be >= 0, got -1",
+        ),
+        (
+            "stage,instruction,frequency,time,energy\n"
+            "0,forward,1410,0.1,2\n0,backward,1410,0.2,4\n0,forward,1410,0.3,2\n",
+            ":4: a second row for forward at 1410 MHz of stage 0",
+        ),
     ],
 )
 def test_from_csv_bad_input(tmp_path: Path, body: str, message: str) -> None:
     path = tmp_path / "bad.csv"
     path.write_text(body)
     with pytest.raises(ProfileError, match=message):
+        InstructionProfilingResult.from_csv(path)
+
+
+def test_from_csv_refuses_a_binary_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_bytes(b"\xff\xfe\x00stage,instruction")
+    with pytest.raises(ProfileError, match="not a UTF-8 CSV text file"):
         InstructionProfilingResult.from_csv(path)
 
 
