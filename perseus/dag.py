@@ -35,7 +35,7 @@ from perseus.errors import ScheduleError
 if TYPE_CHECKING:
     from perseus.profile import InstructionOptions, InstructionProfile
 
-__all__ = ["SCHEDULES", "Instruction", "PipelineSchedule", "make_schedule"]
+__all__ = ["SCHEDULES", "Instruction", "PipelineSchedule", "make_schedule", "schedule_name"]
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 Kind = Literal["forward", "backward"]
@@ -193,6 +193,18 @@ def _interleaved(S: int, M: int, V: int) -> list[list[Instruction]]:
     return orders
 
 
+def schedule_name(name: str) -> str:
+    """The canonical name (``"1f1b"``, ``"gpipe"`` or ``"interleaved"``) of a schedule name
+    as users write it (any case, with or without ``-``/``_``, ``interleaved-1f1b``)."""
+    key = name.lower().replace("-", "").replace("_", "")
+    key = {"interleaved1f1b": "interleaved"}.get(key, key)
+    if key not in SCHEDULES:
+        raise ScheduleError(
+            f"Unknown pipeline schedule {name!r}; choose one of {', '.join(SCHEDULES)}"
+        )
+    return key
+
+
 def make_schedule(
     name: str, num_stages: int, num_microbatches: int, *, num_chunks: int = 2
 ) -> PipelineSchedule:
@@ -200,17 +212,7 @@ def make_schedule(
 
     `num_chunks` (virtual stages per stage) is used by ``interleaved`` only.
     """
-    key = name.lower().replace("-", "").replace("_", "")
-    key = {
-        "1f1b": "1f1b",
-        "gpipe": "gpipe",
-        "interleaved": "interleaved",
-        "interleaved1f1b": "interleaved",
-    }.get(key, key)
-    if key not in SCHEDULES:
-        raise ScheduleError(
-            f"Unknown pipeline schedule {name!r}; choose one of {', '.join(SCHEDULES)}"
-        )
+    key = schedule_name(name)
     if not isinstance(num_stages, int) or num_stages < 1:
         raise ScheduleError(f"The number of stages must be at least 1, got {num_stages!r}")
     if not isinstance(num_microbatches, int) or num_microbatches < 1:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from perseus.dag import Instruction, PipelineSchedule, make_schedule
+from perseus.dag import Instruction, PipelineSchedule, make_schedule, schedule_name
 from perseus.errors import PlanError
 from perseus.models import atomic_write_text
 from perseus.profile import InstructionProfile
@@ -190,6 +190,22 @@ class Plan(BaseModel):
 
     def pipeline_schedule(self) -> PipelineSchedule:
         """The schedule this plan is for; checks the plan's instruction names against it."""
+        # Every schedule runs a forward and a backward of every microbatch (and chunk) on
+        # every stage. Check the counts before laying the schedule out, so that a corrupt
+        # num_microbatches cannot make it build a DAG of a billion nodes.
+        key = schedule_name(self.schedule)
+        chunks = self.num_chunks if key == "interleaved" else 1
+        per_stage = 2 * self.num_microbatches * chunks
+        if len(self.frequencies) != self.num_stages:
+            raise PlanError(
+                f"The plan lists {len(self.frequencies)} stage(s) but says num_stages={self.num_stages}"
+            )
+        for stage, entries in enumerate(self.frequencies):
+            if len(entries) != per_stage:
+                raise PlanError(
+                    f"Stage {stage}: the plan has {len(entries)} instruction(s) but the {key} "
+                    f"schedule with {self.num_microbatches} microbatch(es) has {per_stage}"
+                )
         schedule = make_schedule(
             self.schedule, self.num_stages, self.num_microbatches, num_chunks=self.num_chunks
         )
@@ -221,6 +237,8 @@ class Plan(BaseModel):
             text = p.read_text()
         except OSError as exc:
             raise PlanError(f"Cannot read plan file {str(p)!r}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise PlanError(f"Plan file {str(p)!r} is not UTF-8 JSON text ({exc})") from None
         try:
             json.loads(text)
             plan = cls.model_validate_json(text)

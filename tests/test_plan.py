@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -79,6 +80,34 @@ def test_plan_with_wrong_instruction_count(tmp_path: Path) -> None:
         Plan.load(path).evaluate(_profile())
 
 
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"num_microbatches": 10**9},
+            "1f1b schedule with 1000000000 microbatch(es) has 2000000000",
+        ),
+        ({"num_stages": 10**8}, "lists 2 stage(s) but says num_stages=100000000"),
+        (
+            {"schedule": "interleaved", "num_chunks": 2},
+            "interleaved schedule with 2 microbatch(es) has 8",
+        ),
+    ],
+)
+def test_plan_counts_are_checked_before_the_schedule_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changes: dict, message: str
+) -> None:
+    # A corrupt size must not lay out a DAG of a billion nodes before it is found out.
+    path = _write_plan(tmp_path, **changes)
+
+    def no_schedule(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the schedule was built before the counts were checked")
+
+    monkeypatch.setattr("perseus.plan.make_schedule", no_schedule)
+    with pytest.raises(PlanError, match=re.escape(message)):
+        Plan.load(path).pipeline_schedule()
+
+
 def test_plan_with_unprofiled_frequency(tmp_path: Path) -> None:
     path = _write_plan(tmp_path)
     data = json.loads(path.read_text())
@@ -104,6 +133,9 @@ def test_plan_file_not_json_or_python(tmp_path: Path) -> None:
         Plan.load(path)
     path.write_text('{"schedule": "1f1b"}')
     with pytest.raises(PlanError, match="invalid"):
+        Plan.load(path)
+    path.write_bytes(b"\xff\xfe{")
+    with pytest.raises(PlanError, match="not UTF-8 JSON text"):
         Plan.load(path)
 
 
