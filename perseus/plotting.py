@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -40,10 +41,26 @@ def read_frontier_csv(frontier_dir: str | os.PathLike[str]) -> pd.DataFrame:
         raise PerseusError(
             f"No frontier at {str(path)!r}: run `perseus solve ... --out {frontier_dir}` first"
         )
-    df = pd.read_csv(path)
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise PerseusError(f"{path} is not a frontier CSV ({exc})") from None
     missing = [c for c in FRONTIER_COLUMNS if c not in df.columns]
     if missing:
         raise PerseusError(f"{path} lacks column(s) {', '.join(missing)}")
+    if df.empty:
+        raise PerseusError(f"{path} lists no plans")
+    for column in FRONTIER_COLUMNS[:-1]:
+        values = pd.to_numeric(df[column], errors="coerce")
+        bad = np.flatnonzero(~np.isfinite(values.to_numpy(dtype=float)))
+        if len(bad):
+            raise PerseusError(
+                f"{path} line {bad[0] + 2}: {column} must be a finite number, "
+                f"got {df[column].iloc[bad[0]]!r}"
+            )
+        df[column] = values
+    if df["plan"].isna().any():
+        raise PerseusError(f"{path} line {int(np.argmax(df['plan'].isna())) + 2}: no plan path")
     return df
 
 

@@ -150,6 +150,33 @@ def test_choose_from_frontier_csv(tmp_path: Path) -> None:
     assert code == 2 and "run `perseus solve" in " ".join(out.split())
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            b"index,iteration_time,energy,lower_bound,plan\n0,abc,1,1,p.json\n",
+            "line 2: iteration_time",
+        ),
+        (b"index,iteration_time,energy,lower_bound,plan\n", "lists no plans"),
+        (b"\xff\xfe\x00\x01", "not a frontier CSV"),
+    ],
+)
+def test_choose_rejects_a_corrupt_frontier(tmp_path: Path, content: bytes, message: str) -> None:
+    (tmp_path / "frontier.csv").write_bytes(content)
+    for command in (["choose", tmp_path, "--max-slowdown", "0.1"], ["plot", "frontier", tmp_path]):
+        code, out = _run(*command)
+        assert code == 2 and message in " ".join(out.split()), out
+        assert "Traceback" not in out
+
+
+def test_solve_refuses_an_out_that_is_a_file_before_solving(tmp_path: Path) -> None:
+    target = tmp_path / "results"
+    target.write_text("keep me")
+    code, out = _run("solve", _profile(tmp_path), "-m", "2", "--out", target, "--no-plots")
+    assert code == 2 and "is a file" in out, out
+    assert target.read_text() == "keep me"
+
+
 def test_solve_reports_the_gap_above_the_lp_bound(tmp_path: Path) -> None:
     code, out = _run("solve", _profile(tmp_path), "-m", "3", "--out", tmp_path / "f", "--no-plots")
     assert code == 0, out

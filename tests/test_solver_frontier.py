@@ -134,6 +134,9 @@ def test_read_errors(tmp_path, frontier_8x8):
     (tmp_path / "frontier.csv").write_text("a,b\n1,2\n")
     with pytest.raises(PlanError, match="expected index,iteration_time"):
         Frontier.read(tmp_path)
+    (tmp_path / "frontier.csv").write_bytes(b"\xff\xfe\x00index")
+    with pytest.raises(PlanError, match="is not a frontier CSV"):
+        Frontier.read(tmp_path)
     Frontier(frontier.points[:3], schedule=schedule, p2p_power_w=P_BLOCK).write(tmp_path)
     plan_file = tmp_path / "plans" / "plan_00001.json"
     data = json.loads(plan_file.read_text())

@@ -37,7 +37,8 @@ R = TypeVar("R")
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [PerseusError, FileNotFoundError, PermissionError]
+    # OSError: a missing file, no permission, an --out that is a file, a full disk, ...
+    errors: list[type[BaseException]] = [PerseusError, OSError]
     try:
         from zeus_power.device.base import GPUError
 

@@ -46,6 +46,10 @@ def solve(
     """Compute the whole iteration-time vs energy frontier and write one plan per point."""
     if p2p_power < 0:
         raise PerseusError(f"--p2p-power must be non-negative, got {p2p_power}")
+    if out.exists() and not out.is_dir():  # say so now, not after a long solve
+        raise PerseusError(
+            f"--out {str(out)!r} is a file; give a directory for frontier.csv and plans/"
+        )
     prof = InstructionProfile.from_csv(resolve_profile_path(profile))
     sched = make_schedule(
         schedule, stages if stages is not None else prof.num_stages, microbatches, num_chunks=chunks

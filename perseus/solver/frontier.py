@@ -249,6 +249,8 @@ class Frontier:
                 f"Cannot read frontier {str(path)!r}: {exc.strerror or exc}; write one with "
                 "`perseus solve ... --out DIR`"
             ) from exc
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise PlanError(f"{str(path)!r} is not a frontier CSV ({exc})") from None
         if header is None or tuple(header) != FRONTIER_COLUMNS:
             raise PlanError(
                 f"{str(path)!r} has columns {header!r}; expected {','.join(FRONTIER_COLUMNS)}"
