@@ -28,6 +28,10 @@ __all__ = ["plot_frontier", "plot_timeline"]
 
 def _save(fig: Figure, out_png: str | os.PathLike[str]) -> Path:
     out = Path(out_png)
+    if out.is_dir():
+        raise PerseusError(f"{str(out)!r} is a directory; give the image file's path")
+    if not out.suffix:  # matplotlib would add .png itself; return the path it writes
+        out = out.with_suffix(".png")
     out.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     fig.savefig(out, dpi=120, bbox_inches="tight")

@@ -169,6 +169,26 @@ def test_choose_rejects_a_corrupt_frontier(tmp_path: Path, content: bytes, messa
         assert "Traceback" not in out
 
 
+def test_plot_commands_write_the_images_they_name(tmp_path: Path) -> None:
+    profile = _profile(tmp_path)
+    code, out = _run("solve", profile, "-m", "2", "--out", tmp_path / "f", "--no-plots")
+    assert code == 0, out
+    plan = tmp_path / "f" / "plans" / "plan_00000.json"
+    png = b"\x89PNG\r\n\x1a\n"
+    for command, written in (
+        (["plot", "frontier", tmp_path / "f"], tmp_path / "f" / "frontier.png"),
+        (["plot", "timeline", plan, "--profile", profile], plan.with_suffix(".png")),
+        # No suffix: matplotlib writes PNG at name.png, and that is the path printed.
+        (["plot", "timeline", plan, "-p", profile, "--out", tmp_path / "t"], tmp_path / "t.png"),
+    ):
+        code, out = _run(*command)
+        assert code == 0, out
+        assert out.strip() == str(written)
+        assert written.read_bytes()[:8] == png
+    code, out = _run("plot", "timeline", plan, "-p", profile, "--out", tmp_path / "f")
+    assert code == 2 and "is a directory" in out, out
+
+
 def test_solve_refuses_an_out_that_is_a_file_before_solving(tmp_path: Path) -> None:
     target = tmp_path / "results"
     target.write_text("keep me")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from perseus.cli._common import cli_errors, console, resolve_profile_path
+from perseus.cli._common import cli_errors, resolve_profile_path
 
 app = typer.Typer(
     help="Draw the frontier or a plan's per-stage timeline as PNG.", no_args_is_help=True
@@ -25,7 +25,7 @@ def frontier(
     """Energy vs iteration time of every frontier plan, with the LP lower bound."""
     from perseus.plotting import plot_frontier
 
-    console.print(str(plot_frontier(frontier_dir, out)))
+    typer.echo(str(plot_frontier(frontier_dir, out)))  # a path: never wrapped
 
 
 @app.command("timeline")
@@ -45,4 +45,4 @@ def timeline(
     from perseus.profile import InstructionProfile
 
     prof = InstructionProfile.from_csv(resolve_profile_path(profile))
-    console.print(str(plot_timeline(prof, Plan.load(plan), out or plan.with_suffix(".png"))))
+    typer.echo(str(plot_timeline(prof, Plan.load(plan), out or plan.with_suffix(".png"))))
