@@ -39,6 +39,21 @@ def test_bad_database_url_is_a_usage_error() -> None:
     assert "nosuchdriver" in result.output
 
 
+def test_a_database_that_cannot_be_opened_is_a_usage_error(tmp_path: Path) -> None:
+    # Found before the server starts (it was a traceback from the startup), and the file
+    # that is not a database is left as it was.
+    not_a_db = tmp_path / "notes.db"
+    not_a_db.write_text("my notes")
+    for url, message in (
+        (f"sqlite:///{tmp_path}/missing/dir/x.db", "unable to open database file"),
+        (f"sqlite:///{not_a_db}", "file is not a database"),
+    ):
+        result = CliRunner().invoke(app, ["serve", "--db-url", url])
+        assert result.exit_code == 2, result.output
+        assert message in " ".join(result.output.replace("│", " ").split())
+    assert not_a_db.read_text() == "my notes"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

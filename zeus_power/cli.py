@@ -54,7 +54,8 @@ def serve(
 
     from zeus_power.bso.server import BSOSettings, create_app
     from zeus_power.bso.server.db import make_engine
-    from zeus_power.errors import ZeusConfigError
+    from zeus_power.bso.server.service import BSOService
+    from zeus_power.errors import ZeusBSORuntimeError, ZeusConfigError
 
     overrides: dict[str, str | float] = {}
     if db_url is not None:
@@ -70,9 +71,16 @@ def serve(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise typer.BadParameter(f"Invalid settings: {problems}") from exc
-    try:  # Fail here, with a usage error, rather than inside the server's startup.
-        make_engine(settings.db_url).dispose()
-    except ZeusConfigError as exc:
+    # Fail here, with a usage error, rather than with a traceback in the server's startup:
+    # a bad URL, an unreachable server, a path that cannot be created, a file that is not
+    # a database. Creating the tables is idempotent; the server's startup does it again.
+    try:
+        engine = make_engine(settings.db_url)
+        try:
+            BSOService(engine).create_tables()
+        finally:
+            engine.dispose()
+    except (ZeusConfigError, ZeusBSORuntimeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--db-url") from exc
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level)
 
