@@ -83,6 +83,17 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
+def _rank_errors(path: Path) -> str:
+    """The one-line errors the ranks of a failed job printed (``perseus.train rank R: error:
+    ...``), which torchrun's failure summary at the end of the log pushes out of view."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = list(dict.fromkeys(line for line in lines if ": error: " in line))[:4]
+    return "".join(f"\n  {line}" for line in errors)
+
+
 class Coordinator:
     """A Perseus coordinator subprocess on a free loopback port (a context manager).
 
@@ -410,9 +421,9 @@ def _run_phase(
         )
     if status != 0:
         raise PerseusError(
-            f"The {name} training job failed with exit status {status}; its log "
-            f"({log_path}):\n{_tail(log_path)}\ncoordinator log ({coordinator.log_path}):\n"
-            f"{_tail(coordinator.log_path)}"
+            f"The {name} training job failed with exit status {status}{_rank_errors(log_path)}"
+            f"; its log ({log_path}):\n{_tail(log_path)}\n"
+            f"coordinator log ({coordinator.log_path}):\n{_tail(coordinator.log_path)}"
         )
     progress.update(task, completed=spec.steps, description=f"{name}: done")
 

@@ -7,14 +7,19 @@ same function), so this runs exactly what ``perseus demo`` runs.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
+import pytest
 import typer
 from e2e_fixtures import require_torch
+from rich.progress import Progress
 from typer.testing import CliRunner
 
 from perseus.cli.demo import demo
+from perseus.demo import Coordinator, JobSpec, _run_phase
+from perseus.errors import PerseusError
 from perseus.plan import Plan
 
 require_torch()
@@ -86,3 +91,30 @@ def test_without_torch_the_demo_says_how_to_install_it():
     assert "needs PyTorch, which is not installed: pip install 'perseus-energy[torch]'" in (
         proc.stderr
     )
+
+
+def test_demo_checks_the_layers_before_starting_anything(tmp_path):
+    app = typer.Typer()
+    app.command()(demo)
+    result = CliRunner().invoke(app, ["--out", str(tmp_path / "d"), "--layers", "1,x"])
+    assert result.exit_code == 2
+    assert "--layers '1,x' must be comma-separated layer counts" in result.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_failed_training_job_is_reported_with_the_ranks_own_errors(tmp_path):
+    # A layout the ranks refuse (a stage with no layer): torchrun's failure summary ends the
+    # log, so the ranks' one-line errors must be lifted into the message.
+    spec = JobSpec(nproc=2, layers="1,0", steps=1)
+    coordinator = Coordinator(
+        scheduler="AllMaxFrequency",
+        scheduler_args={"num_microbatches": spec.microbatches},
+        dump_dir=tmp_path / "dump",
+        log_path=tmp_path / "coordinator.log",
+    )
+    with Progress(disable=True) as progress, pytest.raises(PerseusError) as failure:
+        _run_phase("Baseline", coordinator, spec, tmp_path / "trace", tmp_path / "t.log", progress)
+    head = str(failure.value).split("; its log")[0]
+    assert head.startswith("The Baseline training job failed with exit status 1")
+    # Whichever rank fails first; torchrun then stops the other.
+    assert re.search(r"rank [01]: error: ConfigurationError: --layers '1,0': every stage", head)

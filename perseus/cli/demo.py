@@ -61,7 +61,9 @@ def demo(
     from perseus.demo import JobSpec, require_torch, run_demo
 
     require_torch()
-    n_stages = len(layers.split(","))
+    from perseus.train.model import parse_layers
+
+    n_stages = len(parse_layers(layers))  # checked here, not seconds later inside torchrun
     if not ms_per_layer > 0:
         raise ConfigurationError(f"--ms-per-layer must be positive, got {ms_per_layer}")
     spec = JobSpec(
