@@ -138,6 +138,14 @@ class InstructionProfile:
             raise ProfileError(
                 f"Profile {source}: unknown instruction(s) {unknown}; expected forward/backward"
             )
+        repeated = df.duplicated(["stage", "instruction", "frequency"])
+        if repeated.any():
+            row = df[repeated].iloc[0]
+            raise ProfileError(
+                f"Profile {source}: {int(repeated.sum())} repeated row(s), e.g. a second "
+                f"{row['instruction']} at {row['frequency']} MHz of stage {row['stage']}; "
+                "give each measurement once"
+            )
         options: dict[tuple[int, str], InstructionOptions] = {}
         for (stage, instruction), group in df.groupby(["stage", "instruction"], sort=True):
             group = group.sort_values("frequency", ascending=False)

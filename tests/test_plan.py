@@ -152,6 +152,13 @@ def test_profile_missing_stage_or_instruction() -> None:
         InstructionProfile.from_frame(df[~((df.stage == 1) & (df.instruction == "backward"))])
 
 
+def test_profile_frame_with_a_repeated_measurement() -> None:
+    df = _profile().to_frame()
+    twice = pd.concat([df, df.iloc[[3]].assign(time=9.9)])
+    with pytest.raises(ProfileError, match=r"1 repeated row.*at 500 MHz of stage 0"):
+        InstructionProfile.from_frame(twice)
+
+
 def test_real_profile_loads(real_profile_path: Path) -> None:
     prof = InstructionProfile.from_csv(real_profile_path)
     assert prof.num_stages == 8
