@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from perseus.cli.demo import demo
 from perseus.demo import Coordinator, JobSpec, _run_phase
 from perseus.errors import PerseusError
-from perseus.plan import Plan
+from perseus.plan import Plan, evaluate, max_frequencies
+from perseus.profile import InstructionProfile
 
 require_torch()
 
@@ -57,6 +58,18 @@ def test_demo_compares_all_max_and_perseus_and_writes_its_artifacts(tmp_path):
     assert f"{100 * summary['energy_saved']:.1f} %" in result.output
     plan = Plan.load(out / "plan.json")
     assert plan.num_stages == 2 and any(f < 1410 for s in plan.stage_frequencies() for f in s)
+    # What the profile predicts for the deployed plan, by the solver's accounting: within
+    # the default 1 % slowdown of all-max, and cheaper.
+    profile = InstructionProfile.from_csv(out / "profile.csv")
+    schedule = plan.pipeline_schedule()
+    ours = plan.evaluate(profile)
+    base = evaluate(profile, schedule, max_frequencies(profile, schedule), plan.p2p_power)
+    planned = summary["planned"]
+    assert planned["slowdown"] == ours.iteration_time_s / base.iteration_time_s - 1
+    assert 0 <= planned["slowdown"] <= 0.01 + 1e-9
+    assert planned["energy_saved"] == 1 - ours.energy_j / base.energy_j > 0
+    text = " ".join(result.output.split())
+    assert f"The profile predicted {100 * planned['energy_saved']:.1f} % saved at" in text
 
 
 def test_demo_rejects_too_few_steps(tmp_path):

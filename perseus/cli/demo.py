@@ -109,6 +109,11 @@ def demo(
         f"{100 * result.slowdown:+.2f} %",
     )
     console.print(table)
+    console.print(
+        f"The profile predicted {100 * result.planned_energy_saved:.1f} % saved at "
+        f"{100 * result.planned_slowdown:+.2f} % for this plan; the measured figures also "
+        "hold what the profile leaves out (P2P and host latency, ranks sharing the CPU)."
+    )
     console.print(f"profile:  {result.profile_csv}")
     console.print(f"frontier: {result.frontier_png}")
     console.print(f"timeline: {result.timeline_png}")
