@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import shutil
 import signal
@@ -390,9 +389,9 @@ class DemoResult:
     profile_csv: Path
     frontier_png: Path
     timeline_png: Path
-    planned_energy_saved: float = math.nan
+    planned_energy_saved: float
     """What the profile's accounting predicts for the deployed plan against all-max."""
-    planned_slowdown: float = math.nan
+    planned_slowdown: float
 
     @property
     def energy_saved(self) -> float:

@@ -410,7 +410,8 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
                 energy_j = float(row["energy"])
             except (TypeError, ValueError) as exc:
                 raise ProfileError(f"{path}:{lineno}: unparsable value ({exc})") from None
-            negative = [k for k in _ID_COLUMNS[: 5 if long_form else 1] if int(row[k]) < 0]
+            id_columns = _ID_COLUMNS if long_form else ("stage",)
+            negative = [k for k in id_columns if int(row[k]) < 0]
             if negative:
                 raise ProfileError(
                     f"{path}:{lineno}: "
