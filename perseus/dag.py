@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Literal
 import networkx as nx
 
 from perseus.errors import ScheduleError
+from perseus.memory import memory_shortfall
 
 if TYPE_CHECKING:
     from perseus.profile import InstructionOptions, InstructionProfile
@@ -205,6 +206,10 @@ def schedule_name(name: str) -> str:
     return key
 
 
+_BYTES_PER_INSTRUCTION = 1200
+"""Memory of one instruction in a schedule (~160 B) plus its networkx DAG (~1 KB), measured."""
+
+
 def make_schedule(
     name: str, num_stages: int, num_microbatches: int, *, num_chunks: int = 2
 ) -> PipelineSchedule:
@@ -219,9 +224,17 @@ def make_schedule(
         raise ScheduleError(
             f"The number of microbatches must be at least 1, got {num_microbatches!r}"
         )
+    if key == "interleaved" and num_chunks < 1:
+        raise ScheduleError(f"The number of chunks must be at least 1, got {num_chunks!r}")
+    count = 2 * num_stages * num_microbatches * (num_chunks if key == "interleaved" else 1)
+    short = memory_shortfall(
+        count * _BYTES_PER_INSTRUCTION,
+        f"The {key} schedule of {num_stages:,} stage(s) × {num_microbatches:,} microbatch(es) "
+        f"({count:,} instructions, with its DAG)",
+    )
+    if short:
+        raise ScheduleError(f"{short}; use fewer stages or microbatches")
     if key == "interleaved":
-        if num_chunks < 1:
-            raise ScheduleError(f"The number of chunks must be at least 1, got {num_chunks!r}")
         orders = _interleaved(num_stages, num_microbatches, num_chunks)
         chunks = num_chunks
     else:

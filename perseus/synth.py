@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from perseus.errors import ConfigurationError, ProfileError
+from perseus.memory import memory_shortfall
 from zeus_power.device.calibration import Measurement, fit_workload
 from zeus_power.device.emulated import DVFSModel, Workload
 from zeus_power.device.specs import get_gpu_spec
@@ -36,6 +37,7 @@ __all__ = [
     "COLUMNS",
     "MODEL_PRESETS",
     "ModelPreset",
+    "check_stage_count",
     "fit_stage_workloads",
     "get_preset",
     "stage_workloads",
@@ -108,7 +110,19 @@ def get_preset(name: str) -> ModelPreset:
         ) from None
 
 
+_BYTES_PER_STAGE = 64 * 1024
+"""Peak memory of synthesizing and writing one stage (~200 rows), measured on the A40."""
+
+
+def check_stage_count(num_stages: int) -> None:
+    """Refuse a stage count whose profile cannot fit in memory, before building anything."""
+    short = memory_shortfall(num_stages * _BYTES_PER_STAGE, f"A profile of {num_stages:,} stages")
+    if short:
+        raise ConfigurationError(f"{short}; synthesize fewer stages")
+
+
 def _check_work(work: Sequence[float]) -> list[float]:
+    check_stage_count(len(work))
     factors = [float(w) for w in work]
     if not factors:
         raise ConfigurationError("A profile needs at least one stage; got an empty work list")
@@ -176,6 +190,7 @@ def synthesize_profile(
     """
     spec = get_gpu_spec(gpu_type)
     items = list(stage_workloads)
+    check_stage_count(len(items))
     if items and all(isinstance(item, tuple) for item in items):
         pairs = [
             (_as_workload(f, s, "forward"), _as_workload(b, s, "backward"))

@@ -197,6 +197,20 @@ def test_solve_refuses_an_out_that_is_a_file_before_solving(tmp_path: Path) -> N
     assert target.read_text() == "keep me"
 
 
+def test_solve_refuses_a_frontier_too_big_for_memory_before_solving(tmp_path: Path) -> None:
+    from perseus.memory import available_memory_bytes
+
+    room = available_memory_bytes()
+    if room is None:
+        pytest.skip("this platform does not tell the available memory")
+    stages = pd.read_csv(_profile(tmp_path))["stage"].nunique()
+    # 1.5× more instructions than fit at the solver's ~100 KB each; the schedule alone fits.
+    microbatches = int(1.5 * room / (100 * 1024 * 2 * stages)) + 1
+    code, out = _run("solve", _profile(tmp_path), "-m", microbatches, "--out", tmp_path / "f")
+    assert code == 2 and "GiB of memory, but only" in " ".join(out.split()), out
+    assert not (tmp_path / "f").exists()
+
+
 def test_solve_reports_the_gap_above_the_lp_bound(tmp_path: Path) -> None:
     code, out = _run("solve", _profile(tmp_path), "-m", "3", "--out", tmp_path / "f", "--no-plots")
     assert code == 0, out

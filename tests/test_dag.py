@@ -93,3 +93,10 @@ def test_every_instruction_once_and_acyclic(name: str, S: int, M: int) -> None:
 def test_bad_schedule_parameters(args: tuple, message: str) -> None:
     with pytest.raises(ScheduleError, match=message):
         make_schedule(*args)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "gpipe", "interleaved"])
+def test_a_schedule_too_big_for_memory_is_refused_before_it_is_built(name: str) -> None:
+    # Building 1.6·10¹⁰ instructions used to run until the kernel killed the process.
+    with pytest.raises(ScheduleError, match=r"16,000,000,000 instructions.* GiB of memory"):
+        make_schedule(name, 8, 10**9, num_chunks=1)

@@ -148,6 +148,7 @@ def test_cli_writes_a_loadable_profile(tmp_path):
         (["--work", "1,a"], "comma-separated"),
         ([], "Give --stages, --work"),
         (["--work", "1", "--model", "llama"], "valid presets"),
+        (["--stages", "100000000"], "A profile of 100,000,000 stages needs about"),
     ],
 )
 def test_cli_errors_exit_2_without_traceback(tmp_path, args, match):
@@ -157,6 +158,17 @@ def test_cli_errors_exit_2_without_traceback(tmp_path, args, match):
     assert match in " ".join(result.output.split())
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "match"), [("p.txt", "must end with '.csv'"), ("d.csv", "is a directory")]
+)
+def test_cli_out_must_be_a_csv_file(tmp_path, name, match):
+    (tmp_path / "d.csv").mkdir()
+    result = runner.invoke(app, ["synth", "--stages", "2", "--out", str(tmp_path / name)])
+    assert result.exit_code == 2
+    assert match in " ".join(result.output.split())
+    assert [p.name for p in tmp_path.iterdir()] == ["d.csv"]
 
 
 # ---------------------------------------------------------------- shipped profiles

@@ -75,12 +75,17 @@ def synth(
     seed: Annotated[int | None, typer.Option(help="Seed of the noise.")] = None,
 ) -> None:
     """Synthesize a profile, e.g. `perseus profile synth --gpu A40 --work 1,1,1,0.6 --out p.csv`."""
-    from perseus.synth import get_preset, stage_workloads, synthesize_profile
+    from perseus.synth import check_stage_count, get_preset, stage_workloads, synthesize_profile
 
+    if out.suffix != ".csv":  # the rule of InstructionProfilingResult.to_csv
+        raise ConfigurationError(f"--out {str(out)!r} must end with '.csv'")
+    if out.is_dir():
+        raise ConfigurationError(f"--out {str(out)!r} is a directory; give a CSV file path")
     factors = _parse_work(work) if work is not None else None
     if factors is None:
         if stages is None:
             raise ConfigurationError("Give --stages, --work, or both (e.g. --stages 4)")
+        check_stage_count(stages)
         factors = [1.0] * stages
     if stages is not None and stages != len(factors):
         raise ConfigurationError(

@@ -55,7 +55,6 @@ def solve(
         schedule, stages if stages is not None else prof.num_stages, microbatches, num_chunks=chunks
     )
     sched.check_profile(prof)
-    base = evaluate(prof, sched, max_frequencies(prof, sched), p2p_power)
     from perseus.solver import solve_frontier
 
     with fraction_progress("solving") as progress:
@@ -69,6 +68,7 @@ def solve(
             progress=lambda f: progress.update(task, completed=f),
         )
     frontier.write(out)
+    base = evaluate(prof, sched, max_frequencies(prof, sched), p2p_power)
     points = frontier.points
     table = Table(
         title=f"Frontier of {prof.source} — {sched.name}, S={sched.num_stages}, M={sched.num_microbatches}"

@@ -49,6 +49,7 @@ import numpy as np
 
 from perseus.dag import PipelineSchedule
 from perseus.errors import PlanError, SolverError
+from perseus.memory import memory_shortfall
 from perseus.plan import Evaluation, Plan
 from perseus.profile import InstructionProfile
 from perseus.solver.lp import LPCurve, solve_lp_curve
@@ -66,6 +67,9 @@ _FILL_ROUNDS = 2
 _POLISH_COLUMNS = 4096
 _SEGMENT_TARGETS = 256
 _LEAD_FRACTION = 0.1
+_BYTES_PER_INSTRUCTION = 100 * 1024
+"""Peak memory of a whole-frontier solve per instruction, measured at 8×64 and 8×512 (it
+grows slowly with size, so this is a floor)."""
 
 
 def choose_index(
@@ -341,6 +345,12 @@ def solve_frontier(
     t0 = time.perf_counter()
     if max_points is not None and max_points < 2:
         raise SolverError(f"max_points must be at least 2 (or None for all), got {max_points!r}")
+    n = schedule.num_instructions
+    short = memory_shortfall(
+        n * _BYTES_PER_INSTRUCTION, f"The frontier of {n:,} instructions ({schedule.name})"
+    )
+    if short:
+        raise SolverError(f"{short}; solve fewer microbatches or stages")
     problem = SolverProblem.build(profile, schedule, p2p_power_w=p2p_power_w)
     rounder = Rounder(problem)
 
