@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
@@ -21,7 +19,7 @@ from matplotlib.patches import Patch
 from perseus.errors import PerseusError
 from perseus.plan import Plan, timeline
 from perseus.profile import InstructionProfile
-from perseus.solver import FRONTIER_COLUMNS
+from perseus.solver import read_frontier_table
 
 __all__ = ["plot_frontier", "plot_timeline"]
 
@@ -38,36 +36,6 @@ def _save(fig: Figure, out_png: str | os.PathLike[str]) -> Path:
     return out
 
 
-def read_frontier_csv(frontier_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """Read ``DIR/frontier.csv`` with a clear error when it is missing or malformed."""
-    path = Path(frontier_dir) / "frontier.csv"
-    if not path.is_file():
-        raise PerseusError(
-            f"No frontier at {str(path)!r}: run `perseus solve ... --out {frontier_dir}` first"
-        )
-    try:
-        df = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise PerseusError(f"{path} is not a frontier CSV ({exc})") from None
-    missing = [c for c in FRONTIER_COLUMNS if c not in df.columns]
-    if missing:
-        raise PerseusError(f"{path} lacks column(s) {', '.join(missing)}")
-    if df.empty:
-        raise PerseusError(f"{path} lists no plans")
-    for column in FRONTIER_COLUMNS[:-1]:
-        values = pd.to_numeric(df[column], errors="coerce")
-        bad = np.flatnonzero(~np.isfinite(values.to_numpy(dtype=float)))
-        if len(bad):
-            raise PerseusError(
-                f"{path} line {bad[0] + 2}: {column} must be a finite number, "
-                f"got {df[column].iloc[bad[0]]!r}"
-            )
-        df[column] = values
-    if df["plan"].isna().any():
-        raise PerseusError(f"{path} line {int(np.argmax(df['plan'].isna())) + 2}: no plan path")
-    return df
-
-
 def plot_frontier(
     frontier_dir: str | os.PathLike[str],
     out_png: str | os.PathLike[str] | None = None,
@@ -80,15 +48,15 @@ def plot_frontier(
     `baseline` marks a reference point (e.g. all-max frequency) as (time_s, energy_j).
     Returns the PNG path (default ``DIR/frontier.png``).
     """
-    df = read_frontier_csv(frontier_dir)
+    table = read_frontier_table(frontier_dir)
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     ax.plot(
-        df["iteration_time"], df["lower_bound"], "--", color="0.6", lw=1, label="LP lower bound"
+        table.iteration_time, table.lower_bound, "--", color="0.6", lw=1, label="LP lower bound"
     )
     ax.plot(
-        df["iteration_time"],
-        df["energy"],
+        table.iteration_time,
+        table.energy,
         "-o",
         ms=2.5,
         lw=1.2,
@@ -99,7 +67,7 @@ def plot_frontier(
         ax.plot(*baseline, "*", ms=12, color="tab:red", label="all max frequency")
     ax.set_xlabel("iteration time (s)")
     ax.set_ylabel("energy per iteration (J)")
-    ax.set_title(title or f"Time–energy frontier ({len(df)} plans)")
+    ax.set_title(title or f"Time–energy frontier ({len(table.plan)} plans)")
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, out_png or Path(frontier_dir) / "frontier.png")

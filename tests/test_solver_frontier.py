@@ -138,6 +138,22 @@ def test_read_errors(tmp_path, frontier_8x8):
     with pytest.raises(PlanError, match="is not a frontier CSV"):
         Frontier.read(tmp_path)
     Frontier(frontier.points[:3], schedule=schedule, p2p_power_w=P_BLOCK).write(tmp_path)
+    good = (tmp_path / "frontier.csv").read_text()
+    # One reader serves `choose`, `plot` and `Frontier.read`: the same checks everywhere.
+    for bad, message in (
+        (good.replace(",plans/plan_00001.json", ",", 1), "line 3: no plan path"),
+        (good.replace("\n2,", "\n2,inf,", 1), r"line 4 has 6 field\(s\), the header 5"),
+        (good.replace("\n1,", "\n1.5,", 1), "line 3: index must be an integer"),
+    ):
+        (tmp_path / "frontier.csv").write_text(bad)
+        with pytest.raises(PlanError, match=message):
+            Frontier.read(tmp_path)
+    time_1 = good.splitlines()[2].split(",")[1]
+    (tmp_path / "frontier.csv").write_text(good.replace(time_1, "nan", 1))
+    with pytest.raises(PlanError, match="line 3: iteration_time must be a finite number"):
+        Frontier.read(tmp_path)
+    (tmp_path / "frontier.csv").write_text(good)
+    assert len(Frontier.read(tmp_path).points) == 3
     plan_file = tmp_path / "plans" / "plan_00001.json"
     data = json.loads(plan_file.read_text())
     data["frequencies"] = "eval('boom')"

@@ -158,19 +158,19 @@ def choose(
     ] = None,
 ) -> None:
     """Print the path of the minimum-energy plan that meets a slowdown or a deadline."""
-    from perseus.plotting import read_frontier_csv
-    from perseus.solver import choose_index
+    from perseus.solver import choose_index, read_frontier_table
 
     if (max_slowdown is None) == (deadline is None):
         raise PerseusError("Give exactly one of --max-slowdown or --deadline")
-    df = read_frontier_csv(frontier_dir).sort_values("index")
+    table = read_frontier_table(frontier_dir)
+    order = sorted(range(len(table.index)), key=table.index.__getitem__)
     k = choose_index(
-        df["iteration_time"].tolist(),
-        df["energy"].tolist(),
+        [table.iteration_time[i] for i in order],
+        [table.energy[i] for i in order],
         max_slowdown=max_slowdown,
         deadline_s=deadline,
     )
-    typer.echo(str(Path(frontier_dir) / str(df["plan"].iloc[k])))
+    typer.echo(str(Path(frontier_dir) / table.plan[order[k]]))
 
 
 @cli_errors

@@ -12,7 +12,9 @@ from perseus.solver.frontier import (
     FRONTIER_COLUMNS,
     Frontier,
     FrontierPoint,
+    FrontierTable,
     choose_index,
+    read_frontier_table,
     solve_frontier,
 )
 from perseus.solver.lp import LPCurve, solve_lp_curve
@@ -24,11 +26,13 @@ __all__ = [
     "FRONTIER_COLUMNS",
     "Frontier",
     "FrontierPoint",
+    "FrontierTable",
     "LPCurve",
     "Rounder",
     "SolverProblem",
     "choose_index",
     "effective_cost_hull",
+    "read_frontier_table",
     "solve_frontier",
     "solve_lp_curve",
 ]

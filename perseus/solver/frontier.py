@@ -44,6 +44,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,7 +57,15 @@ from perseus.solver.lp import LPCurve, solve_lp_curve
 from perseus.solver.problem import SolverProblem
 from perseus.solver.rounding import Rounder
 
-__all__ = ["FRONTIER_COLUMNS", "Frontier", "FrontierPoint", "choose_index", "solve_frontier"]
+__all__ = [
+    "FRONTIER_COLUMNS",
+    "Frontier",
+    "FrontierPoint",
+    "FrontierTable",
+    "choose_index",
+    "read_frontier_table",
+    "solve_frontier",
+]
 
 FRONTIER_COLUMNS = ("index", "iteration_time", "energy", "lower_bound", "plan")
 _TIME_RTOL = 1e-9
@@ -242,48 +251,84 @@ class Frontier:
     def read(cls, out_dir: str | os.PathLike[str]) -> Frontier:
         """Read a frontier written by `write` (plans are validated on load)."""
         out = Path(out_dir)
-        path = out / "frontier.csv"
-        try:
-            with path.open(newline="") as fh:
-                reader = csv.reader(fh)
-                header = next(reader, None)
-                rows = list(reader)
-        except OSError as exc:
-            raise PlanError(
-                f"Cannot read frontier {str(path)!r}: {exc.strerror or exc}; write one with "
-                "`perseus solve ... --out DIR`"
-            ) from exc
-        except (UnicodeDecodeError, csv.Error) as exc:
-            raise PlanError(f"{str(path)!r} is not a frontier CSV ({exc})") from None
-        if header is None or tuple(header) != FRONTIER_COLUMNS:
-            raise PlanError(
-                f"{str(path)!r} has columns {header!r}; expected {','.join(FRONTIER_COLUMNS)}"
-            )
+        table = read_frontier_table(out)
         points: list[FrontierPoint] = []
         schedule: PipelineSchedule | None = None
         p2p = math.nan
-        for line, row in enumerate(rows, start=2):
-            try:
-                _, t, e, lb, rel = row
-                t_s, e_j, lb_j = float(t), float(e), float(lb)
-            except ValueError:
-                raise PlanError(f"{str(path)!r} line {line} is malformed: {row!r}") from None
+        for t_s, e_j, lb_j, rel in zip(
+            table.iteration_time, table.energy, table.lower_bound, table.plan, strict=True
+        ):
             plan = Plan.load(out / rel)
             if schedule is None:
                 schedule = plan.pipeline_schedule()
                 p2p = plan.p2p_power
             points.append(
-                FrontierPoint(
-                    t_s,
-                    e_j,
-                    lb_j,
-                    plan.stage_frequencies(),
-                    compute_energy_j=math.nan,
-                )
+                FrontierPoint(t_s, e_j, lb_j, plan.stage_frequencies(), compute_energy_j=math.nan)
             )
-        if schedule is None:
-            raise PlanError(f"{str(path)!r} lists no plans")
+        assert schedule is not None  # read_frontier_table refuses a table without rows
         return cls(points, schedule=schedule, p2p_power_w=p2p)
+
+
+class FrontierTable(NamedTuple):
+    """The columns of a ``frontier.csv`` (see `FRONTIER_COLUMNS`), in file order."""
+
+    index: list[int]
+    iteration_time: list[float]
+    energy: list[float]
+    lower_bound: list[float]
+    plan: list[str]
+    """Plan paths relative to the frontier's directory."""
+
+
+def read_frontier_table(out_dir: str | os.PathLike[str]) -> FrontierTable:
+    """Read and check ``DIR/frontier.csv`` without loading its plans.
+
+    Raises `PlanError` naming the file (and line) when it is missing, not a CSV, lacks a
+    column, lists no plans, or has a value that is not a finite number or a plan path.
+    """
+    path = Path(out_dir) / "frontier.csv"
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None) or []
+            rows = list(reader)
+    except OSError as exc:
+        raise PlanError(
+            f"Cannot read frontier {str(path)!r}: {exc.strerror or exc}; run "
+            f"`perseus solve ... --out {out_dir}` first"
+        ) from exc
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise PlanError(f"{str(path)!r} is not a frontier CSV ({exc})") from None
+    missing = [c for c in FRONTIER_COLUMNS if c not in header]
+    if missing:
+        raise PlanError(
+            f"{str(path)!r} lacks column(s) {', '.join(missing)}; expected "
+            f"{','.join(FRONTIER_COLUMNS)}"
+        )
+    if not rows:
+        raise PlanError(f"{str(path)!r} lists no plans")
+    where = {c: header.index(c) for c in FRONTIER_COLUMNS}
+    columns: dict[str, list] = {c: [] for c in FRONTIER_COLUMNS}
+    for line, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise PlanError(
+                f"{str(path)!r} line {line} has {len(row)} field(s), the header {len(header)}"
+            )
+        for column in FRONTIER_COLUMNS[:-1]:
+            text = row[where[column]]
+            try:
+                value = float(text)
+            except ValueError:
+                value = math.nan
+            if not math.isfinite(value) or (column == "index" and value != int(value)):
+                kind = "an integer" if column == "index" else "a finite number"
+                raise PlanError(f"{str(path)!r} line {line}: {column} must be {kind}, got {text!r}")
+            columns[column].append(int(value) if column == "index" else value)
+        plan = row[where["plan"]].strip()
+        if not plan:
+            raise PlanError(f"{str(path)!r} line {line}: no plan path")
+        columns["plan"].append(plan)
+    return FrontierTable(**columns)
 
 
 class _ParetoStore:
