@@ -293,16 +293,22 @@ def test_a_scheduler_error_reaches_every_rank(fail_with, status):
         )
 
 
-def test_a_scheduler_that_cannot_start_fails_every_rank_with_400():
-    settings = PerseusSettings(
-        scheduler="PointSolution", scheduler_args={"solution_path": "/nonexistent/plan.json"}
-    )
+@pytest.mark.parametrize(
+    ("scheduler", "args", "message"),
+    [
+        ("PointSolution", {"solution_path": "/nonexistent/plan.json"}, "/nonexistent/plan.json"),
+        # A pipeline too big for memory is refused before its schedule is built.
+        ("AllMaxFrequency", {"num_microbatches": 10**10}, "GiB of memory, but only"),
+    ],
+)
+def test_a_scheduler_that_cannot_start_fails_every_rank_with_400(scheduler, args, message):
+    settings = PerseusSettings(scheduler=scheduler, scheduler_args=args)
     with running_server(settings) as url, httpx.Client(base_url=url, timeout=20) as c:
         job_id = c.post("/register_job", json=job_info(2).model_dump()).json()
         infos = rank_infos(2)
         assert c.post(f"/register_rank/{job_id}", json=infos[0].model_dump()).status_code == 200
         last = c.post(f"/register_rank/{job_id}", json=infos[1].model_dump())
-        assert last.status_code == 400 and "/nonexistent/plan.json" in last.json()["detail"]
+        assert last.status_code == 400 and message in last.json()["detail"], last.text
         other = c.get(f"/schedule/{job_id}", params={"rank": 0})
         assert other.status_code == 400 and other.json()["detail"] == last.json()["detail"]
 
