@@ -203,10 +203,11 @@ def test_solve_refuses_a_frontier_too_big_for_memory_before_solving(tmp_path: Pa
     room = available_memory_bytes()
     if room is None:
         pytest.skip("this platform does not tell the available memory")
-    stages = pd.read_csv(_profile(tmp_path))["stage"].nunique()
+    profile = _profile(tmp_path)
+    stages = pd.read_csv(profile)["stage"].nunique()
     # 1.5× more instructions than fit at the solver's ~100 KB each; the schedule alone fits.
     microbatches = int(1.5 * room / (100 * 1024 * 2 * stages)) + 1
-    code, out = _run("solve", _profile(tmp_path), "-m", microbatches, "--out", tmp_path / "f")
+    code, out = _run("solve", profile, "-m", microbatches, "--out", tmp_path / "f")
     assert code == 2 and "GiB of memory, but only" in " ".join(out.split()), out
     assert not (tmp_path / "f").exists()
 
