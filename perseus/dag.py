@@ -36,7 +36,14 @@ from perseus.memory import memory_shortfall
 if TYPE_CHECKING:
     from perseus.profile import InstructionOptions, InstructionProfile
 
-__all__ = ["SCHEDULES", "Instruction", "PipelineSchedule", "make_schedule", "schedule_name"]
+__all__ = [
+    "SCHEDULES",
+    "Instruction",
+    "PipelineSchedule",
+    "instructions_per_stage",
+    "make_schedule",
+    "schedule_name",
+]
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 Kind = Literal["forward", "backward"]
@@ -206,6 +213,13 @@ def schedule_name(name: str) -> str:
     return key
 
 
+def instructions_per_stage(name: str, num_microbatches: int, num_chunks: int = 2) -> int:
+    """Instructions each stage runs: a forward and a backward of every microbatch, per
+    model chunk (``num_chunks`` counts for ``interleaved`` only)."""
+    chunks = num_chunks if schedule_name(name) == "interleaved" else 1
+    return 2 * num_microbatches * chunks
+
+
 _BYTES_PER_INSTRUCTION = 1200
 """Memory of one instruction in a schedule (~160 B) plus its networkx DAG (~1 KB), measured."""
 
@@ -226,7 +240,7 @@ def make_schedule(
         )
     if key == "interleaved" and num_chunks < 1:
         raise ScheduleError(f"The number of chunks must be at least 1, got {num_chunks!r}")
-    count = 2 * num_stages * num_microbatches * (num_chunks if key == "interleaved" else 1)
+    count = num_stages * instructions_per_stage(key, num_microbatches, num_chunks)
     short = memory_shortfall(
         count * _BYTES_PER_INSTRUCTION,
         f"The {key} schedule of {num_stages:,} stage(s) × {num_microbatches:,} microbatch(es) "

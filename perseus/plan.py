@@ -28,7 +28,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from perseus.dag import Instruction, PipelineSchedule, make_schedule, schedule_name
+from perseus.dag import (
+    Instruction,
+    PipelineSchedule,
+    instructions_per_stage,
+    make_schedule,
+    schedule_name,
+)
 from perseus.errors import PlanError
 from perseus.models import atomic_write_text
 from perseus.profile import InstructionProfile
@@ -194,8 +200,7 @@ class Plan(BaseModel):
         # every stage. Check the counts before laying the schedule out, so that a corrupt
         # num_microbatches cannot make it build a DAG of a billion nodes.
         key = schedule_name(self.schedule)
-        chunks = self.num_chunks if key == "interleaved" else 1
-        per_stage = 2 * self.num_microbatches * chunks
+        per_stage = instructions_per_stage(key, self.num_microbatches, self.num_chunks)
         if len(self.frequencies) != self.num_stages:
             raise PlanError(
                 f"The plan lists {len(self.frequencies)} stage(s) but says num_stages={self.num_stages}"
