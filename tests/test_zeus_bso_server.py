@@ -291,10 +291,12 @@ def test_concurrent_clients_on_two_servers_sharing_one_database(db_url: str) -> 
     workers, per_worker = 8, 6
     with running_server(db_url) as url_a, running_server(db_url) as url_b:
         urls = [url_a, url_b]
-        # Both apps of this one process share the module's router, and FastAPI builds a
-        # route's parameters on an app's first request. Building them in two apps at once
-        # races on the shared annotations (a pydantic warning, an error under pytest), so
-        # each app answers one request first. Real servers are separate processes.
+        # FastAPI builds some validation fields on an app's first request, inside
+        # `warnings.catch_warnings()` to hide a pydantic warning. Those filters are
+        # process-wide and not thread-safe: two apps of this one process doing it at once
+        # in their server threads can let the warning out (an error under pytest's
+        # filterwarnings), so each app answers one request first. Real servers are
+        # separate processes.
         for url in urls:
             assert httpx.get(f"{url}/jobs/warm-up").status_code == 404
         barrier = threading.Barrier(workers)
