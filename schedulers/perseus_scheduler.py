@@ -92,6 +92,10 @@ class Perseus(PlanningScheduler):
             num_microbatches=num_microbatches,
             schedule=schedule,
         )
+        from perseus.solver import check_frontier_memory
+
+        # Now, not after the profiling sweep: a job too big to solve fails at registration.
+        check_frontier_memory(self.pipeline.num_instructions, self.pipeline.name)
         self.max_slowdown = max_slowdown
         self.deadline_s = deadline
         self.straggler_threshold = straggler_threshold

@@ -14,6 +14,7 @@ import pytest
 from server_fixtures import job_info, rank_infos, running_server
 
 from perseus.errors import PerseusError
+from perseus.memory import available_memory_bytes
 from perseus.models import (
     FrequencySchedule,
     PerseusSettings,
@@ -293,12 +294,28 @@ def test_a_scheduler_error_reaches_every_rank(fail_with, status):
         )
 
 
+def _too_big_to_solve(stages: int) -> int:
+    """Microbatches whose 1F1B schedule fits in memory but whose frontier (~100 KB per
+    instruction) does not; 0 where the platform does not tell the available memory."""
+    room = available_memory_bytes()
+    return 0 if room is None else int(1.5 * room / (100 * 1024 * 2 * stages)) + 1
+
+
 @pytest.mark.parametrize(
     ("scheduler", "args", "message"),
     [
         ("PointSolution", {"solution_path": "/nonexistent/plan.json"}, "/nonexistent/plan.json"),
         # A pipeline too big for memory is refused before its schedule is built.
         ("AllMaxFrequency", {"num_microbatches": 10**10}, "GiB of memory, but only"),
+        # A frontier too big to solve is refused at registration, not after the sweep.
+        pytest.param(
+            "Perseus",
+            {"num_microbatches": _too_big_to_solve(2)},
+            "GiB of memory, but only",
+            marks=pytest.mark.skipif(
+                available_memory_bytes() is None, reason="the available memory is unknown"
+            ),
+        ),
     ],
 )
 def test_a_scheduler_that_cannot_start_fails_every_rank_with_400(scheduler, args, message):

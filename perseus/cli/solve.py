@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from perseus.cli._common import cli_errors, console, fraction_progress, resolve_profile_path
-from perseus.dag import SCHEDULES, make_schedule
+from perseus.dag import SCHEDULES, instructions_per_stage, make_schedule, schedule_name
 from perseus.errors import PerseusError
 from perseus.plan import DEFAULT_P2P_POWER_W, Plan, evaluate, max_frequencies
 from perseus.profile import InstructionProfile
@@ -51,11 +51,15 @@ def solve(
             f"--out {str(out)!r} is a file; give a directory for frontier.csv and plans/"
         )
     prof = InstructionProfile.from_csv(resolve_profile_path(profile))
-    sched = make_schedule(
-        schedule, stages if stages is not None else prof.num_stages, microbatches, num_chunks=chunks
-    )
+    num_stages = stages if stages is not None else prof.num_stages
+    from perseus.solver import check_frontier_memory, solve_frontier
+
+    if num_stages >= 1 and microbatches >= 1:  # else make_schedule names the bad count
+        # Before building the schedule: a size that cannot be solved fails in a second.
+        per_stage = instructions_per_stage(schedule, microbatches, chunks)
+        check_frontier_memory(num_stages * per_stage, schedule_name(schedule))
+    sched = make_schedule(schedule, num_stages, microbatches, num_chunks=chunks)
     sched.check_profile(prof)
-    from perseus.solver import solve_frontier
 
     with fraction_progress("solving") as progress:
         task = progress.add_task(

@@ -62,6 +62,7 @@ __all__ = [
     "Frontier",
     "FrontierPoint",
     "FrontierTable",
+    "check_frontier_memory",
     "choose_index",
     "read_frontier_table",
     "solve_frontier",
@@ -366,6 +367,24 @@ class _ParetoStore:
         self.choice = rows[resort]
 
 
+def check_frontier_memory(num_instructions: int, schedule_name: str) -> None:
+    """Refuse a frontier that cannot fit in this machine's available memory.
+
+    `solve_frontier` calls it first; callers that know the size before building the
+    schedule (the CLI, the coordinator's schedulers) call it earlier, so that a job too big
+    to solve fails at once instead of after a schedule build or a profiling sweep.
+
+    Raises:
+        SolverError: ``num_instructions`` × ~100 KB is more than the available memory.
+    """
+    short = memory_shortfall(
+        num_instructions * _BYTES_PER_INSTRUCTION,
+        f"The frontier of {num_instructions:,} instructions ({schedule_name})",
+    )
+    if short:
+        raise SolverError(f"{short}; solve fewer microbatches or stages")
+
+
 def solve_frontier(
     profile: InstructionProfile,
     schedule: PipelineSchedule,
@@ -390,12 +409,7 @@ def solve_frontier(
     t0 = time.perf_counter()
     if max_points is not None and max_points < 2:
         raise SolverError(f"max_points must be at least 2 (or None for all), got {max_points!r}")
-    n = schedule.num_instructions
-    short = memory_shortfall(
-        n * _BYTES_PER_INSTRUCTION, f"The frontier of {n:,} instructions ({schedule.name})"
-    )
-    if short:
-        raise SolverError(f"{short}; solve fewer microbatches or stages")
+    check_frontier_memory(schedule.num_instructions, schedule.name)
     problem = SolverProblem.build(profile, schedule, p2p_power_w=p2p_power_w)
     rounder = Rounder(problem)
 
