@@ -121,6 +121,10 @@ def test_write_read_round_trip(tmp_path, real_profile, frontier_8x8):
     assert back.schedule == schedule
     assert back.p2p_power_w == P_BLOCK
     assert back.choose(max_slowdown=0.02) == small.choose(max_slowdown=0.02)
+    # Rows are taken in index order, not file order (as `perseus choose` takes them).
+    lines = (tmp_path / "frontier.csv").read_text().splitlines()
+    (tmp_path / "frontier.csv").write_text("\n".join([lines[0], *reversed(lines[1:])]) + "\n")
+    assert Frontier.read(tmp_path).points == small.points
     # Writing again replaces the old plans rather than leaving stale files behind.
     Frontier(small.points[:2], schedule=schedule, p2p_power_w=P_BLOCK).write(tmp_path)
     assert len(list((tmp_path / "plans").glob("*.json"))) == 2

@@ -250,16 +250,16 @@ class Frontier:
 
     @classmethod
     def read(cls, out_dir: str | os.PathLike[str]) -> Frontier:
-        """Read a frontier written by `write` (plans are validated on load)."""
+        """Read a frontier written by `write` (plans are validated on load), points in
+        ``index`` order whatever the file's row order, as `perseus choose` reads them."""
         out = Path(out_dir)
         table = read_frontier_table(out)
         points: list[FrontierPoint] = []
         schedule: PipelineSchedule | None = None
         p2p = math.nan
-        for t_s, e_j, lb_j, rel in zip(
-            table.iteration_time, table.energy, table.lower_bound, table.plan, strict=True
-        ):
-            plan = Plan.load(out / rel)
+        for k in sorted(range(len(table.index)), key=table.index.__getitem__):
+            t_s, e_j, lb_j = table.iteration_time[k], table.energy[k], table.lower_bound[k]
+            plan = Plan.load(out / table.plan[k])
             if schedule is None:
                 schedule = plan.pipeline_schedule()
                 p2p = plan.p2p_power
