@@ -146,6 +146,14 @@ def test_choose_from_frontier_csv(tmp_path: Path) -> None:
     )
     code, out = _run("choose", tmp_path, "--deadline", "5")
     assert code == 2 and "No plan meets" in out
+    # Rows are taken in index order, not file order: of two equal energies, the faster.
+    lines = (tmp_path / "frontier.csv").read_text().splitlines()
+    lines[2] = lines[2].replace(",90.0,", ",80.0,")  # index 1 now ties with index 2
+    (tmp_path / "frontier.csv").write_text("\n".join([lines[0], *reversed(lines[1:])]) + "\n")
+    assert _run("choose", tmp_path, "--deadline", "20") == (
+        0,
+        f"{tmp_path}/plans/plan_00001.json\n",
+    )
     code, out = _run("choose", tmp_path / "empty", "--deadline", "5")
     assert code == 2 and "run `perseus solve" in " ".join(out.split())
 

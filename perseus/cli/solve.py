@@ -166,15 +166,11 @@ def choose(
 
     if (max_slowdown is None) == (deadline is None):
         raise PerseusError("Give exactly one of --max-slowdown or --deadline")
-    table = read_frontier_table(frontier_dir)
-    order = sorted(range(len(table.index)), key=table.index.__getitem__)
+    table = read_frontier_table(frontier_dir)  # rows in index order
     k = choose_index(
-        [table.iteration_time[i] for i in order],
-        [table.energy[i] for i in order],
-        max_slowdown=max_slowdown,
-        deadline_s=deadline,
+        table.iteration_time, table.energy, max_slowdown=max_slowdown, deadline_s=deadline
     )
-    typer.echo(str(Path(frontier_dir) / table.plan[order[k]]))
+    typer.echo(str(Path(frontier_dir) / table.plan[k]))
 
 
 @cli_errors

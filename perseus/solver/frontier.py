@@ -251,15 +251,16 @@ class Frontier:
     @classmethod
     def read(cls, out_dir: str | os.PathLike[str]) -> Frontier:
         """Read a frontier written by `write` (plans are validated on load), points in
-        ``index`` order whatever the file's row order, as `perseus choose` reads them."""
+        ``index`` order whatever the file's row order (see `read_frontier_table`)."""
         out = Path(out_dir)
         table = read_frontier_table(out)
         points: list[FrontierPoint] = []
         schedule: PipelineSchedule | None = None
         p2p = math.nan
-        for k in sorted(range(len(table.index)), key=table.index.__getitem__):
-            t_s, e_j, lb_j = table.iteration_time[k], table.energy[k], table.lower_bound[k]
-            plan = Plan.load(out / table.plan[k])
+        for t_s, e_j, lb_j, rel in zip(
+            table.iteration_time, table.energy, table.lower_bound, table.plan, strict=True
+        ):
+            plan = Plan.load(out / rel)
             if schedule is None:
                 schedule = plan.pipeline_schedule()
                 p2p = plan.p2p_power
@@ -271,7 +272,7 @@ class Frontier:
 
 
 class FrontierTable(NamedTuple):
-    """The columns of a ``frontier.csv`` (see `FRONTIER_COLUMNS`), in file order."""
+    """The columns of a ``frontier.csv`` (see `FRONTIER_COLUMNS`), rows in ``index`` order."""
 
     index: list[int]
     iteration_time: list[float]
@@ -283,6 +284,9 @@ class FrontierTable(NamedTuple):
 
 def read_frontier_table(out_dir: str | os.PathLike[str]) -> FrontierTable:
     """Read and check ``DIR/frontier.csv`` without loading its plans.
+
+    Rows come back sorted by ``index`` (stable), whatever their order in the file, so that
+    every reader (`perseus choose`, `Frontier.read`, the plot) breaks ties the same way.
 
     Raises `PlanError` naming the file (and line) when it is missing, not a CSV, lacks a
     column, lists no plans, or has a value that is not a finite number or a plan path.
@@ -329,7 +333,8 @@ def read_frontier_table(out_dir: str | os.PathLike[str]) -> FrontierTable:
         if not plan:
             raise PlanError(f"{str(path)!r} line {line}: no plan path")
         columns["plan"].append(plan)
-    return FrontierTable(**columns)
+    order = sorted(range(len(rows)), key=columns["index"].__getitem__)
+    return FrontierTable(**{c: [values[k] for k in order] for c, values in columns.items()})
 
 
 class _ParetoStore:
@@ -370,9 +375,9 @@ class _ParetoStore:
 def check_frontier_memory(num_instructions: int, schedule_name: str) -> None:
     """Refuse a frontier that cannot fit in this machine's available memory.
 
-    `solve_frontier` calls it first; callers that know the size before building the
-    schedule (the CLI, the coordinator's schedulers) call it earlier, so that a job too big
-    to solve fails at once instead of after a schedule build or a profiling sweep.
+    `solve_frontier` calls it first; `perseus solve` (before building the schedule) and the
+    `Perseus` scheduler (at registration) call it earlier, so that a job too big to solve
+    fails at once instead of after a schedule build or a profiling sweep.
 
     Raises:
         SolverError: ``num_instructions`` × ~100 KB is more than the available memory.
