@@ -179,3 +179,26 @@ def test_vectorised_scoring_equals_evaluate():
             assert C[k] == ev.compute_energy_j
             assert fast_T[k] == T[k]
             assert fast_E[k] == pytest.approx(E[k], rel=1e-13)
+
+
+@pytest.mark.parametrize(
+    ("name", "num_microbatches"), [("1f1b", 5), ("gpipe", 4), ("interleaved", 6)]
+)
+def test_levels_are_slices_and_index_arrays_agree(name, num_microbatches):
+    rng = np.random.default_rng(12)
+    profile = random_profile(rng, 3, 4)
+    schedule = make_schedule(name, 3, num_microbatches)
+    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    # The schedules' topological order is generation by generation, so the hot loops
+    # index every level with a slice (views, not copies).
+    assert all(isinstance(rows, slice) for rows in problem.level_rows)
+    assert [np.arange(problem.n)[rows].tolist() for rows in problem.level_rows] == [
+        lv.tolist() for lv in problem.levels
+    ]
+    durations = rng.uniform(0.5, 2.0, size=(problem.n, 7))
+    start, finish = problem.start_finish(durations)
+    latest = problem.latest_starts(durations, finish.max(axis=0))
+    problem.level_rows = list(problem.levels)  # the index-array path, for any other order
+    start_a, finish_a = problem.start_finish(durations)
+    assert np.array_equal(start, start_a) and np.array_equal(finish, finish_a)
+    assert np.array_equal(latest, problem.latest_starts(durations, finish.max(axis=0)))

@@ -108,6 +108,10 @@ class SolverProblem:
         self.succs = succs
         self.edges = edges
         self.levels = levels
+        # The same levels as slices where their instructions are numbered consecutively
+        # (always, with the schedules' generation-by-generation topological order): the
+        # hot loops then read and write views instead of fancy-index copies.
+        self.level_rows: list[np.ndarray | slice] = [_rows(lv) for lv in levels]
         self.level_of = level_of
         # Per level, one index array per adjacency column: the max/min over a level's
         # predecessors/successors as a few elementwise ops instead of an axis reduction.
@@ -199,7 +203,7 @@ class SolverProblem:
         d = np.asarray(durations, dtype=float)
         start = np.zeros(d.shape)
         finish = np.zeros((self.n + 1, *d.shape[1:]))  # row n: the "no predecessor" zero
-        for lv, pred in zip(self.levels, self.level_preds, strict=True):
+        for lv, pred in zip(self.level_rows, self.level_preds, strict=True):
             start[lv] = latest_of(finish, pred)
             finish[lv] = start[lv] + d[lv]
         return start, finish[: self.n]
@@ -217,7 +221,7 @@ class SolverProblem:
         d = np.asarray(durations, dtype=float)
         ls = np.empty((self.n + 1, *d.shape[1:]))
         ls[self.n] = deadline_s
-        for lv, succ in zip(reversed(self.levels), reversed(self.level_succs), strict=True):
+        for lv, succ in zip(reversed(self.level_rows), reversed(self.level_succs), strict=True):
             ls[lv] = earliest_of(ls, succ) - d[lv]
         return ls[: self.n]
 
@@ -291,6 +295,13 @@ class SolverProblem:
         """Option index of every instruction's highest profiled frequency."""
         best = np.array([int(np.argmax(o.freq_mhz)) for o in self.type_options], dtype=np.int64)
         return best[self.type_of]
+
+
+def _rows(index: np.ndarray) -> np.ndarray | slice:
+    """`index` as a slice when it is a run of consecutive integers, else unchanged."""
+    if len(index) and np.all(np.diff(index) == 1):
+        return slice(int(index[0]), int(index[-1]) + 1)
+    return index
 
 
 def latest_of(times: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:

@@ -83,7 +83,7 @@ class _LevelRows:
 class _Level(NamedTuple):
     """A topological level's instructions and their rows of the rounding tables."""
 
-    index: np.ndarray  # instruction indices
+    index: np.ndarray | slice  # instruction indices (a slice when consecutive)
     preds: list[np.ndarray]  # adjacency columns (see SolverProblem.level_preds)
     succs: list[np.ndarray]
     step_time: _LevelRows  # staircase durations
@@ -139,7 +139,7 @@ class Rounder:
                 _LevelRows(self.vertex_step[problem.type_of[lv]], 0),
             )
             for lv, pred, succ in zip(
-                problem.levels, problem.level_preds, problem.level_succs, strict=True
+                problem.level_rows, problem.level_preds, problem.level_succs, strict=True
             )
         ]
 
