@@ -2,7 +2,7 @@
 
 For one pipeline size, solve the frontier, take the points where our plan is furthest above
 the LP lower bound, and at each point's deadline solve the discrete problem exactly
-(mixed-integer program, scipy's HiGHS): one binary per (instruction, non-dominated option),
+(mixed-integer program, scipy's HiGHS): one binary per (instruction, option that can pay),
 start times, ``T ≤ deadline``, minimise ``Σ eᵢ + P_block·(S·T − Σ tᵢ)``. Prints, per point,
 the LP bound, the MILP's proven lower bound on the discrete optimum, the best discrete plan
 it found (the optimum, when it finishes within the time limit) and ours. When the optimum
@@ -30,36 +30,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver import DEFAULT_PROFILE, P_BLOCK_W, reference_frontier
 
 from perseus.plan import evaluate
+from perseus.solver import SolverProblem
 from perseus.solver.polish import native_stdout_silenced
+from perseus.solver.rounding import Rounder
 
 
-def pareto_options(time_s: np.ndarray, energy_j: np.ndarray) -> list[int]:
-    """Indices of the options no other option beats in both time and energy."""
-    order = np.lexsort((energy_j, time_s))
-    keep, best = [], np.inf
-    for i in order:
-        if energy_j[i] < best - 1e-12:
-            keep.append(int(i))
-            best = energy_j[i]
-    return keep
+def staircase_options(problem: SolverProblem) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per instruction, the (time, energy) of every option that can pay: the rounder's
+    staircase, where each slower option has a lower ``e − P·t`` than every faster one.
+
+    Not the options undominated in raw (time, energy): a slower option that uses more
+    energy still pays when the extra energy is less than ``P·Δt``, the blocking energy it
+    saves (e.g. the slowest clocks in the drain). Leaving those out would make the MILP's
+    "optimum" and its proven bound those of a smaller problem.
+    """
+    staircase = Rounder(problem)
+    per_type = []
+    for ty in range(len(problem.type_options)):
+        o = staircase.step_option[ty, : staircase.step_count[ty]]
+        per_type.append((problem.opt_time[ty, o], problem.opt_energy[ty, o]))
+    return [per_type[ty] for ty in problem.type_of]
 
 
 def discrete_optimum(
-    profile, schedule, deadline_s: float, time_limit_s: float
+    problem: SolverProblem, deadline_s: float, time_limit_s: float
 ) -> tuple[float, float, str]:
     """Minimum energy of a discrete plan with iteration time ≤ deadline (MILP).
 
     Returns (best plan found, proven lower bound on the optimum, solver status). When the
     time limit stops the search, the optimum lies between the two.
     """
-    instrs = schedule.instructions()
-    index = {ins: k for k, ins in enumerate(instrs)}
-    opts = []
-    for ins in instrs:
-        o = schedule.options(profile, ins)
-        keep = pareto_options(o.time_s, o.energy_j)
-        opts.append((o.time_s[keep], o.energy_j[keep]))
-    n = len(instrs)
+    opts = staircase_options(problem)
+    n = problem.n
     nx_ = sum(len(t) for t, _ in opts)
     # variables: [x (binaries) | start s_i (n) | T]
     nvar = nx_ + n + 1
@@ -67,11 +69,11 @@ def discrete_optimum(
     xoff, col = [], 0
     for t, e in opts:
         xoff.append(col)
-        c[col : col + len(t)] = e - P_BLOCK_W * t
+        c[col : col + len(t)] = e - problem.p2p_power_w * t
         col += len(t)
-    c[-1] = P_BLOCK_W * schedule.num_stages
-    dag = schedule.dag()
-    rows = n + dag.number_of_edges() + n
+    c[-1] = problem.p2p_power_w * problem.schedule.num_stages
+    edges = problem.edges
+    rows = n + len(edges) + n
     a = lil_matrix((rows, nvar))
     lo, hi = np.zeros(rows), np.zeros(rows)
     r = 0
@@ -79,8 +81,7 @@ def discrete_optimum(
         a[r, xoff[k] : xoff[k] + len(t)] = 1
         lo[r] = hi[r] = 1
         r += 1
-    for u, v in dag.edges:  # s_v - s_u - dur_u >= 0
-        ku, kv = index[u], index[v]
+    for ku, kv in edges:  # s_v - s_u - dur_u >= 0
         a[r, nx_ + kv] = 1
         a[r, nx_ + ku] = -1
         t = opts[ku][0]
@@ -128,6 +129,7 @@ def main() -> int:
         return 0
     profile, schedule, frontier = reference_frontier(args.profile, args.size)
     S, M = schedule.num_stages, schedule.num_microbatches
+    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK_W)
     if args.indices:
         try:
             picks = [frontier.points[int(k)] for k in args.indices.split(",")]
@@ -148,7 +150,7 @@ def main() -> int:
     for q in sorted(picks, key=lambda q: q.iteration_time_s):
         t0 = time.perf_counter()
         # Energy terms are affine in T; the MILP objective drops nothing (E = c·x + P·S·T).
-        opt, dual, status = discrete_optimum(profile, schedule, q.iteration_time_s, args.time_limit)
+        opt, dual, status = discrete_optimum(problem, q.iteration_time_s, args.time_limit)
         ours = evaluate(profile, schedule, q.frequencies, P_BLOCK_W).energy_j
         lb = q.lower_bound_j
         print(
