@@ -179,7 +179,7 @@ def main() -> int:
     def options_of(s: int, kind: str) -> tuple[np.ndarray, np.ndarray, CostHull]:
         """The options that can pay (the rounder's staircase): times, costs ``e − P·t``."""
         ty = problem.type_of[where[s, kind, 0]]
-        o = rounder.step_option[ty, : rounder.step_count[ty]]
+        o = rounder.staircase(ty)
         t = problem.opt_time[ty, o]
         return t, problem.opt_energy[ty, o] - P * t, problem.hulls[ty]
 

@@ -44,10 +44,10 @@ def staircase_options(problem: SolverProblem) -> list[tuple[np.ndarray, np.ndarr
     saves (e.g. the slowest clocks in the drain). Leaving those out would make the MILP's
     "optimum" and its proven bound those of a smaller problem.
     """
-    staircase = Rounder(problem)
+    rounder = Rounder(problem)
     per_type = []
     for ty in range(len(problem.type_options)):
-        o = staircase.step_option[ty, : staircase.step_count[ty]]
+        o = rounder.staircase(ty)
         per_type.append((problem.opt_time[ty, o], problem.opt_energy[ty, o]))
     return [per_type[ty] for ty in problem.type_of]
 

@@ -39,6 +39,7 @@ from scipy.sparse import coo_matrix
 
 from perseus.errors import SolverError
 from perseus.solver.problem import SolverProblem
+from perseus.solver.rounding import Rounder
 
 __all__ = ["PolishResult", "polish_plan"]
 
@@ -63,21 +64,6 @@ class PolishResult:
     complete: bool
     """False when the time budget stopped the polish before the last window of its last
     pass."""
-
-
-def _useful_options(problem: SolverProblem) -> list[np.ndarray]:
-    """Per option type, the options no other option beats in both time and ``e − P·t``."""
-    keep = []
-    for k, count in enumerate(problem.opt_count):
-        t = problem.opt_time[k, :count]
-        c = problem.opt_energy[k, :count] - problem.p2p_power_w * t
-        best, idx = np.inf, []
-        for j in np.lexsort((c, t)):
-            if c[j] < best - 1e-12:
-                idx.append(int(j))
-                best = c[j]
-        keep.append(np.array(idx, dtype=np.int64))
-    return keep
 
 
 def polish_plan(
@@ -121,7 +107,8 @@ def polish_plan(
         )
     if passes < 1:
         raise SolverError(f"The polish needs at least one pass, got {passes}")
-    useful = _useful_options(problem)
+    staircase = Rounder(problem)  # the options that can pay, per option type
+    useful = [staircase.staircase(k) for k in range(len(problem.type_options))]
     t0 = time.perf_counter()
 
     T0, E0, _ = (float(x[0]) for x in problem.score(choice[:, None]))

@@ -143,6 +143,11 @@ class Rounder:
             )
         ]
 
+    def staircase(self, type_index: int) -> np.ndarray:
+        """Option indices of one option type's staircase, fastest first: every option
+        that can pay (no faster option has a lower effective cost ``e − P·t``)."""
+        return self.step_option[type_index, : self.step_count[type_index]]
+
     def round(self, durations: np.ndarray, deadlines: np.ndarray) -> np.ndarray:
         """Option indices ``(n, K)`` for LP durations ``(n, K)`` and deadlines ``(K,)``."""
         return self.options(self.round_steps(durations, deadlines))
