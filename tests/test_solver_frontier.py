@@ -358,6 +358,50 @@ def test_lead_staggers_dithering_on_the_real_profile(real_profile):
     assert moved[first].sum() > 0 > moved[before_last].sum()
 
 
+def test_staggered_lead_grows_downstream_and_ramps_in_over_the_warm_up(real_profile):
+    """0 on the first stage, largest on the last; microbatch j gets (j + 1) / min(S, M)
+    of it (8×16 here, so S)."""
+    from perseus.solver.frontier import staggered_lead
+
+    problem, _, _, _, _ = _real_breakpoints(real_profile)
+    S = len(problem.stage_index)
+    lead = staggered_lead(problem, 0.2)
+    full = 0.1 * 0.2  # _LEAD_FRACTION of the mean instruction, on the last stage
+    for s, idx in enumerate(problem.stage_index):
+        for i in idx:
+            j = problem.instructions[i].microbatch
+            expected = full * s / (S - 1) * min(1.0, (j + 1) / S)
+            assert lead[i] == pytest.approx(expected, abs=1e-15)
+
+
+def test_ramped_lead_beats_a_flat_lead_near_the_all_max_time(real_profile):
+    """In the warm-up the late stages' first backwards sit on the steepest part of their
+    hulls; a flat lead runs them at the top clock, the ramped one lets them take their LP
+    time. Near the all-max time the ramped lead's plans are closer to the LP bound."""
+    from perseus.solver.frontier import staggered_lead
+
+    problem, rounder, curve, D, T = _real_breakpoints(real_profile)
+    fast = problem.choices_to_arrays(problem.max_frequency_choice())[0]
+    t_fast = problem.makespan(fast)
+    near = t_fast * 1.02 >= T
+    assert near.sum() >= 20
+    ramped = staggered_lead(problem, float(fast.mean()))
+    stage = np.empty(problem.n)
+    for s, idx in enumerate(problem.stage_index):
+        stage[idx] = s / (len(problem.stage_index) - 1)
+    flat = 0.1 * float(fast.mean()) * stage
+    gaps = {}
+    for name, lead in (("flat", flat), ("ramped", ramped)):
+        steps = rounder.follow_steps(
+            D[:, near], T[near], capped=True, vertices_first=True, lead=lead
+        )
+        plan_T, energy, _ = problem.score(rounder.options(steps))
+        assert np.all(plan_T <= T[near] * (1 + 1e-9))
+        gaps[name] = energy / curve.lower_bound(plan_T) - 1
+    assert gaps["ramped"].mean() < gaps["flat"].mean()
+    assert (gaps["ramped"] < gaps["flat"]).mean() > 0.6
+
+
 def test_vertex_first_reclaim_beats_staircase_reclaim_on_the_real_profile(real_profile):
     """After dithering, leftover slack too small to reach a hull vertex is better left to
     an earlier instruction that can reach one than spent on an in-between option far
