@@ -358,20 +358,25 @@ def test_lead_staggers_dithering_on_the_real_profile(real_profile):
     assert moved[first].sum() > 0 > moved[before_last].sum()
 
 
-def test_staggered_lead_grows_downstream_and_ramps_in_over_the_warm_up(real_profile):
+@pytest.mark.parametrize("microbatches", [16, 4])
+def test_staggered_lead_grows_downstream_and_ramps_in_over_the_warm_up(real_profile, microbatches):
     """0 on the first stage, largest on the last; microbatch j gets (j + 1) / min(S, M)
-    of it (8×16 here, so S)."""
-    from perseus.solver.frontier import staggered_lead
+    of it, so with fewer microbatches than stages the last one still gets all of it."""
+    from perseus.solver import SolverProblem
+    from perseus.solver.frontier import _LEAD_FRACTION, staggered_lead
 
-    problem, _, _, _, _ = _real_breakpoints(real_profile)
-    S = len(problem.stage_index)
+    problem = SolverProblem.build(
+        real_profile, make_schedule("1f1b", 8, microbatches), p2p_power_w=P_BLOCK
+    )
+    S, R = 8, min(8, microbatches)
     lead = staggered_lead(problem, 0.2)
-    full = 0.1 * 0.2  # _LEAD_FRACTION of the mean instruction, on the last stage
+    full = _LEAD_FRACTION * 0.2  # on the last stage, once ramped in
     for s, idx in enumerate(problem.stage_index):
         for i in idx:
             j = problem.instructions[i].microbatch
-            expected = full * s / (S - 1) * min(1.0, (j + 1) / S)
+            expected = full * s / (S - 1) * min(1.0, (j + 1) / R)
             assert lead[i] == pytest.approx(expected, abs=1e-15)
+    assert lead.max() == pytest.approx(full)
 
 
 def test_ramped_lead_beats_a_flat_lead_near_the_all_max_time(real_profile):
