@@ -383,7 +383,7 @@ def test_ramped_lead_beats_a_flat_lead_near_the_all_max_time(real_profile):
     """In the warm-up the late stages' first backwards sit on the steepest part of their
     hulls; a flat lead runs them at the top clock, the ramped one lets them take their LP
     time. Near the all-max time the ramped lead's plans are closer to the LP bound."""
-    from perseus.solver.frontier import staggered_lead
+    from perseus.solver.frontier import _LEAD_FRACTION, staggered_lead
 
     problem, rounder, curve, D, T = _real_breakpoints(real_profile)
     fast = problem.choices_to_arrays(problem.max_frequency_choice())[0]
@@ -394,7 +394,7 @@ def test_ramped_lead_beats_a_flat_lead_near_the_all_max_time(real_profile):
     stage = np.empty(problem.n)
     for s, idx in enumerate(problem.stage_index):
         stage[idx] = s / (len(problem.stage_index) - 1)
-    flat = 0.1 * float(fast.mean()) * stage
+    flat = _LEAD_FRACTION * float(fast.mean()) * stage  # the same lead, not ramped
     gaps = {}
     for name, lead in (("flat", flat), ("ramped", ramped)):
         steps = rounder.follow_steps(
