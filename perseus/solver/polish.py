@@ -107,8 +107,8 @@ def polish_plan(
         )
     if passes < 1:
         raise SolverError(f"The polish needs at least one pass, got {passes}")
-    staircase = Rounder(problem)  # the options that can pay, per option type
-    useful = [staircase.staircase(k) for k in range(len(problem.type_options))]
+    rounder = Rounder(problem)
+    useful = [rounder.staircase(k) for k in range(len(problem.type_options))]  # can pay
     t0 = time.perf_counter()
 
     T0, E0, _ = (float(x[0]) for x in problem.score(choice[:, None]))
