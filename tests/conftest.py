@@ -1,4 +1,10 @@
-"""Project-wide test fixtures."""
+"""Project-wide test fixtures and markers.
+
+The layout mirrors the code: `unit/` (no server, no subprocess training), `integration/`
+(real uvicorn servers on loopback, real SQLite, real subprocesses), `e2e/` (real `torchrun`
+jobs on emulated GPUs). Each test is marked after its folder, so `pytest -m "not e2e"` is
+the quick loop.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,17 @@ import os
 from pathlib import Path
 
 import pytest
+from paths import SHARED_DATA, TESTS
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+_TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with the tier its folder names."""
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
+        if parts and parts[0] in _TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
 
 
 @pytest.fixture(autouse=True)

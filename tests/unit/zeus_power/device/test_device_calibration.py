@@ -9,18 +9,18 @@ within 5 %, its worst row within 10 %, and the model's energy-optimal clock land
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from paths import SHARED_DATA
 
 from zeus_power.device.base import GPUValueError
 from zeus_power.device.calibration import Measurement, compare, fit_power_curve, fit_workload
 from zeus_power.device.emulated import DVFSModel, Workload
 from zeus_power.device.specs import get_gpu_spec
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = SHARED_DATA
 FILES = ["sosp24_gpt3-175b_a40_8stage.csv", "sosp24_bloom-176b_a40_8stage.csv"]
 
 

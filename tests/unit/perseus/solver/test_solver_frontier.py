@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from paths import REPO, SHARED_DATA
 
 from perseus.dag import make_schedule
 from perseus.errors import PerseusError, PlanError, SolverError
@@ -20,12 +20,7 @@ from perseus.solver import FRONTIER_COLUMNS, Frontier, FrontierPoint, solve_fron
 P_BLOCK = 70.38
 
 
-SHARED_PROFILE = (
-    Path(__file__).resolve().parents[1].parent
-    / "shared"
-    / "data"
-    / ("sosp24_gpt3-175b_a40_8stage.csv")
-)
+SHARED_PROFILE = SHARED_DATA / "sosp24_gpt3-175b_a40_8stage.csv"
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +266,7 @@ def test_every_rounding_meets_its_lp_deadline(profile_name):
     from perseus.solver import SolverProblem, solve_lp_curve
     from perseus.solver.rounding import Rounder
 
-    path = Path(__file__).resolve().parents[1] / "profiles" / f"{profile_name}.csv"
+    path = REPO / "profiles" / f"{profile_name}.csv"
     profile = InstructionProfile.from_csv(path)
     stages = int(profile.to_frame()["stage"].max()) + 1
     problem = SolverProblem.build(profile, make_schedule("1f1b", stages, 6), p2p_power_w=P_BLOCK)

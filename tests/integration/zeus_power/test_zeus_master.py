@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import TESTS
 
 from zeus_power.bso.local import LocalBatchSizeOptimizer
 from zeus_power.errors import ZeusConfigError, ZeusMasterError
 from zeus_power.master import Job, TrainingEnv, TrainingResult, ZeusMaster
 
-SCRIPT = Path(__file__).parent / "zeus_assets" / "train_tiny.py"
+SCRIPT = TESTS / "zeus_assets" / "train_tiny.py"
 
 
 def _job(**overrides) -> Job:
