@@ -41,8 +41,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from perseus.dag import PipelineSchedule, make_schedule
-from perseus.profile import InstructionProfile
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import PipelineSchedule, make_schedule
 from perseus.solver import Frontier, SolverProblem, solve_frontier
 
 P_BLOCK_W = 70.38  # A40 power while blocked on P2P (Perseus artifact)

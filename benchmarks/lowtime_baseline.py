@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from perseus.dag import Instruction, PipelineSchedule
-from perseus.profile import InstructionProfile
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import Instruction, PipelineSchedule
 
 __all__ = ["LowtimeResult", "run_lowtime"]
 

@@ -29,7 +29,7 @@ from scipy.sparse import lil_matrix
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver import DEFAULT_PROFILE, P_BLOCK_W, reference_frontier
 
-from perseus.plan import evaluate
+from perseus.domain.plan import evaluate
 from perseus.solver import SolverProblem
 from perseus.solver.polish import native_stdout_silenced
 from perseus.solver.rounding import Rounder

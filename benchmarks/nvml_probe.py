@@ -36,6 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from perseus.io.profile_csv import load_profile
 from zeus_power.device import (
     GPU_SPECS,
     DVFSModel,
@@ -332,9 +333,8 @@ def profile_stages(
 
 
 def write_profile(rows: list[dict[str, Any]], path: Path, microbatches: int) -> dict[str, Any]:
-    from perseus.dag import make_schedule
-    from perseus.plan import evaluate, max_frequencies
-    from perseus.profile import InstructionProfile
+    from perseus.domain.plan import evaluate, max_frequencies
+    from perseus.domain.schedule import make_schedule
 
     lines = ["stage,instruction,frequency,time,energy"]
     lines += [
@@ -342,7 +342,7 @@ def write_profile(rows: list[dict[str, Any]], path: Path, microbatches: int) -> 
         for r in rows
     ]
     path.write_text("\n".join(lines) + "\n")
-    profile = InstructionProfile.from_csv(path)
+    profile = load_profile(path)
     schedule = make_schedule("1f1b", profile.num_stages, microbatches)
     p2p_w = 0.0
     ev = evaluate(profile, schedule, max_frequencies(profile, schedule), p2p_w)

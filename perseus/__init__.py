@@ -15,15 +15,15 @@ from perseus.errors import (
     ScheduleError,
     SolverError,
 )
-from perseus.models import (
+from perseus.protocol import (
     FrequencySchedule,
     InstructionProfilingResult,
     JobInfo,
     OfflineProfilingResult,
-    PerseusSettings,
     ProfilingResult,
     RankInfo,
 )
+from perseus.settings import PerseusSettings
 
 __all__ = [
     "ConfigurationError",

@@ -63,7 +63,7 @@ from perseus.errors import (
     RankError,
     ScheduleError,
 )
-from perseus.models import (
+from perseus.protocol import (
     GET_SCHEDULE_URL,
     INSTRUCTIONS,
     REGISTER_JOB_URL,

@@ -37,6 +37,8 @@ from typing import Any
 import httpx
 
 from perseus.errors import ConfigurationError, PerseusError
+from perseus.io.plan_file import load_plan, save_plan
+from perseus.io.profile_csv import load_profile
 
 __all__ = [
     "Coordinator",
@@ -464,9 +466,8 @@ def run_demo(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     require_torch()
-    from perseus.plan import Plan, evaluate, max_frequencies
+    from perseus.domain.plan import evaluate, max_frequencies
     from perseus.plotting import plot_frontier, plot_timeline
-    from perseus.profile import InstructionProfile
 
     spec = spec or JobSpec(nominal_ms_per_layer=8.0)
     if measure_steps < 1 or baseline_steps <= measure_steps or perseus_steps <= measure_steps:
@@ -520,15 +521,15 @@ def run_demo(
     frontier_dir = out / "frontier"
     shutil.rmtree(frontier_dir, ignore_errors=True)
     shutil.copytree(job_dir / "frontier", frontier_dir)
-    plan = Plan.load(job_dir / "deployed_plan.json")
-    plan.save(out / "plan.json")
+    plan = load_plan(job_dir / "deployed_plan.json")
+    save_plan(plan, out / "plan.json")
     ran = _last_step_frequencies(read_traces(out / "Perseus" / "trace"))
     if any(ran[r] != [f for _, f in plan.frequencies[r % plan.num_stages]] for r in ran):
         raise PerseusError(
             f"The Perseus run ended before its plan was deployed: raise perseus_steps "
             f"(now {perseus_steps}) or freq_step (now {freq_step})"
         )
-    profile = InstructionProfile.from_csv(profile_csv)
+    profile = load_profile(profile_csv)
     # The all-max point by the same accounting as the frontier (measured numbers, which
     # also hold P2P and host latencies the model leaves out, are in the summary).
     schedule = plan.pipeline_schedule()

@@ -16,9 +16,9 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from perseus.domain.plan import Plan, timeline
+from perseus.domain.profile import InstructionProfile
 from perseus.errors import PerseusError
-from perseus.plan import Plan, timeline
-from perseus.profile import InstructionProfile
 from perseus.solver import read_frontier_table
 
 __all__ = ["plot_frontier", "plot_timeline"]

@@ -6,7 +6,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
+from perseus.protocol import JobInfo, ProfilingResult, RankInfo
+from perseus.settings import PerseusSettings
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 
 __all__ = ["AllMaxFrequency"]

@@ -31,7 +31,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from perseus.errors import ConfigurationError
-from perseus.models import FrequencySchedule, JobInfo, PerseusSettings, ProfilingResult, RankInfo
+from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
+from perseus.settings import PerseusSettings
 
 __all__ = ["FrequencyScheduler", "build_scheduler", "check_scheduler_args"]
 

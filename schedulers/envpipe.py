@@ -8,10 +8,11 @@ from typing import Annotated
 import numpy as np
 from pydantic import Field
 
-from perseus.dag import Instruction, PipelineSchedule
-from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
-from perseus.plan import Plan, evaluate, max_frequencies
-from perseus.profile import InstructionProfile
+from perseus.domain.plan import Plan, evaluate, max_frequencies
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import Instruction, PipelineSchedule
+from perseus.protocol import JobInfo, ProfilingResult, RankInfo
+from perseus.settings import PerseusSettings
 from schedulers.pipeline import RoundMeasurement, StagePlan
 from schedulers.planning import PlanningScheduler
 

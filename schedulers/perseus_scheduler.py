@@ -9,10 +9,11 @@ from typing import Annotated
 
 from pydantic import Field
 
+from perseus.domain.plan import Plan, evaluate
 from perseus.errors import ConfigurationError
-from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
-from perseus.plan import Plan, evaluate
-from perseus.profile import InstructionProfile
+from perseus.io.profile_csv import load_profile
+from perseus.protocol import JobInfo, ProfilingResult, RankInfo
+from perseus.settings import PerseusSettings
 from schedulers.pipeline import RoundMeasurement, StagePlan
 from schedulers.planning import DEFAULT_P2P_POWER_W, PlanningScheduler
 from schedulers.profiler import PROFILE_FILENAME
@@ -199,7 +200,7 @@ class Perseus(PlanningScheduler):
             self.frontier = Frontier.read(frontier_dir)
         profile_csv = self.job_dir / PROFILE_FILENAME
         if self.profile is None and profile_csv.exists():
-            self.profile = InstructionProfile.from_csv(profile_csv)
+            self.profile = load_profile(profile_csv)
         self.sweep = None
         self.phase = PerseusPhase.DEPLOYED
         self._update_overrides()

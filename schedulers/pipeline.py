@@ -7,7 +7,7 @@ stages; the 3D mapping is applied here, automatically whenever dp·tp > 1:
   **max** over all the stage's ranks (every tensor- and data-parallel copy: the slowest GPU
   sets the pace), its energy the **sum** over the stage's tensor-parallel ranks of the
   first data-parallel pipeline. Energies therefore describe *one* pipeline, the unit the
-  profile, the solver and the plan accounting (`perseus.plan`) use; all pipelines run the
+  profile, the solver and the plan accounting (`perseus.domain.plan`) use; all pipelines run the
   same plan, so summing over dp would only scale every option by dp.
 - a `StagePlan` (per stage, the ``(instruction, freq_mhz)`` list of one iteration in
   execution order) → one `FrequencySchedule` per rank: every rank of a stage gets the
@@ -29,17 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perseus.dag import PipelineSchedule, make_schedule
+from perseus.domain.plan import Plan
+from perseus.domain.schedule import PipelineSchedule, make_schedule
 from perseus.errors import ConfigurationError, PlanError, RankError
-from perseus.models import (
-    INSTRUCTIONS,
-    FrequencySchedule,
-    JobInfo,
-    PerseusSettings,
-    ProfilingResult,
-    RankInfo,
-)
-from perseus.plan import Plan
+from perseus.protocol import INSTRUCTIONS, FrequencySchedule, JobInfo, ProfilingResult, RankInfo
+from perseus.settings import PerseusSettings
 from schedulers.base import FrequencyScheduler
 
 __all__ = [

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from perseus.plan import DEFAULT_P2P_POWER_W, Plan
-from perseus.profile import InstructionProfile
+from perseus.domain.plan import DEFAULT_P2P_POWER_W, Plan
+from perseus.domain.profile import InstructionProfile
+from perseus.io.profile_csv import load_profile
 from schedulers.pipeline import PipelineScheduler, StagePlan
 from schedulers.profiler import PROFILE_FILENAME
 from schedulers.sweep import InstructionSweep
@@ -52,7 +53,7 @@ class PlanningScheduler(PipelineScheduler):
         self.p2p_power_w = p2p_power
         self.profile = None
         if profile_path is not None:
-            self.profile = InstructionProfile.from_csv(profile_path)
+            self.profile = load_profile(profile_path)
             self.pipeline.check_profile(self.profile)
         self.sweep = None
         if self.profile is None or self.p2p_power_w is None:

@@ -6,9 +6,11 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from perseus.domain.plan import Plan
 from perseus.errors import PlanError
-from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
-from perseus.plan import Plan
+from perseus.io.plan_file import load_plan
+from perseus.protocol import JobInfo, ProfilingResult, RankInfo
+from perseus.settings import PerseusSettings
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 
 __all__ = ["PointSolution"]
@@ -37,7 +39,7 @@ class PointSolution(PipelineScheduler):
         num_microbatches: Annotated[int, Field(ge=1)] | None = None,
         schedule: str | None = None,
     ) -> None:
-        plan = Plan.load(solution_path)
+        plan = load_plan(solution_path)
         if num_microbatches is not None and num_microbatches != plan.num_microbatches:
             raise PlanError(
                 f"Plan {solution_path!r} has {plan.num_microbatches} microbatch(es) but the "

@@ -26,9 +26,9 @@ import statistics
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
+from perseus.domain.profile import InstructionProfile
 from perseus.errors import ConfigurationError, RankError
-from perseus.models import INSTRUCTIONS, InstructionProfilingResult, OfflineProfilingResult
-from perseus.profile import InstructionProfile
+from perseus.protocol import INSTRUCTIONS, InstructionProfilingResult, OfflineProfilingResult
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 
 __all__ = ["InstructionSweep", "SweepPhase"]
@@ -215,8 +215,8 @@ class InstructionSweep:
 
     def profile(self) -> InstructionProfile:
         """The sweep's numbers as the solver's `InstructionProfile`."""
-        return InstructionProfile.from_result(
-            self.result(), source=f"job {self.scheduler.job_info.job_id}"
+        return InstructionProfile.from_rows(
+            self.result().rows(), source=f"job {self.scheduler.job_info.job_id}"
         )
 
     def write_csv(self, path: Path) -> Path:

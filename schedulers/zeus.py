@@ -15,8 +15,9 @@ from typing import Annotated
 
 from pydantic import Field
 
-from perseus.models import JobInfo, PerseusSettings, ProfilingResult, RankInfo
-from perseus.plan import Plan, evaluate
+from perseus.domain.plan import Plan, evaluate
+from perseus.protocol import JobInfo, ProfilingResult, RankInfo
+from perseus.settings import PerseusSettings
 from schedulers.perseus_scheduler import DEFAULT_P2P_POWER_W
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 from schedulers.sweep import InstructionSweep

@@ -25,10 +25,12 @@ import httpx
 import pandas as pd
 import uvicorn
 
-from perseus.dag import PipelineSchedule, make_schedule
-from perseus.models import FrequencySchedule, JobInfo, PerseusSettings, ProfilingResult, RankInfo
-from perseus.profile import InstructionProfile
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import PipelineSchedule, make_schedule
+from perseus.io.profile_csv import save_profile
+from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from perseus.server import create_app
+from perseus.settings import PerseusSettings
 
 FREQS = list(range(1500, 450, -75))  # 1500 … 525 MHz, 14 levels
 F_MAX = FREQS[0]
@@ -285,7 +287,7 @@ def write_truth_profile(truth: GroundTruth, num_stages: int, path: Path) -> Path
         for f in FREQS
     ]
     frame = pd.DataFrame(rows, columns=["stage", "instruction", "frequency", "time", "energy"])
-    InstructionProfile.from_frame(frame).to_csv(path)
+    save_profile(InstructionProfile.from_frame(frame), path)
     return path
 
 

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from perseus.cli._common import cli_errors, resolve_profile_path
+from perseus.io.plan_file import load_plan
+from perseus.io.profile_csv import load_profile
 
 app = typer.Typer(
     help="Draw the frontier or a plan's per-stage timeline as PNG.", no_args_is_help=True
@@ -40,9 +42,7 @@ def timeline(
     ] = None,
 ) -> None:
     """Per-stage Gantt chart of one iteration, coloured by SM frequency."""
-    from perseus.plan import Plan
     from perseus.plotting import plot_timeline
-    from perseus.profile import InstructionProfile
 
-    prof = InstructionProfile.from_csv(resolve_profile_path(profile))
-    typer.echo(str(plot_timeline(prof, Plan.load(plan), out or plan.with_suffix(".png"))))
+    prof = load_profile(resolve_profile_path(profile))
+    typer.echo(str(plot_timeline(prof, load_plan(plan), out or plan.with_suffix(".png"))))

@@ -9,6 +9,7 @@ import typer
 
 from perseus.cli._common import cli_errors, console
 from perseus.errors import ConfigurationError
+from perseus.io.profile_csv import write_profile_frame
 
 __all__ = ["app", "synth"]
 
@@ -101,8 +102,7 @@ def synth(
         backward_ratio=preset.backward_ratio if backward_ratio is None else backward_ratio,
     )
     frame = synthesize_profile(gpu, workloads, seed=seed, noise=noise, min_freq_mhz=min_freq)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out, index=False, float_format="%.8g")
+    write_profile_frame(frame, out, float_format="%.8g")
     freqs = frame["frequency"]
     console.print(
         f"Wrote {len(frame)} rows ({len(factors)} stages, {freqs.max()}→{freqs.min()} MHz) to {out}",

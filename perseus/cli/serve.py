@@ -17,7 +17,7 @@ def _settings_or_exit():  # type: ignore[no-untyped-def]
     from pydantic_settings import SettingsError
 
     from perseus.errors import PerseusError
-    from perseus.models import PerseusSettings
+    from perseus.settings import PerseusSettings
 
     try:
         return PerseusSettings()

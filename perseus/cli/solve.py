@@ -12,10 +12,11 @@ import typer
 from rich.table import Table
 
 from perseus.cli._common import cli_errors, console, fraction_progress, resolve_profile_path
-from perseus.dag import SCHEDULES, instructions_per_stage, make_schedule, schedule_name
+from perseus.domain.plan import DEFAULT_P2P_POWER_W, Plan, evaluate, max_frequencies
+from perseus.domain.schedule import SCHEDULES, instructions_per_stage, make_schedule, schedule_name
 from perseus.errors import PerseusError
-from perseus.plan import DEFAULT_P2P_POWER_W, Plan, evaluate, max_frequencies
-from perseus.profile import InstructionProfile
+from perseus.io.plan_file import load_plan, save_plan
+from perseus.io.profile_csv import load_profile
 
 __all__ = ["choose", "evaluate_plan", "polish", "solve"]
 
@@ -50,7 +51,7 @@ def solve(
         raise PerseusError(
             f"--out {str(out)!r} is a file; give a directory for frontier.csv and plans/"
         )
-    prof = InstructionProfile.from_csv(resolve_profile_path(profile))
+    prof = load_profile(resolve_profile_path(profile))
     num_stages = stages if stages is not None else prof.num_stages
     from perseus.solver import check_frontier_memory, solve_frontier
 
@@ -108,10 +109,10 @@ def solve(
         from perseus.plotting import plot_frontier, plot_timeline
 
         png = plot_frontier(out, baseline=(base.iteration_time_s, base.energy_j))
-        fastest = Plan.load(out / "plans" / "plan_00000.json")
+        fastest = load_plan(out / "plans" / "plan_00000.json")
         chosen_index = points.index(shown["no slowdown"])
         plot_timeline(prof, fastest, out / "timeline_fastest.png")
-        chosen = Plan.load(out / "plans" / f"plan_{chosen_index:05d}.json")
+        chosen = load_plan(out / "plans" / f"plan_{chosen_index:05d}.json")
         plot_timeline(prof, chosen, out / "timeline_no_slowdown.png")
         console.print(
             f"Plots: {png}, {out / 'timeline_fastest.png'}, {out / 'timeline_no_slowdown.png'}"
@@ -136,8 +137,8 @@ def evaluate_plan(
     plan: Annotated[Path, typer.Argument(help="Plan JSON file.")],
 ) -> None:
     """Score a plan exactly against a profile; prints JSON."""
-    prof = InstructionProfile.from_csv(resolve_profile_path(profile))
-    ev = Plan.load(plan).evaluate(prof)
+    prof = load_profile(resolve_profile_path(profile))
+    ev = load_plan(plan).evaluate(prof)
     typer.echo(
         json.dumps(
             {
@@ -204,8 +205,8 @@ def polish(
     from perseus.solver import SolverProblem, solve_lp_curve
     from perseus.solver.polish import polish_plan
 
-    prof = InstructionProfile.from_csv(resolve_profile_path(profile))
-    original = Plan.load(plan)
+    prof = load_profile(resolve_profile_path(profile))
+    original = load_plan(plan)
     sched = original.pipeline_schedule()
     problem = SolverProblem.build(prof, sched, p2p_power_w=original.p2p_power)
     choice = problem.choice_from_frequencies(original.stage_frequencies())
@@ -222,7 +223,9 @@ def polish(
         )
     freqs = problem.frequencies(result.choice)
     ev = evaluate(prof, sched, freqs, original.p2p_power)
-    Plan.from_frequencies(sched, freqs, p2p_power_w=original.p2p_power, evaluation=ev).save(out)
+    save_plan(
+        Plan.from_frequencies(sched, freqs, p2p_power_w=original.p2p_power, evaluation=ev), out
+    )
     lp = solve_lp_curve(problem)
     table = Table(title=f"Polish of {plan}")
     table.add_column("plan")

@@ -27,10 +27,10 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from perseus.models import PerseusSettings
 from perseus.server.errors import install_error_handlers
 from perseus.server.job_manager import JobManager
 from perseus.server.routes import router
+from perseus.settings import PerseusSettings
 from schedulers.base import check_scheduler_args
 
 __all__ = ["DEFAULT_ROUND_TIMEOUT_S", "create_app"]

@@ -25,21 +25,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perseus.domain.plan import Plan
 from perseus.errors import CoordinatorError, JobNotFoundError, PerseusError
-from perseus.models import (
+from perseus.io.atomic import atomic_write_text
+from perseus.io.plan_file import load_plan
+from perseus.protocol import (
     FrequencySchedule,
     JobInfo,
-    PerseusSettings,
     ProfilingResult,
     RankInfo,
-    atomic_write_text,
     load_ranks,
-    resolve_scheduler,
     save_prof,
     save_ranks,
     save_sched,
 )
-from perseus.plan import Plan
 from perseus.server.errors import (
     InvalidJobError,
     InvalidRankError,
@@ -49,6 +48,7 @@ from perseus.server.errors import (
     SchedulerFailedError,
     scheduler_error_status,
 )
+from perseus.settings import PerseusSettings, resolve_scheduler
 from schedulers.base import FrequencyScheduler, build_scheduler
 
 __all__ = ["Job", "JobManager", "JobState", "Round", "load_job_info"]
@@ -547,7 +547,7 @@ class JobManager:
                 plan_path = job_dir / DEPLOYED_PLAN_FILE
                 resume = getattr(job.scheduler, "resume", None)
                 if plan_path.is_file() and callable(resume):
-                    plan = Plan.load(plan_path)
+                    plan = load_plan(plan_path)
                     await asyncio.to_thread(resume, plan)
                     job._persisted_plan = plan.model_dump_json() + "\n"
         except BaseException:

@@ -1,6 +1,6 @@
 """The coordinator's HTTP routes (thin: the job manager holds the logic).
 
-The protocol (wire models in `perseus.models`): ``GET /info``,
+The protocol (wire models in `perseus.protocol`): ``GET /info``,
 ``POST /register_job``, ``POST /register_rank/{job_id}``, ``GET /schedule/{job_id}?rank=R``,
 ``POST /result/{job_id}``, ``POST /straggler/{job_id}``.
 """
@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
-from perseus.models import (
+from perseus.protocol import (
     GET_SCHEDULE_URL,
     INFO_URL,
     REGISTER_JOB_URL,

@@ -49,11 +49,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from perseus.dag import PipelineSchedule
+from perseus.domain.plan import Evaluation, Plan
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import PipelineSchedule
 from perseus.errors import PlanError, SolverError
+from perseus.io.plan_file import load_plan, save_plan
 from perseus.memory import memory_shortfall
-from perseus.plan import Evaluation, Plan
-from perseus.profile import InstructionProfile
 from perseus.solver.lp import LPCurve, solve_lp_curve
 from perseus.solver.problem import SolverProblem
 from perseus.solver.rounding import Rounder
@@ -238,9 +239,10 @@ class Frontier:
                 compute_energy_j=compute,
                 blocking_energy_j=p.energy_j - compute,
             )
-            Plan.from_frequencies(
+            plan = Plan.from_frequencies(
                 self.schedule, p.frequencies, p2p_power_w=self.p2p_power_w, evaluation=evaluation
-            ).save(out / rel)
+            )
+            save_plan(plan, out / rel)
             rows.append((k, repr(p.iteration_time_s), repr(p.energy_j), repr(p.lower_bound_j), rel))
         tmp = out / "frontier.csv.tmp"
         with tmp.open("w", newline="") as fh:
@@ -262,7 +264,7 @@ class Frontier:
         for t_s, e_j, lb_j, rel in zip(
             table.iteration_time, table.energy, table.lower_bound, table.plan, strict=True
         ):
-            plan = Plan.load(out / rel)
+            plan = load_plan(out / rel)
             if schedule is None:
                 schedule = plan.pipeline_schedule()
                 p2p = plan.p2p_power

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.dag import Instruction, PipelineSchedule
+from perseus.domain.profile import InstructionOptions, InstructionProfile
+from perseus.domain.schedule import Instruction, PipelineSchedule
 from perseus.errors import ScheduleError, SolverError
-from perseus.profile import InstructionOptions, InstructionProfile
 
 __all__ = ["CostHull", "SolverProblem", "effective_cost_hull"]
 

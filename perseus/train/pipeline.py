@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from perseus.dag import make_schedule
+from perseus.domain.schedule import make_schedule
 from perseus.errors import ConfigurationError, RankError
 from perseus.train.model import GPTConfig, StageModule, synthetic_batch
 

@@ -19,9 +19,10 @@ from typer.testing import CliRunner
 
 from perseus.cli.demo import demo
 from perseus.demo import Coordinator, JobSpec, _run_phase
+from perseus.domain.plan import evaluate, max_frequencies
 from perseus.errors import PerseusError
-from perseus.plan import Plan, evaluate, max_frequencies
-from perseus.profile import InstructionProfile
+from perseus.io.plan_file import load_plan
+from perseus.io.profile_csv import load_profile
 
 require_torch()
 
@@ -56,11 +57,11 @@ def test_demo_compares_all_max_and_perseus_and_writes_its_artifacts(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["energy_saved"] > 0.0
     assert f"{100 * summary['energy_saved']:.1f} %" in result.output
-    plan = Plan.load(out / "plan.json")
+    plan = load_plan(out / "plan.json")
     assert plan.num_stages == 2 and any(f < 1410 for s in plan.stage_frequencies() for f in s)
     # What the profile predicts for the deployed plan, by the solver's accounting: within
     # the default 1 % slowdown of all-max, and cheaper.
-    profile = InstructionProfile.from_csv(out / "profile.csv")
+    profile = load_profile(out / "profile.csv")
     schedule = plan.pipeline_schedule()
     ours = plan.evaluate(profile)
     base = evaluate(profile, schedule, max_frequencies(profile, schedule), plan.p2p_power)

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from e2e_fixtures import Coordinator, JobSpec, executed, require_torch, run_job, steps_of
 
-from perseus.dag import make_schedule
-from perseus.plan import Plan, evaluate, max_frequencies
-from perseus.profile import InstructionProfile
+from perseus.domain.plan import evaluate, max_frequencies
+from perseus.domain.schedule import make_schedule
+from perseus.io.plan_file import load_plan
+from perseus.io.profile_csv import load_profile
 
 require_torch()
 
@@ -71,8 +72,8 @@ def test_switching_the_scheduler_switches_behaviour(runs):
 def test_perseus_deploys_a_plan_that_saves_energy_without_slowing_down(runs):
     traces, job_dirs = runs["Perseus"]
     (job_dir,) = job_dirs
-    plan = Plan.load(job_dir / "deployed_plan.json")
-    profile = InstructionProfile.from_csv(job_dir / "instruction_profile.csv")
+    plan = load_plan(job_dir / "deployed_plan.json")
+    profile = load_profile(job_dir / "instruction_profile.csv")
     schedule = plan.pipeline_schedule()
     # The plan, by the exact accounting on the profile the job measured.
     all_max = evaluate(profile, schedule, max_frequencies(profile, schedule), plan.p2p_power)

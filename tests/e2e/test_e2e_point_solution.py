@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from e2e_fixtures import Coordinator, JobSpec, executed, require_torch, run_job
 
-from perseus.dag import make_schedule
-from perseus.plan import Plan
+from perseus.domain.plan import Plan
+from perseus.domain.schedule import make_schedule
+from perseus.io.plan_file import load_plan, save_plan
 
 require_torch()
 
@@ -19,7 +20,7 @@ FREQS = [[1410, 1005, 705, 1200], [810, 1395, 1110, 600]]
 
 def _plan(path, microbatches, freqs):
     schedule = make_schedule("1f1b", 2, microbatches)
-    Plan(
+    plan = Plan(
         schedule="1f1b",
         num_stages=2,
         num_microbatches=microbatches,
@@ -30,7 +31,8 @@ def _plan(path, microbatches, freqs):
             [(i.kind, f) for i, f in zip(order, fs, strict=True)]
             for order, fs in zip(schedule.orders, freqs, strict=True)
         ],
-    ).save(path)
+    )
+    save_plan(plan, path)
     return path
 
 
@@ -50,7 +52,7 @@ def test_each_device_runs_the_plans_frequencies_in_order(tmp_path):
     plan_path = _plan(tmp_path / "plan.json", 2, FREQS)
     status, traces, log = _run_two_stage_job(tmp_path, plan_path)
     assert status == 0, log
-    plan = Plan.load(plan_path)
+    plan = load_plan(plan_path)
     for rank in (0, 1):
         for step in range(3):
             assert executed(traces[rank], step) == [tuple(x) for x in plan.frequencies[rank]]

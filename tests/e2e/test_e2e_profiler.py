@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from e2e_fixtures import Coordinator, JobSpec, expected_instruction, require_torch, run_job
 
-from perseus.models import InstructionProfilingResult
+from perseus.protocol import InstructionProfilingResult
 
 require_torch()
 

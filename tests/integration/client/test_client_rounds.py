@@ -13,11 +13,12 @@ import pytest
 from server_fixtures import single_rank_layout
 
 from perseus.client import PerseusOptimizer
-from perseus.dag import make_schedule
 from perseus.demo import Coordinator, free_port
+from perseus.domain.plan import Plan
+from perseus.domain.schedule import make_schedule
 from perseus.emulation import EmulationSettings
 from perseus.errors import ConfigurationError, CoordinatorError, RankError, ScheduleError
-from perseus.plan import Plan
+from perseus.io.plan_file import save_plan
 from zeus_power.device.base import GPUPermissionError
 from zeus_power.device.emulated import EmulatedGPU
 
@@ -53,7 +54,7 @@ def all_max(tmp_path_factory, process_group):
 def point(tmp_path_factory, process_group):
     tmp = tmp_path_factory.mktemp("point")
     schedule = make_schedule("1f1b", 1, 2)
-    Plan(
+    plan = Plan(
         schedule="1f1b",
         num_stages=1,
         num_microbatches=2,
@@ -63,7 +64,8 @@ def point(tmp_path_factory, process_group):
         frequencies=[
             [(i.kind, f) for i, f in zip(schedule.orders[0], [1005, 705, 1200, 1005], strict=True)]
         ],
-    ).save(tmp / "plan.json")
+    )
+    save_plan(plan, tmp / "plan.json")
     with Coordinator(
         scheduler="PointSolution",
         scheduler_args={"solution_path": str(tmp / "plan.json")},

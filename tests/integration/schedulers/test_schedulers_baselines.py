@@ -15,10 +15,10 @@ from server_fixtures import (
     write_truth_profile,
 )
 
-from perseus.dag import make_schedule
-from perseus.models import PerseusSettings
-from perseus.plan import evaluate, max_frequencies
-from perseus.profile import InstructionProfile
+from perseus.domain.plan import evaluate, max_frequencies
+from perseus.domain.schedule import make_schedule
+from perseus.io.profile_csv import load_profile
+from perseus.settings import PerseusSettings
 from perseus.solver import solve_frontier
 from schedulers.envpipe import envpipe_frequencies
 
@@ -53,7 +53,7 @@ def test_envpipe_slows_bubbles_only_keeping_the_all_max_iteration_time(tmp_path)
 
 
 def test_envpipe_never_beats_the_frontier_at_the_same_time(real_profile_path):
-    profile = InstructionProfile.from_csv(real_profile_path)
+    profile = load_profile(real_profile_path)
     schedule = make_schedule("1f1b", profile.num_stages, 6)
     p2p = 70.38
     freqs = envpipe_frequencies(profile, schedule, p2p)

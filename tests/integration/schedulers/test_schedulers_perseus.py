@@ -16,9 +16,9 @@ from server_fixtures import (
     write_truth_profile,
 )
 
-from perseus.dag import make_schedule
-from perseus.models import PerseusSettings
-from perseus.plan import Plan
+from perseus.domain.schedule import make_schedule
+from perseus.io.plan_file import load_plan
+from perseus.settings import PerseusSettings
 from perseus.solver import Frontier
 
 M = 4
@@ -49,7 +49,7 @@ def test_profiles_solves_and_deploys_a_plan_that_saves_energy_without_slowdown(t
     # Not one frequency per stage: per-instruction planning on the non-critical stages.
     assert any(len(set(stage_freqs(deployed, r))) > 1 for r in range(4))
     job_dir = tmp_path / job.job_id
-    plan = Plan.load(job_dir / "deployed_plan.json")
+    plan = load_plan(job_dir / "deployed_plan.json")
     assert plan.p2p_power == pytest.approx(truth.p2p_power_w, rel=1e-6)  # measured, not assumed
     assert [[f for _, f in s] for s in plan.frequencies] == [
         stage_freqs(deployed, r) for r in range(4)
@@ -177,6 +177,6 @@ def test_3d_job_every_rank_of_a_stage_runs_the_stage_plan(tmp_path):
         first = next(i for i in job.infos if i.pp_rank == info.pp_rank)
         assert deployed[info.rank].frequencies == deployed[first.rank].frequencies
     assert any(len(set(stage_freqs(deployed, r))) > 1 for r in deployed)
-    plan = Plan.load(tmp_path / job.job_id / "deployed_plan.json")
+    plan = load_plan(tmp_path / job.job_id / "deployed_plan.json")
     # The blocking power of a stage is that of its tp GPUs together.
     assert plan.p2p_power == pytest.approx(2 * truth.p2p_power_w, rel=1e-6)

@@ -6,9 +6,10 @@ import httpx
 import pytest
 from server_fixtures import GroundTruth, SimulatedJob, running_server, stage_freqs
 
-from perseus.dag import make_schedule
-from perseus.models import PerseusSettings
-from perseus.plan import Plan
+from perseus.domain.plan import Plan
+from perseus.domain.schedule import make_schedule
+from perseus.io.plan_file import save_plan
+from perseus.settings import PerseusSettings
 
 M = 3
 
@@ -41,7 +42,7 @@ def settings(path, **args) -> PerseusSettings:
 
 def test_every_rank_runs_exactly_its_stages_planned_frequencies(tmp_path):
     plan = varied_plan(3)
-    plan.save(tmp_path / "plan.json")
+    save_plan(plan, tmp_path / "plan.json")
     with running_server(settings(tmp_path / "plan.json")) as url:
         job = SimulatedJob(url, GroundTruth([0.01] * 3), pp=3, dp=2, num_microbatches=M)
         history = job.run_sync(2)
@@ -73,7 +74,7 @@ def test_a_plan_that_does_not_fit_the_job_is_a_400_naming_the_problem(
 ):
     path = tmp_path / "plan.json"
     if isinstance(plan, Plan):
-        plan.save(path)
+        save_plan(plan, path)
     else:
         path.write_text(plan)
     with running_server(settings(path, **args)) as url:

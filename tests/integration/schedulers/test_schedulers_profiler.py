@@ -8,8 +8,9 @@ import httpx
 import pytest
 from server_fixtures import FREQS, GroundTruth, SimulatedJob, running_server, stage_freqs
 
-from perseus.models import InstructionProfilingResult, PerseusSettings, ProfilingResult
-from perseus.profile import InstructionProfile
+from perseus.io.profile_csv import load_profile
+from perseus.protocol import InstructionProfilingResult, ProfilingResult
+from perseus.settings import PerseusSettings
 
 M = 3
 
@@ -38,7 +39,7 @@ def test_sweep_warms_up_strides_and_writes_the_true_profile(tmp_path):
         assert len({f for r in h for f in stage_freqs(h, r)}) == 1
     csv = tmp_path / job.job_id / "instruction_profile.csv"
     assert csv.is_file(), "the profile is written even with dump_data off"
-    profile = InstructionProfile.from_csv(csv)
+    profile = load_profile(csv)
     assert profile.num_stages == 3
     for stage in range(3):
         for kind in ("forward", "backward"):
@@ -55,7 +56,7 @@ def test_early_stop_per_stage_and_instruction(tmp_path):
     with running_server(profiler_settings(tmp_path, warmup_rounds=0, early_stop_after=2)) as url:
         job = SimulatedJob(url, truth, pp=2, num_microbatches=M)
         history = job.run_sync(len(FREQS) + 1)
-    profile = InstructionProfile.from_csv(tmp_path / job.job_id / "instruction_profile.csv")
+    profile = load_profile(tmp_path / job.job_id / "instruction_profile.csv")
     stops = {}
     for stage in (0, 1):
         energies = [truth.energy_j(stage, "forward", f) for f in FREQS]

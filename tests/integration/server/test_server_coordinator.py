@@ -15,14 +15,8 @@ from server_fixtures import job_info, rank_infos, running_server
 
 from perseus.errors import PerseusError
 from perseus.memory import available_memory_bytes
-from perseus.models import (
-    FrequencySchedule,
-    PerseusSettings,
-    ProfilingResult,
-    load_prof,
-    load_ranks,
-    load_sched,
-)
+from perseus.protocol import FrequencySchedule, ProfilingResult, load_prof, load_ranks, load_sched
+from perseus.settings import PerseusSettings
 from schedulers.base import FrequencyScheduler
 
 

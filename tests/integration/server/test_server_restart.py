@@ -7,9 +7,10 @@ import time
 import httpx
 from server_fixtures import GroundTruth, SimulatedJob, running_server, stage_freqs
 
-from perseus.dag import make_schedule
-from perseus.models import PerseusSettings
-from perseus.plan import Plan
+from perseus.domain.plan import Plan
+from perseus.domain.schedule import make_schedule
+from perseus.io.plan_file import save_plan
+from perseus.settings import PerseusSettings
 
 M = 3
 
@@ -64,7 +65,7 @@ def make_plan(num_stages: int, freq_of: dict[str, int]) -> Plan:
 def test_point_solution_job_resumes_its_plan_and_evicted_jobs_stay_gone(tmp_path):
     truth = GroundTruth([0.01, 0.01])
     plan_path = tmp_path / "plan.json"
-    make_plan(2, {"forward": 1200, "backward": 975}).save(plan_path)
+    save_plan(make_plan(2, {"forward": 1200, "backward": 975}), plan_path)
     settings = PerseusSettings(
         scheduler="PointSolution",
         scheduler_args={"solution_path": str(plan_path)},
@@ -83,7 +84,7 @@ def test_point_solution_job_resumes_its_plan_and_evicted_jobs_stay_gone(tmp_path
         assert httpx.get(f"{url}/schedule/{idle.job_id}", params={"rank": 0}).status_code == 404
     assert (tmp_path / "dump" / idle.job_id / "evicted").is_file()
     # The plan file changes; the restored job keeps the plan it had deployed.
-    make_plan(2, {"forward": 1500, "backward": 1500}).save(plan_path)
+    save_plan(make_plan(2, {"forward": 1500, "backward": 1500}), plan_path)
     with running_server(settings) as url:
         r = httpx.get(f"{url}/schedule/{idle.job_id}", params={"rank": 0})
         assert r.status_code == 404

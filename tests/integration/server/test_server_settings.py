@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from perseus.cli.serve import serve
 from perseus.errors import ConfigurationError
-from perseus.models import PerseusSettings
 from perseus.server import create_app
+from perseus.settings import PerseusSettings
 from schedulers import SCHEDULERS, check_scheduler_args
 
 M = 2

@@ -9,13 +9,12 @@ import pytest
 from pydantic import ValidationError
 
 from perseus.errors import ConfigurationError, ProfileError
-from perseus.models import (
-    CSV_COLUMNS,
+from perseus.io.profile_csv import CSV_COLUMNS
+from perseus.protocol import (
     FrequencySchedule,
     InstructionProfilingResult,
     JobInfo,
     OfflineProfilingResult,
-    PerseusSettings,
     ProfilingResult,
     RankInfo,
     load_prof,
@@ -25,6 +24,7 @@ from perseus.models import (
     save_ranks,
     save_sched,
 )
+from perseus.settings import PerseusSettings
 
 
 def _result(rank: int, pp: int, *, dp: int = 0, tp: int = 0) -> OfflineProfilingResult:
@@ -69,7 +69,7 @@ def test_instruction_profiling_result_csv_round_trip(tmp_path: Path) -> None:
 
 
 def test_to_csv_refuses_other_suffix(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"\.csv"):
+    with pytest.raises(ProfileError, match=r"\.csv"):
         InstructionProfilingResult([_result(0, 0)]).to_csv(tmp_path / "prof.txt")
     assert not (tmp_path / "prof.txt").exists()
 

@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 import profiles
 from perseus.cli.profile import app
+from perseus.domain.profile import InstructionProfile
 from perseus.errors import ConfigurationError, ProfileError
-from perseus.profile import InstructionProfile
+from perseus.io.profile_csv import load_profile
 from perseus.synth import (
     COLUMNS,
     MODEL_PRESETS,
@@ -135,7 +136,7 @@ def test_cli_writes_a_loadable_profile(tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "3 stages" in result.output
-    profile = InstructionProfile.from_csv(out)
+    profile = load_profile(out)
     assert profile.num_stages == 3 and profile.frequencies()[0] == 1740
 
 
@@ -199,7 +200,7 @@ def test_shipped_profile_is_reproducible_and_valid(tmp_path, name):
     result = runner.invoke(app, argv)
     assert result.exit_code == 0, result.output
     assert out.read_bytes() == profiles.path(name).read_bytes()
-    profile = InstructionProfile.from_csv(profiles.path(name))
+    profile = load_profile(profiles.path(name))
     frame = profile.to_frame()
     for (_, _), group in frame.groupby(["stage", "instruction"]):
         assert (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 
-from perseus.dag import Instruction, make_schedule
+from perseus.domain.schedule import Instruction, make_schedule
 from perseus.errors import ScheduleError
 
 

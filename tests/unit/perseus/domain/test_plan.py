@@ -9,10 +9,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perseus.dag import make_schedule
+from perseus.domain.plan import Plan, evaluate, max_frequencies
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import make_schedule
 from perseus.errors import PlanError, ProfileError, ScheduleError
-from perseus.plan import Plan, evaluate, max_frequencies
-from perseus.profile import InstructionProfile
+from perseus.io.plan_file import load_plan, save_plan
+from perseus.io.profile_csv import load_profile
 
 
 def _profile() -> InstructionProfile:
@@ -48,7 +50,7 @@ def test_plan_file_round_trip_and_format(tmp_path: Path) -> None:
     freqs = max_frequencies(prof, sched)
     ev = evaluate(prof, sched, freqs, 5.0)
     plan = Plan.from_frequencies(sched, freqs, p2p_power_w=5.0, evaluation=ev)
-    plan.save(tmp_path / "p.json")
+    save_plan(plan, tmp_path / "p.json")
     raw = json.loads((tmp_path / "p.json").read_text())
     assert raw["frequencies"][0] == [
         ["forward", 1000],
@@ -57,7 +59,7 @@ def test_plan_file_round_trip_and_format(tmp_path: Path) -> None:
         ["backward", 1000],
     ]
     assert raw["schedule"] == "1f1b" and raw["num_stages"] == 2 and raw["num_microbatches"] == 2
-    loaded = Plan.load(tmp_path / "p.json")
+    loaded = load_plan(tmp_path / "p.json")
     assert loaded == plan
     assert loaded.evaluate(prof) == ev
 
@@ -77,7 +79,7 @@ def _write_plan(tmp_path: Path, **changes: object) -> Path:
 def test_plan_with_wrong_instruction_count(tmp_path: Path) -> None:
     path = _write_plan(tmp_path, frequencies=[[["forward", 1000]], [["forward", 1000]]])
     with pytest.raises(PlanError, match="Stage 0: the plan has 1 instruction"):
-        Plan.load(path).evaluate(_profile())
+        load_plan(path).evaluate(_profile())
 
 
 @pytest.mark.parametrize(
@@ -103,9 +105,9 @@ def test_plan_counts_are_checked_before_the_schedule_is_built(
     def no_schedule(*args: object, **kwargs: object) -> None:
         raise AssertionError("the schedule was built before the counts were checked")
 
-    monkeypatch.setattr("perseus.plan.make_schedule", no_schedule)
+    monkeypatch.setattr("perseus.domain.plan.make_schedule", no_schedule)
     with pytest.raises(PlanError, match=re.escape(message)):
-        Plan.load(path).pipeline_schedule()
+        load_plan(path).pipeline_schedule()
 
 
 def test_plan_with_unprofiled_frequency(tmp_path: Path) -> None:
@@ -114,7 +116,7 @@ def test_plan_with_unprofiled_frequency(tmp_path: Path) -> None:
     data["frequencies"][1][2][1] = 777
     path.write_text(json.dumps(data))
     with pytest.raises(PlanError, match="777 MHz is not in the profile"):
-        Plan.load(path).evaluate(_profile())
+        load_plan(path).evaluate(_profile())
 
 
 def test_plan_with_wrong_instruction_name(tmp_path: Path) -> None:
@@ -123,20 +125,20 @@ def test_plan_with_wrong_instruction_name(tmp_path: Path) -> None:
     data["frequencies"][0][0][0] = "backward"
     path.write_text(json.dumps(data))
     with pytest.raises(PlanError, match="runs 'forward' there"):
-        Plan.load(path).evaluate(_profile())
+        load_plan(path).evaluate(_profile())
 
 
 def test_plan_file_not_json_or_python(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     path.write_text("frequencies = [[('forward', 1000)]]")
     with pytest.raises(PlanError, match="not valid JSON"):
-        Plan.load(path)
+        load_plan(path)
     path.write_text('{"schedule": "1f1b"}')
     with pytest.raises(PlanError, match="invalid"):
-        Plan.load(path)
+        load_plan(path)
     path.write_bytes(b"\xff\xfe{")
     with pytest.raises(PlanError, match="not UTF-8 JSON text"):
-        Plan.load(path)
+        load_plan(path)
 
 
 def test_profile_stage_count_must_match_schedule() -> None:
@@ -160,7 +162,7 @@ def test_profile_frame_with_a_repeated_measurement() -> None:
 
 
 def test_real_profile_loads(real_profile_path: Path) -> None:
-    prof = InstructionProfile.from_csv(real_profile_path)
+    prof = load_profile(real_profile_path)
     assert prof.num_stages == 8
     opts = prof.options(7, "backward")
     assert opts.freq_mhz[0] == 1740 and opts.freq_mhz[-1] == 855 and len(opts) == 60

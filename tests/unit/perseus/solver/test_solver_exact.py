@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from scipy.optimize import linprog
 
-from perseus.dag import make_schedule
-from perseus.plan import evaluate
-from perseus.profile import InstructionProfile
+from perseus.domain.plan import evaluate
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import make_schedule
 from perseus.solver import SolverProblem, effective_cost_hull, solve_frontier, solve_lp_curve
 
 P_BLOCK = 70.0

@@ -11,10 +11,12 @@ import pandas as pd
 import pytest
 from paths import REPO, SHARED_DATA
 
-from perseus.dag import make_schedule
+from perseus.domain.plan import evaluate, max_frequencies
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import make_schedule
 from perseus.errors import PerseusError, PlanError, SolverError
-from perseus.plan import Plan, evaluate, max_frequencies
-from perseus.profile import InstructionProfile
+from perseus.io.plan_file import load_plan
+from perseus.io.profile_csv import load_profile
 from perseus.solver import FRONTIER_COLUMNS, Frontier, FrontierPoint, solve_frontier
 
 P_BLOCK = 70.38
@@ -28,7 +30,7 @@ def real_profile() -> InstructionProfile:
     """The published GPT-3 A40 profile (module-scoped: several tests share one solve)."""
     if not SHARED_PROFILE.is_file():
         pytest.skip(f"reference data not present at {SHARED_PROFILE}")
-    return InstructionProfile.from_csv(SHARED_PROFILE)
+    return load_profile(SHARED_PROFILE)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +110,7 @@ def test_write_read_round_trip(tmp_path, real_profile, frontier_8x8):
     assert tuple(df.columns) == FRONTIER_COLUMNS
     assert list(df["index"]) == list(range(len(small.points)))
     assert df["plan"][0] == "plans/plan_00000.json"
-    plan = Plan.load(tmp_path / df["plan"][1])
+    plan = load_plan(tmp_path / df["plan"][1])
     assert plan.iteration_time == small.points[1].iteration_time_s
     assert plan.evaluate(real_profile).energy_j == pytest.approx(plan.energy, rel=1e-12)
     back = Frontier.read(tmp_path)
@@ -219,7 +221,7 @@ def test_bloom_profile_whose_max_frequency_is_not_fastest():
     path = SHARED_PROFILE.with_name("sosp24_bloom-176b_a40_8stage.csv")
     if not path.is_file():
         pytest.skip(f"reference data not present at {path}")
-    profile = InstructionProfile.from_csv(path)
+    profile = load_profile(path)
     schedule = make_schedule("1f1b", 8, 6)
     frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK, max_points=None)
     base = evaluate(profile, schedule, max_frequencies(profile, schedule), P_BLOCK)
@@ -246,7 +248,7 @@ def test_stretch_slows_a_plan_faster_than_all_max_to_just_above_it():
     if not path.is_file():
         pytest.skip(f"reference data not present at {path}")
     problem = SolverProblem.build(
-        InstructionProfile.from_csv(path), make_schedule("1f1b", 8, 6), p2p_power_w=P_BLOCK
+        load_profile(path), make_schedule("1f1b", 8, 6), p2p_power_w=P_BLOCK
     )
     rounder = Rounder(problem)
     t_max, e_max, _ = problem.score(problem.max_frequency_choice()[:, None])
@@ -267,7 +269,7 @@ def test_every_rounding_meets_its_lp_deadline(profile_name):
     from perseus.solver.rounding import Rounder
 
     path = REPO / "profiles" / f"{profile_name}.csv"
-    profile = InstructionProfile.from_csv(path)
+    profile = load_profile(path)
     stages = int(profile.to_frame()["stage"].max()) + 1
     problem = SolverProblem.build(profile, make_schedule("1f1b", stages, 6), p2p_power_w=P_BLOCK)
     rounder = Rounder(problem)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from test_solver_exact import P_BLOCK, all_plans, random_profile
 
-from perseus.dag import make_schedule
+from perseus.domain.plan import evaluate
+from perseus.domain.schedule import make_schedule
 from perseus.errors import SolverError
-from perseus.plan import evaluate
-from perseus.profile import InstructionProfile
+from perseus.io.profile_csv import load_profile
 from perseus.solver import SolverProblem, solve_frontier
 from perseus.solver.polish import polish_plan
 from profiles import path as shipped_profile_path
@@ -37,7 +37,7 @@ def test_one_window_over_the_whole_plan_is_the_brute_force_optimum(
 
 
 def test_small_windows_never_lengthen_nor_worsen_and_score_exactly():
-    profile = InstructionProfile.from_csv(shipped_profile_path("gpt3-xl_a100_4stage"))
+    profile = load_profile(shipped_profile_path("gpt3-xl_a100_4stage"))
     schedule = make_schedule("1f1b", 4, 6)
     frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK, max_points=6)
     problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
@@ -60,7 +60,7 @@ def test_small_windows_never_lengthen_nor_worsen_and_score_exactly():
 def test_polish_recovers_most_of_the_gap_the_rounding_leaves_on_the_real_profile(
     real_profile_path,
 ):
-    profile = InstructionProfile.from_csv(real_profile_path)
+    profile = load_profile(real_profile_path)
     schedule = make_schedule("1f1b", 8, 8)
     frontier = solve_frontier(profile, schedule, p2p_power_w=70.38, max_points=None)
     worst = max(frontier.points, key=lambda p: p.gap)
@@ -76,7 +76,7 @@ def test_polish_recovers_most_of_the_gap_the_rounding_leaves_on_the_real_profile
 
 
 def test_bad_input_is_a_clear_solver_error():
-    profile = InstructionProfile.from_csv(shipped_profile_path("gpt3-xl_a100_4stage"))
+    profile = load_profile(shipped_profile_path("gpt3-xl_a100_4stage"))
     schedule = make_schedule("1f1b", 4, 2)
     problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
     good = problem.max_frequency_choice()
@@ -104,7 +104,7 @@ def test_bad_input_is_a_clear_solver_error():
 
 
 def test_an_exhausted_budget_returns_the_plan_unchanged_and_incomplete():
-    profile = InstructionProfile.from_csv(shipped_profile_path("gpt3-xl_a100_4stage"))
+    profile = load_profile(shipped_profile_path("gpt3-xl_a100_4stage"))
     schedule = make_schedule("1f1b", 4, 4)
     problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
     start = problem.max_frequency_choice()

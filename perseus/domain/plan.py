@@ -20,15 +20,12 @@ with one list per stage, in that stage's execution order (`FrequencySchedule.fre
 
 from __future__ import annotations
 
-import json
-import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from perseus.dag import (
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import (
     Instruction,
     PipelineSchedule,
     instructions_per_stage,
@@ -36,8 +33,6 @@ from perseus.dag import (
     schedule_name,
 )
 from perseus.errors import PlanError
-from perseus.models import atomic_write_text
-from perseus.profile import InstructionProfile
 
 __all__ = [
     "DEFAULT_P2P_POWER_W",
@@ -233,32 +228,3 @@ class Plan(BaseModel):
     def evaluate(self, profile: InstructionProfile) -> Evaluation:
         """Re-score this plan against a profile with the exact accounting."""
         return evaluate(profile, self.pipeline_schedule(), self.stage_frequencies(), self.p2p_power)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Plan:
-        """Read and validate a plan file; `PlanError` with the reason on any problem."""
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as exc:
-            raise PlanError(f"Cannot read plan file {str(p)!r}: {exc.strerror or exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise PlanError(f"Plan file {str(p)!r} is not UTF-8 JSON text ({exc})") from None
-        try:
-            json.loads(text)
-            plan = cls.model_validate_json(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"Plan file {str(p)!r} is not valid JSON: {exc}") from None
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}"
-                for e in exc.errors()[:5]
-            )
-            raise PlanError(f"Plan file {str(p)!r} is invalid: {problems}") from None
-        if not (math.isfinite(plan.iteration_time) and math.isfinite(plan.energy)):
-            raise PlanError(f"Plan file {str(p)!r} has a non-finite iteration_time or energy")
-        return plan
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the plan as JSON (atomically)."""
-        atomic_write_text(Path(path), self.model_dump_json(indent=None) + "\n")

@@ -1,7 +1,7 @@
 """Instruction profiles: the measured time and energy of every (stage, instruction, frequency).
 
-A profile is the solver's ground truth. It is read from CSV (`InstructionProfilingResult`'s
-long form or the short ``stage,instruction,frequency,time,energy`` form) and validated: every
+A profile is the solver's ground truth. It is built from validated rows (`ProfileRow`, read
+from CSV by `perseus.io.profile_csv`) or from a table, and checked: every
 stage ``0..S-1`` must have both a forward and a backward, times must be positive and finite,
 energies non-negative and finite.
 
@@ -12,18 +12,31 @@ pipeline present (all pipelines run the same plan).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from perseus.domain.kinds import INSTRUCTIONS
 from perseus.errors import PlanError, ProfileError
-from perseus.models import INSTRUCTIONS, InstructionProfilingResult, OfflineProfilingResult
 
-__all__ = ["InstructionOptions", "InstructionProfile"]
+__all__ = ["InstructionOptions", "InstructionProfile", "ProfileRow"]
+
+
+class ProfileRow(NamedTuple):
+    """One measurement: one rank's instruction at one frequency (time in s, energy in J)."""
+
+    rank: int
+    dp_rank: int
+    pp_rank: int
+    tp_rank: int
+    stage: int
+    instruction: str
+    frequency: int
+    time: float
+    energy: float
 
 
 @dataclass(frozen=True)
@@ -53,7 +66,8 @@ class InstructionOptions:
 
 
 class InstructionProfile:
-    """Per-stage, per-instruction profiled options. Build with `from_csv` or `from_frame`."""
+    """Per-stage, per-instruction profiled options. Build with `from_rows` or `from_frame`
+    (`perseus.io.profile_csv.load_profile` reads a CSV)."""
 
     def __init__(
         self, options: dict[tuple[int, str], InstructionOptions], *, source: str = "<memory>"
@@ -78,38 +92,32 @@ class InstructionProfile:
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_csv(cls, path: str | os.PathLike[str]) -> InstructionProfile:
-        """Read and validate a profile CSV (long or short form)."""
-        result = InstructionProfilingResult.from_csv(path)
-        return cls.from_result(result, source=str(path))
-
-    @classmethod
-    def from_result(
-        cls, result: InstructionProfilingResult, *, source: str = "<memory>"
+    def from_rows(
+        cls, rows: Iterable[ProfileRow], *, source: str = "<memory>"
     ) -> InstructionProfile:
-        """Aggregate per-rank results into per-stage options (see the module docstring)."""
-        ranks: list[OfflineProfilingResult] = list(result.root)
-        if not ranks:
+        """Aggregate per-rank rows into per-stage options (see the module docstring)."""
+        rows = list(rows)
+        if not rows:
             raise ProfileError(f"Profile {source} has no rows")
-        first_dp = min(r.dp_rank for r in ranks)
-        per_stage: dict[int, list[OfflineProfilingResult]] = {}
-        for r in ranks:
-            if r.dp_rank == first_dp:
-                per_stage.setdefault(r.pp_rank, []).append(r)
+        first_dp = min(r.dp_rank for r in rows)
+        # stage -> instruction -> rank -> frequency -> (time, energy)
+        per_stage: dict[int, dict[str, dict[int, dict[int, tuple[float, float]]]]] = {}
+        members: dict[int, set[int]] = {}
+        for r in rows:
+            if r.dp_rank != first_dp:
+                continue
+            members.setdefault(r.pp_rank, set()).add(r.rank)
+            by_rank = per_stage.setdefault(r.pp_rank, {}).setdefault(r.instruction, {})
+            by_rank.setdefault(r.rank, {})[r.frequency] = (r.time, r.energy)
         options: dict[tuple[int, str], InstructionOptions] = {}
-        for stage, members in per_stage.items():
+        for stage, by_kind in per_stage.items():
             for instruction in INSTRUCTIONS:
-                freq_sets = [set(getattr(m, f"{instruction}_time")) for m in members]
-                common = set.intersection(*freq_sets) if freq_sets else set()
+                by_rank = by_kind.get(instruction, {})
+                measured = [by_rank.get(rank, {}) for rank in sorted(members[stage])]
+                common = set.intersection(*(set(m) for m in measured)) if measured else set()
                 freqs = np.array(sorted(common, reverse=True), dtype=np.int64)
-                times = np.array(
-                    [max(getattr(m, f"{instruction}_time")[f] for m in members) for f in freqs],
-                    dtype=float,
-                )
-                energies = np.array(
-                    [sum(getattr(m, f"{instruction}_energy")[f] for m in members) for f in freqs],
-                    dtype=float,
-                )
+                times = np.array([max(m[f][0] for m in measured) for f in freqs], dtype=float)
+                energies = np.array([sum(m[f][1] for m in measured) for f in freqs], dtype=float)
                 options[stage, instruction] = InstructionOptions(freqs, times, energies)
         return cls(options, source=source)
 
@@ -194,11 +202,6 @@ class InstructionProfile:
             for f, t, e in zip(o.freq_mhz, o.time_s, o.energy_j, strict=True)
         ]
         return pd.DataFrame(rows, columns=["stage", "instruction", "frequency", "time", "energy"])
-
-    def to_csv(self, path: str | os.PathLike[str]) -> None:
-        """Write the short-form CSV."""
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.to_frame().to_csv(path, index=False)
 
     def __repr__(self) -> str:
         return f"InstructionProfile(num_stages={self.num_stages}, source={self.source!r})"

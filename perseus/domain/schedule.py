@@ -34,7 +34,7 @@ from perseus.errors import ScheduleError
 from perseus.memory import memory_shortfall
 
 if TYPE_CHECKING:
-    from perseus.profile import InstructionOptions, InstructionProfile
+    from perseus.domain.profile import InstructionOptions, InstructionProfile
 
 __all__ = [
     "SCHEDULES",

@@ -1,0 +1,1 @@
+"""The pipeline domain: instruction kinds, schedules and their DAG, profiles, plans."""

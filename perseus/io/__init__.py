@@ -1,0 +1,1 @@
+"""File formats: the only readers and writers of profiles, plans and frontiers, one atomic writer."""

@@ -1,0 +1,170 @@
+"""The only reader and writer of instruction-profile CSV files.
+
+Two forms are read: the long form Perseus's profiler writes
+(``rank,dp_rank,pp_rank,tp_rank,stage,instruction,frequency,time,energy``, one row per
+rank, instruction and frequency) and the short form ``stage,instruction,frequency,time,energy``
+(then rank = pp_rank = stage, dp_rank = tp_rank = 0). Every row is validated where it enters:
+integers for ids, a known instruction kind, a finite positive time (s), a finite non-negative
+energy (J), no second row for the same rank, instruction and frequency. Errors name the file
+and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from perseus.domain.kinds import INSTRUCTIONS
+from perseus.domain.profile import InstructionProfile, ProfileRow
+from perseus.errors import ProfileError
+from perseus.io.atomic import atomic_write_text
+
+__all__ = [
+    "CSV_COLUMNS",
+    "SHORT_CSV_COLUMNS",
+    "load_profile",
+    "read_profile_rows",
+    "save_profile",
+    "write_profile_frame",
+    "write_profile_rows",
+]
+
+CSV_COLUMNS = (
+    "rank",
+    "dp_rank",
+    "pp_rank",
+    "tp_rank",
+    "stage",
+    "instruction",
+    "frequency",
+    "time",
+    "energy",
+)
+SHORT_CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+_ID_COLUMNS = ("stage", "rank", "dp_rank", "pp_rank", "tp_rank")
+
+
+def _check_suffix(path: Path) -> None:
+    if path.suffix != ".csv":
+        raise ProfileError(f"Profile path {str(path)!r} must end with '.csv'")
+
+
+def read_profile_rows(path: str | os.PathLike[str]) -> list[ProfileRow]:
+    """Read and validate every row of a profile CSV (long or short form)."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            header = tuple(h.strip() for h in (reader.fieldnames or ()))
+            raw_rows = list(reader)
+    except OSError as exc:
+        raise ProfileError(f"Cannot read profile {str(path)!r}: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ProfileError(f"Profile {str(path)!r} is not a UTF-8 CSV text file ({exc})") from None
+    if set(CSV_COLUMNS) <= set(header):
+        long_form = True
+    elif set(SHORT_CSV_COLUMNS) <= set(header):
+        long_form = False
+    else:
+        missing = sorted(set(SHORT_CSV_COLUMNS) - set(header))
+        raise ProfileError(
+            f"Profile {str(path)!r} lacks column(s) {', '.join(missing)}; expected "
+            f"{','.join(SHORT_CSV_COLUMNS)} (or the long form {','.join(CSV_COLUMNS)})"
+        )
+    rows: list[ProfileRow] = []
+    seen: set[tuple[int, int, int, int, str, int]] = set()
+    for lineno, raw in enumerate(raw_rows, start=2):
+        row = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
+        try:
+            stage = int(row["stage"])
+            rank, dp_rank, pp_rank, tp_rank = (
+                (int(row["rank"]), int(row["dp_rank"]), int(row["pp_rank"]), int(row["tp_rank"]))
+                if long_form
+                else (stage, 0, stage, 0)
+            )
+            freq = int(float(row["frequency"]))
+            time_s = float(row["time"])
+            energy_j = float(row["energy"])
+        except (TypeError, ValueError) as exc:
+            raise ProfileError(f"{path}:{lineno}: unparsable value ({exc})") from None
+        id_columns = _ID_COLUMNS if long_form else ("stage",)
+        negative = [k for k in id_columns if int(row[k]) < 0]
+        if negative:
+            raise ProfileError(
+                f"{path}:{lineno}: "
+                + ", ".join(f"{k} must be >= 0, got {row[k]}" for k in negative)
+            )
+        instruction = row["instruction"]
+        if instruction not in INSTRUCTIONS:
+            raise ProfileError(
+                f"{path}:{lineno}: instruction {instruction!r} is not one of {', '.join(INSTRUCTIONS)}"
+            )
+        if not (math.isfinite(time_s) and time_s > 0):
+            raise ProfileError(
+                f"{path}:{lineno}: time must be a positive number, got {row['time']!r}"
+            )
+        if not (math.isfinite(energy_j) and energy_j >= 0):
+            raise ProfileError(
+                f"{path}:{lineno}: energy must be a non-negative number, got {row['energy']!r}"
+            )
+        key = (rank, dp_rank, pp_rank, tp_rank, instruction, freq)
+        if key in seen:
+            raise ProfileError(
+                f"{path}:{lineno}: a second row for {instruction} at {freq} MHz of stage "
+                f"{stage} (rank {rank}); give each measurement once"
+            )
+        seen.add(key)
+        rows.append(
+            ProfileRow(rank, dp_rank, pp_rank, tp_rank, stage, instruction, freq, time_s, energy_j)
+        )
+    if not rows:
+        raise ProfileError(f"Profile {str(path)!r} has no rows")
+    return rows
+
+
+def write_profile_rows(path: str | os.PathLike[str], rows: Iterable[ProfileRow]) -> None:
+    """Write rows in the long form, atomically (times and energies round-trip exactly)."""
+    path = Path(path)
+    _check_suffix(path)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for r in rows:
+        writer.writerow(
+            [
+                r.rank,
+                r.dp_rank,
+                r.pp_rank,
+                r.tp_rank,
+                r.stage,
+                r.instruction,
+                r.frequency,
+                repr(float(r.time)),
+                repr(float(r.energy)),
+            ]
+        )
+    atomic_write_text(path, buf.getvalue())
+
+
+def load_profile(path: str | os.PathLike[str]) -> InstructionProfile:
+    """Read, validate and aggregate a profile CSV into per-stage options."""
+    return InstructionProfile.from_rows(read_profile_rows(path), source=str(path))
+
+
+def save_profile(profile: InstructionProfile, path: str | os.PathLike[str]) -> None:
+    """Write a profile in the short form, atomically."""
+    write_profile_frame(profile.to_frame(), path)
+
+
+def write_profile_frame(
+    frame: pd.DataFrame, path: str | os.PathLike[str], *, float_format: str | None = None
+) -> None:
+    """Write a short-form table as it is (rows in its order), after validating it."""
+    InstructionProfile.from_frame(frame, source=str(path))
+    atomic_write_text(path, frame.to_csv(index=False, float_format=float_format))
