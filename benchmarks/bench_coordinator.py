@@ -1,6 +1,6 @@
 """Benchmark: one scheduling round of the Perseus coordinator for many simulated ranks.
 
-Starts the real coordinator (``python -m perseus.server``) in a subprocess on a loopback
+Starts the real coordinator (``python -m perseus serve``) in a subprocess on a loopback
 port, registers one job of `--ranks` ranks (pp × dp), then times one round: every rank
 asks ``GET /schedule`` at once (asyncio; one `httpx.AsyncClient` per rank, as every rank
 of a real job owns its client — one shared client would measure httpcore's connection
@@ -154,7 +154,7 @@ def main() -> None:
         "PERSEUS_DUMP_DATA": "false",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "perseus.server", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "perseus", "serve", "--port", str(port), "--log-level", "warning"],
         env=env,
         stdout=subprocess.DEVNULL,
     )

@@ -1,46 +1,71 @@
 """Perseus: remove energy bloat from pipeline-parallel training.
 
 Profile → DAG → frontier solver → plan → scheduler → coordinator → per-rank client → GPU.
+
+The names below are loaded on first use (PEP 562), so `import perseus` stays cheap: it
+loads none of httpx, FastAPI, matplotlib, torch or the CLI's libraries.
 """
 
-from perseus.client import PerseusOptimizer
-from perseus.errors import (
-    ConfigurationError,
-    CoordinatorError,
-    JobNotFoundError,
-    PerseusError,
-    PlanError,
-    ProfileError,
-    RankError,
-    ScheduleError,
-    SolverError,
-)
-from perseus.protocol import (
-    FrequencySchedule,
-    InstructionProfilingResult,
-    JobInfo,
-    OfflineProfilingResult,
-    ProfilingResult,
-    RankInfo,
-)
-from perseus.settings import PerseusSettings
+from __future__ import annotations
 
-__all__ = [
-    "ConfigurationError",
-    "CoordinatorError",
-    "FrequencySchedule",
-    "InstructionProfilingResult",
-    "JobInfo",
-    "JobNotFoundError",
-    "OfflineProfilingResult",
-    "PerseusError",
-    "PerseusOptimizer",
-    "PerseusSettings",
-    "PlanError",
-    "ProfileError",
-    "ProfilingResult",
-    "RankError",
-    "RankInfo",
-    "ScheduleError",
-    "SolverError",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perseus.client import PerseusOptimizer
+    from perseus.errors import (
+        ConfigurationError,
+        CoordinatorError,
+        JobNotFoundError,
+        PerseusError,
+        PlanError,
+        ProfileError,
+        RankError,
+        ScheduleError,
+        SolverError,
+    )
+    from perseus.protocol import (
+        FrequencySchedule,
+        InstructionProfilingResult,
+        JobInfo,
+        OfflineProfilingResult,
+        ProfilingResult,
+        RankInfo,
+    )
+    from perseus.settings import PerseusSettings
+
+_SOURCES = {
+    "ConfigurationError": "perseus.errors",
+    "CoordinatorError": "perseus.errors",
+    "FrequencySchedule": "perseus.protocol",
+    "InstructionProfilingResult": "perseus.protocol",
+    "JobInfo": "perseus.protocol",
+    "JobNotFoundError": "perseus.errors",
+    "OfflineProfilingResult": "perseus.protocol",
+    "PerseusError": "perseus.errors",
+    "PerseusOptimizer": "perseus.client",
+    "PerseusSettings": "perseus.settings",
+    "PlanError": "perseus.errors",
+    "ProfileError": "perseus.errors",
+    "ProfilingResult": "perseus.protocol",
+    "RankError": "perseus.errors",
+    "RankInfo": "perseus.protocol",
+    "ScheduleError": "perseus.errors",
+    "SolverError": "perseus.errors",
+}
+
+__all__ = sorted(_SOURCES)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _SOURCES[name]
+    except KeyError:
+        raise AttributeError(f"module 'perseus' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -7,7 +7,7 @@ the time–energy frontier and deploys a plan), and compares the two.
 
 Building blocks:
 
-- `Coordinator`: a coordinator subprocess (``python -m perseus.server``) for one scheduler,
+- `Coordinator`: a coordinator subprocess (``python -m perseus serve``) for one scheduler,
   started on a free loopback port and stopped on exit.
 - `JobSpec` / `run_training`: a ``torchrun --standalone -m perseus.train`` job.
 - `read_traces` / `summarize`: the per-rank JSONL traces the hook writes
@@ -151,7 +151,8 @@ class Coordinator:
         cmd = [
             sys.executable,
             "-m",
-            "perseus.server",
+            "perseus",
+            "serve",
             "--host",
             "127.0.0.1",
             "--port",

@@ -1,6 +1,6 @@
 """Shared helpers of the end-to-end tests: a real coordinator, real torchrun jobs.
 
-Everything runs for real: the coordinator is `python -m perseus.server` on a free loopback
+Everything runs for real: the coordinator is `python -m perseus serve` on a free loopback
 port (`perseus.demo.Coordinator`), the job is `python -m torch.distributed.run ... -m
 perseus.train` with gloo and emulated GPUs, and the assertions read the per-rank traces
 the hook writes. Jobs use nominal emulation (``PERSEUS_EMULATE_NOMINAL=1``): each layer's

@@ -8,8 +8,6 @@ from typing import Annotated
 import typer
 
 from perseus.cli._common import cli_errors, resolve_profile_path
-from perseus.io.plan_file import load_plan
-from perseus.io.profile_csv import load_profile
 
 app = typer.Typer(
     help="Draw the frontier or a plan's per-stage timeline as PNG.", no_args_is_help=True
@@ -42,6 +40,8 @@ def timeline(
     ] = None,
 ) -> None:
     """Per-stage Gantt chart of one iteration, coloured by SM frequency."""
+    from perseus.io.plan_file import load_plan
+    from perseus.io.profile_csv import load_profile
     from perseus.plotting import plot_timeline
 
     prof = load_profile(resolve_profile_path(profile))

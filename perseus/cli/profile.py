@@ -9,7 +9,6 @@ import typer
 
 from perseus.cli._common import cli_errors, console
 from perseus.errors import ConfigurationError
-from perseus.io.profile_csv import write_profile_frame
 
 __all__ = ["app", "synth"]
 
@@ -76,6 +75,7 @@ def synth(
     seed: Annotated[int | None, typer.Option(help="Seed of the noise.")] = None,
 ) -> None:
     """Synthesize a profile, e.g. `perseus profile synth --gpu A40 --work 1,1,1,0.6 --out p.csv`."""
+    from perseus.io.profile_csv import write_profile_frame
     from perseus.synth import check_stage_count, get_preset, stage_workloads, synthesize_profile
 
     if out.suffix != ".csv":  # the rule of InstructionProfilingResult.to_csv

@@ -1,0 +1,1 @@
+"""Placeholder: the planning adapter lands with the generic solver."""

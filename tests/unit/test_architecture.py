@@ -1,0 +1,89 @@
+"""The shape the README claims: cheap imports and no import cycles.
+
+The import-linter contracts in `pyproject.toml` (run by `lint-imports` in the test command)
+check the layers; these tests check what they cannot: what an import really loads at run
+time, and cycles that go through `importlib.import_module("name")`, which static import
+graphs miss.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import networkx as nx
+import pytest
+from paths import REPO
+
+ROOTS = ("perseus", "schedulers", "zeus_power")
+HEAVY = (
+    "httpx",
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "matplotlib",
+    "torch",
+    "sqlalchemy",
+    "typer",
+    "rich",
+)
+
+
+@pytest.mark.parametrize("module", ["perseus", "perseus.solver", "zeus_power", "zeus_power.device"])
+def test_import_loads_no_heavy_library(module: str) -> None:
+    code = (
+        f"import json, sys, {module}; "
+        f"print(json.dumps(sorted(m for m in {list(HEAVY)!r} if m in sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert json.loads(out.stdout) == [], f"`import {module}` loaded {out.stdout.strip()}"
+
+
+def _dynamic_imports(base: Path = REPO) -> list[tuple[str, str]]:
+    """(importer, imported) for every `import_module("literal")` in the packages."""
+    edges = []
+    for root in ROOTS:
+        for path in sorted((base / root).rglob("*.py")):
+            rel = path.relative_to(base).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            importer = ".".join(parts)
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.Call) or not node.args:
+                    continue
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                arg = node.args[0]
+                if (
+                    name in ("import_module", "__import__")
+                    and isinstance(arg, ast.Constant)
+                    and str(arg.value).split(".")[0] in ROOTS
+                ):
+                    edges.append((importer, str(arg.value)))
+    return edges
+
+
+def test_no_import_cycle_between_modules() -> None:
+    graph = grimp.build_graph(*ROOTS)
+    deps = nx.DiGraph()
+    for module in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            deps.add_edge(module, imported)
+    deps.add_edges_from(_dynamic_imports())
+    cycles = [sorted(c) for c in nx.strongly_connected_components(deps) if len(c) > 1]
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_dynamic_import_scan_sees_literal_names(tmp_path: Path) -> None:
+    """The scan finds `importlib.import_module("pkg")` (so the cycle test can fail)."""
+    (tmp_path / "perseus").mkdir()
+    (tmp_path / "perseus" / "__init__.py").write_text("")
+    (tmp_path / "perseus" / "settings.py").write_text(
+        'import importlib\nregistry = importlib.import_module("schedulers").SCHEDULERS\n'
+    )
+    assert _dynamic_imports(tmp_path) == [("perseus.settings", "schedulers")]
