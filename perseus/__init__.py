@@ -54,7 +54,25 @@ _SOURCES = {
     "SolverError": "perseus.errors",
 }
 
-__all__ = sorted(_SOURCES)
+__all__ = [
+    "ConfigurationError",
+    "CoordinatorError",
+    "FrequencySchedule",
+    "InstructionProfilingResult",
+    "JobInfo",
+    "JobNotFoundError",
+    "OfflineProfilingResult",
+    "PerseusError",
+    "PerseusOptimizer",
+    "PerseusSettings",
+    "PlanError",
+    "ProfileError",
+    "ProfilingResult",
+    "RankError",
+    "RankInfo",
+    "ScheduleError",
+    "SolverError",
+]
 
 
 def __getattr__(name: str) -> Any:
