@@ -9,8 +9,8 @@
   server in `zeus_power.bso.server` (`perseus bso serve`);
 - `ZeusMaster`, which drives a job's recurrences, and `zeus_power.simulate`, which replays them.
 
-Errors: `ZeusError` (see `zeus_power.errors`) and the device's `GPUError` tree
-(`zeus_power.device.base`).
+Errors: one tree under `ZeusError`, the device's `GPUError` included (drawn in
+`zeus_power.errors`).
 """
 
 from __future__ import annotations

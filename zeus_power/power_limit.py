@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from zeus_power.errors import ZeusConfigError, ZeusProfileError
+from zeus_power.errors import ZeusConfigError, ZeusError, ZeusProfileError
 from zeus_power.metric import check_eta_knob, zeus_cost
 from zeus_power.monitor import ZeusMonitor, aggregate_over_ranks
 
@@ -56,8 +56,12 @@ logger = logging.getLogger(__name__)
 PROFILE_VERSION = 1
 
 
-class ShortEpochWarning(RuntimeWarning):
-    """Epochs are too short for a warmup + profiling window to ever finish."""
+class ShortEpochWarning(ZeusError, RuntimeWarning):  # noqa: N818 (a warning; public name)
+    """Epochs are too short for a warmup + profiling window to ever finish.
+
+    A `RuntimeWarning` for the warning machinery, and a `ZeusError` like every exception
+    class of the package (so `except ZeusError` also catches it when warnings are errors).
+    """
 
 
 # --------------------------------------------------------------------------- measurements
