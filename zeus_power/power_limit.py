@@ -190,11 +190,11 @@ class MaxSlowdownConstraint(OptimumSelector):
 # --------------------------------------------------------------------------- states
 
 
-class _State(BaseModel):
+class _PowerLimitState(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Ready(_State):
+class Ready(_PowerLimitState):
     """Ready to start measuring the next power limit.
 
     Initial state when there is no profile to load.
@@ -206,7 +206,7 @@ class Ready(_State):
     steps: int
 
 
-class Warmup(_State):
+class Warmup(_PowerLimitState):
     """Warming up at a power limit.
 
     Warmup -> Profiling on the `steps`'th `on_step_begin`.
@@ -217,7 +217,7 @@ class Warmup(_State):
     steps: int
 
 
-class Profiling(_State):
+class Profiling(_PowerLimitState):
     """Profiling a power limit.
 
     Profiling -> Warmup after the `steps`'th `on_step_begin` when limits remain.
@@ -229,7 +229,7 @@ class Profiling(_State):
     steps: int
 
 
-class Done(_State):
+class Done(_PowerLimitState):
     """All power limits profiled (or a profile loaded); the optimum is applied. Final."""
 
     optimal_power_limit_w: int
