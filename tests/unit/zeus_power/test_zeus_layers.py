@@ -1,12 +1,15 @@
-"""One-way layers: what importing a piece of `zeus_power` drags in, and the lazy top level.
+"""The package's shape: one-way layers, the lazy top level, one class per name.
 
-Each check runs in a fresh interpreter, since this one has imported everything already.
+The import checks run in a fresh interpreter, since this one has imported everything already.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import os
+import pkgutil
 import subprocess
 import sys
 
@@ -95,3 +98,19 @@ def test_star_import_gives_all_of_all() -> None:
     namespace: dict[str, object] = {}
     exec("from zeus_power import *", namespace)
     assert set(zeus_power.__all__) <= set(namespace)
+
+
+def test_no_two_classes_of_the_package_share_a_name() -> None:
+    classes: dict[str, set[type]] = {}
+    for info in pkgutil.walk_packages(zeus_power.__path__, "zeus_power."):
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            if inspect.isclass(obj) and obj.__module__ == module.__name__:
+                classes.setdefault(obj.__qualname__, set()).add(obj)
+    assert "EmulatedGPU" in classes  # the walk saw the package
+    shared = {
+        name: sorted(cls.__module__ for cls in found)
+        for name, found in classes.items()
+        if len(found) > 1
+    }
+    assert not shared, f"class names defined in more than one module: {shared}"
