@@ -340,7 +340,7 @@ def make_emulator_tables(
     as base · (1 + (bs / critical)²) with small batches paying a mild noise penalty, times
     log-normal noise per seed; runs beyond `max_epochs` never reach the target.
     """
-    from zeus_power.device.emulated import DVFSModel, Workload
+    from zeus_power.device.dvfs import DVFSModel, Workload
 
     model = DVFSModel(gpu_type)
     spec = model.spec

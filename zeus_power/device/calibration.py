@@ -23,7 +23,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from zeus_power.device.base import GPUValueError
-from zeus_power.device.emulated import DVFSModel, Workload
+from zeus_power.device.dvfs import DVFSModel, Workload
 from zeus_power.device.specs import GPUSpec
 
 __all__ = ["FitQuality", "MeasuredSweep", "compare", "fit_power_curve", "fit_workload"]
