@@ -55,16 +55,18 @@ if TYPE_CHECKING:
     from zeus_power.monitor import Measurement, ZeusMonitor
     from zeus_power.power_limit import (
         Done,
-        Energy,
         GlobalPowerLimitOptimizer,
-        MaxSlowdownConstraint,
-        OptimumSelector,
-        PowerLimitMeasurement,
         Profiling,
         Ready,
         ShortEpochWarning,
-        Time,
         Warmup,
+    )
+    from zeus_power.power_limit_selectors import (
+        Energy,
+        MaxSlowdownConstraint,
+        OptimumSelector,
+        PowerLimitMeasurement,
+        Time,
         ZeusCost,
     )
 
@@ -119,21 +121,21 @@ _EXPORTS: dict[str, str] = {
     "DVFSModel": "zeus_power.device",
     "Done": "zeus_power.power_limit",
     "EmulatedGPU": "zeus_power.device",
-    "Energy": "zeus_power.power_limit",
+    "Energy": "zeus_power.power_limit_selectors",
     "GPUError": "zeus_power.device",
     "GlobalPowerLimitOptimizer": "zeus_power.power_limit",
     "HistoryEntry": "zeus_power.master",
     "Job": "zeus_power.master",
     "JobSpec": "zeus_power.bso.models",
     "LocalBatchSizeOptimizer": "zeus_power.bso.local",
-    "MaxSlowdownConstraint": "zeus_power.power_limit",
+    "MaxSlowdownConstraint": "zeus_power.power_limit_selectors",
     "Measurement": "zeus_power.monitor",
-    "OptimumSelector": "zeus_power.power_limit",
-    "PowerLimitMeasurement": "zeus_power.power_limit",
+    "OptimumSelector": "zeus_power.power_limit_selectors",
+    "PowerLimitMeasurement": "zeus_power.power_limit_selectors",
     "Profiling": "zeus_power.power_limit",
     "Ready": "zeus_power.power_limit",
     "ShortEpochWarning": "zeus_power.power_limit",
-    "Time": "zeus_power.power_limit",
+    "Time": "zeus_power.power_limit_selectors",
     "TrainingEnv": "zeus_power.master",
     "TrainingResult": "zeus_power.master",
     "VirtualClock": "zeus_power.device",
@@ -148,7 +150,7 @@ _EXPORTS: dict[str, str] = {
     "ZeusBSORuntimeError": "zeus_power.errors",
     "ZeusBSOTrainFailError": "zeus_power.errors",
     "ZeusConfigError": "zeus_power.errors",
-    "ZeusCost": "zeus_power.power_limit",
+    "ZeusCost": "zeus_power.power_limit_selectors",
     "ZeusCostThresholdExceededError": "zeus_power.errors",
     "ZeusError": "zeus_power.errors",
     "ZeusMaster": "zeus_power.master",
@@ -165,7 +167,18 @@ _EXPORTS: dict[str, str] = {
 """Public name -> the module it is imported from on first access."""
 
 _SUBMODULES = frozenset(
-    {"bso", "cli", "device", "errors", "master", "metric", "monitor", "power_limit", "simulate"}
+    {
+        "bso",
+        "cli",
+        "device",
+        "errors",
+        "master",
+        "metric",
+        "monitor",
+        "power_limit",
+        "power_limit_selectors",
+        "simulate",
+    }
 )
 """Submodules reachable as attributes (`zeus_power.monitor`) without importing them first."""
 
