@@ -50,7 +50,7 @@ if TYPE_CHECKING:
         ZeusMonitorError,
         ZeusProfileError,
     )
-    from zeus_power.master import HistoryEntry, Job, TrainingEnv, TrainingResult, ZeusMaster
+    from zeus_power.master import HistoryEntry, Job, ZeusMaster
     from zeus_power.metric import zeus_cost
     from zeus_power.monitor import Measurement, ZeusMonitor
     from zeus_power.power_limit import (
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
         Time,
         ZeusCost,
     )
+    from zeus_power.training import TrainingEnv, TrainingResult
 
 __all__ = [
     "BatchSizeOptimizer",
@@ -136,8 +137,8 @@ _EXPORTS: dict[str, str] = {
     "Ready": "zeus_power.power_limit",
     "ShortEpochWarning": "zeus_power.power_limit",
     "Time": "zeus_power.power_limit_selectors",
-    "TrainingEnv": "zeus_power.master",
-    "TrainingResult": "zeus_power.master",
+    "TrainingEnv": "zeus_power.training",
+    "TrainingResult": "zeus_power.training",
     "VirtualClock": "zeus_power.device",
     "Warmup": "zeus_power.power_limit",
     "Workload": "zeus_power.device",
@@ -178,6 +179,7 @@ _SUBMODULES = frozenset(
         "power_limit",
         "power_limit_selectors",
         "simulate",
+        "training",
     }
 )
 """Submodules reachable as attributes (`zeus_power.monitor`) without importing them first."""

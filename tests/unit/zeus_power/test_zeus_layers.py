@@ -79,6 +79,11 @@ def test_the_monitor_needs_no_batch_size_optimizer() -> None:
     assert _heavy(modules) == []
 
 
+def test_a_training_script_can_import_its_side_of_the_protocol_alone() -> None:
+    modules = _modules_after("import zeus_power.training")
+    assert _ours(modules) == ["zeus_power", "zeus_power.errors", "zeus_power.training"]
+
+
 def test_every_public_name_resolves_to_its_module() -> None:
     for name in zeus_power.__all__:
         value = getattr(zeus_power, name)
