@@ -161,10 +161,6 @@ class DVFSModel:
         """Supported SM clocks, descending."""
         return [int(f) for f in self._clocks]
 
-    def voltage(self, freq_mhz: float) -> float:
-        """Core voltage at `freq_mhz`, relative to the voltage at the max clock."""
-        return float(self._voltage(np.asarray(float(freq_mhz))))
-
     def _voltage(self, freq_mhz: np.ndarray) -> np.ndarray:
         s = self.spec
         rise = np.clip((freq_mhz - s.knee_mhz) / (s.max_sm_clock_mhz - s.knee_mhz), 0.0, None)

@@ -93,11 +93,6 @@ class EmulatedGPU(GPU):
 
     # -- emulator-only attributes -----------------------------------------------------------
     @property
-    def gpu_type(self) -> str:
-        """Registry name of the emulated type."""
-        return self.spec.gpu_type
-
-    @property
     def idle_power_w(self) -> float:
         """Power with nothing running."""
         return self.spec.idle_power_w
