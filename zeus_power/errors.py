@@ -1,7 +1,8 @@
 """The one error tree of `zeus_power`: every exception class of the package derives from it.
 
-`except ZeusError` catches whatever `zeus_power` raises on purpose, device errors included.
-The classes live here except where noted; this module imports nothing of the package, so
+`except ZeusError` catches the errors `zeus_power` raises itself, device errors included
+(invalid pydantic models still raise pydantic's `ValidationError`, as pydantic does). The
+classes live here except where noted; this module imports nothing of the package, so
 every layer (the device layer too) can build on it.
 
 ```

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import threading
 
+from zeus_power.device.base import GPUValueError
+
 __all__ = ["VirtualClock"]
 
 
@@ -17,7 +19,7 @@ class VirtualClock:
 
     def __init__(self, start_s: float = 0.0) -> None:
         if not math.isfinite(start_s):
-            raise ValueError(f"start_s={start_s!r} must be finite")
+            raise GPUValueError(f"start_s={start_s!r} must be finite")
         self._now_s = float(start_s)
         self._lock = threading.Lock()
 
@@ -32,7 +34,7 @@ class VirtualClock:
     def advance(self, seconds: float) -> float:
         """Move forward by `seconds` (>= 0) and return the new time."""
         if not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"A VirtualClock only moves forward; got seconds={seconds!r}")
+            raise GPUValueError(f"A VirtualClock only moves forward; got seconds={seconds!r}")
         with self._lock:
             self._now_s += float(seconds)
             return self._now_s
