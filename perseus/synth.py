@@ -29,7 +29,7 @@ import pandas as pd
 
 from perseus.errors import ConfigurationError, ProfileError
 from perseus.memory import memory_shortfall
-from zeus_power.device.calibration import Measurement, fit_workload
+from zeus_power.device.calibration import MeasuredSweep, fit_workload
 from zeus_power.device.emulated import DVFSModel, Workload
 from zeus_power.device.specs import get_gpu_spec
 
@@ -278,7 +278,7 @@ def fit_stage_workloads(frame: pd.DataFrame, gpu_type: str) -> list[tuple[Worklo
                 raise ProfileError(
                     f"Stage {stage} {instruction} has {len(rows)} row(s); fitting needs >= 3 clocks"
                 )
-            m = Measurement(
+            m = MeasuredSweep(
                 rows["frequency"].to_numpy(), rows["time"].to_numpy(), rows["energy"].to_numpy()
             )
             fitted.append(fit_workload(model, m))

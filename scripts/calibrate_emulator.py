@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zeus_power.device.calibration import Measurement, compare, fit_power_curve, fit_workload
+from zeus_power.device.calibration import MeasuredSweep, compare, fit_power_curve, fit_workload
 from zeus_power.device.emulated import DVFSModel
 from zeus_power.device.specs import get_gpu_spec
 
@@ -34,7 +34,7 @@ FILES = {
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-def load(data: Path, stages: set[int] | None) -> list[tuple[str, int, str, Measurement]]:
+def load(data: Path, stages: set[int] | None) -> list[tuple[str, int, str, MeasuredSweep]]:
     out = []
     for model, name in FILES.items():
         frame = pd.read_csv(data / name)
@@ -46,7 +46,7 @@ def load(data: Path, stages: set[int] | None) -> list[tuple[str, int, str, Measu
                     model,
                     int(stage),
                     str(instruction),
-                    Measurement(
+                    MeasuredSweep(
                         group["frequency"].to_numpy(),
                         group["time"].to_numpy(),
                         group["energy"].to_numpy(),

@@ -1,19 +1,34 @@
-"""The non-device errors of `zeus_power` (device errors live in `zeus_power.device.base`).
+"""The one error tree of `zeus_power`: every exception class of the package derives from it.
+
+`except ZeusError` catches the errors `zeus_power` raises itself, device errors included
+(invalid pydantic models still raise pydantic's `ValidationError`, as pydantic does). The
+classes live here except where noted; this module imports nothing of the package, so
+every layer (the device layer too) can build on it.
 
 ```
 ZeusError
-├── ZeusConfigError                   a bad argument or setting (η outside [0, 1], factor < 1, ...)
+├── ZeusConfigError                   a bad argument or setting (η outside [0, 1], factor < 1);
+│                                     also a ValueError
 ├── ZeusMonitorError                  a measurement window misused (unknown or duplicate name)
 ├── ZeusProfileError                  a malformed power-limit profile file
 ├── ZeusCostThresholdExceededError    the next epoch would cross the cost threshold
 ├── ZeusMasterError                   a training subprocess failed or wrote no result
-└── ZeusBSOError                      the batch-size optimizer service or its client
-    ├── ZeusBSOConfigError            a job spec that differs from the registered one
-    ├── ZeusBSOJobNotFoundError       an unknown job id
-    ├── ZeusBSOOperationOrderError    client methods called out of order
-    ├── ZeusBSOTrainFailError         this trial failed (early stop, max epochs); relaunch
-    ├── ZeusBSOConflictError          a trial already reported, or no batch size is left
-    └── ZeusBSORuntimeError           the server could not be reached or answered an error
+├── ZeusBSOError                      the batch-size optimizer service or its client
+│   ├── ZeusBSOConfigError            a job spec that differs from the registered one
+│   ├── ZeusBSOJobNotFoundError       an unknown job id
+│   ├── ZeusBSOTrialNotFoundError     a known job without that trial number
+│   ├── ZeusBSOOperationOrderError    client methods called out of order
+│   ├── ZeusBSOTrainFailError         this trial failed (early stop, max epochs); relaunch
+│   ├── ZeusBSOConflictError          a trial already reported, or no batch size is left
+│   └── ZeusBSORuntimeError           the server could not be reached or answered an error
+├── GPUError                          the device layer (zeus_power.device.base); has gpu_index
+│   ├── GPUNotSupportedError          not supported by this GPU / backend
+│   ├── GPUPermissionError            needs root or SYS_ADMIN
+│   ├── GPUValueError                 a clock or power value out of range (also a ValueError)
+│   └── GPUInitError                  the backend could not be initialised
+└── ShortEpochWarning                 epochs too short to finish a profiling window; issued,
+                                      not raised (zeus_power.power_limit); also a
+                                      RuntimeWarning, so warning filters treat it as one
 ```
 
 `ZeusBSORuntimError` (sic) is kept as an alias of `ZeusBSORuntimeError` for code written
@@ -42,7 +57,7 @@ __all__ = [
 
 
 class ZeusError(Exception):
-    """Root of every non-device error `zeus_power` raises on purpose."""
+    """Root of every error (and warning) `zeus_power` raises on purpose."""
 
 
 class ZeusConfigError(ZeusError, ValueError):

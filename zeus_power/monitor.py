@@ -179,18 +179,6 @@ class ZeusMonitor:
         self._windows: dict[str, _Window] = {}
         self._lock = threading.Lock()
 
-    @property
-    def time_fn(self) -> Callable[[], float]:
-        """The time source of this monitor."""
-        return self._time_fn
-
-    def gpu_by_index(self, index: int) -> GPU:
-        """The measured GPU with `GPU.index == index`."""
-        for gpu in self.gpus:
-            if gpu.index == index:
-                return gpu
-        raise ZeusConfigError(f"GPU {index} is not measured; measured: {self.gpu_indices}.")
-
     def _energies_j(self) -> dict[int, float]:
         energy = {gpu.index: gpu.total_energy_mj() / 1000.0 for gpu in self._counter_gpus}
         if self._integrator is not None:

@@ -37,7 +37,7 @@ from zeus_power.bso.models import JobConfig, TrialResult
 from zeus_power.errors import ZeusConfigError
 from zeus_power.master import HistoryEntry
 from zeus_power.metric import check_eta_knob, zeus_cost
-from zeus_power.power_limit import PowerLimitMeasurement, ZeusCost
+from zeus_power.power_limit_selectors import PowerLimitMeasurement, ZeusCost
 
 __all__ = [
     "IterationRow",
@@ -340,7 +340,7 @@ def make_emulator_tables(
     as base · (1 + (bs / critical)²) with small batches paying a mild noise penalty, times
     log-normal noise per seed; runs beyond `max_epochs` never reach the target.
     """
-    from zeus_power.device.emulated import DVFSModel, Workload
+    from zeus_power.device.dvfs import DVFSModel, Workload
 
     model = DVFSModel(gpu_type)
     spec = model.spec

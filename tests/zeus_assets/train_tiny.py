@@ -14,10 +14,10 @@ import numpy as np
 
 from zeus_power.device.emulated import EmulatedGPU, VirtualClock, Workload
 from zeus_power.errors import ZeusCostThresholdExceededError
-from zeus_power.master import TrainingEnv, TrainingResult
 from zeus_power.metric import zeus_cost
 from zeus_power.monitor import ZeusMonitor
 from zeus_power.power_limit import GlobalPowerLimitOptimizer, ZeusCost
+from zeus_power.training import TrainingEnv, TrainingResult
 
 # Anisotropic classes: the first gradient points along the noisy features, so reaching the
 # target takes many SGD steps, and larger batches (fewer steps per epoch) take more epochs.

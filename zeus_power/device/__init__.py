@@ -11,7 +11,12 @@ gpus[0].execute(Workload(compute_s_at_max=0.1, memory_s=0.03))   # advances the 
 `open_gpus` chooses the backend from its argument or `ZEUS_GPU_BACKEND` (`nvml`,
 `emulated`, or `auto`: NVML when it initialises, else the emulator). There is no global
 GPU object; callers hold the list they were given. Errors are the `GPUError` tree in
-`zeus_power.device.base`.
+`zeus_power.device.base`, part of the package's `ZeusError` tree.
+
+Modules: `base` (the `GPU` interface and its errors), `specs` (GPU types), `dvfs` (the
+emulator's model: `DVFSModel`, `Workload`), `clock` (`VirtualClock`), `emulated`
+(`EmulatedGPU`), `nvml` (`NVMLGPU`, imported only when NVML is asked for) and
+`calibration` (fitting the model to measurements; needs scipy, imported on its own).
 """
 
 from __future__ import annotations
@@ -32,15 +37,9 @@ from zeus_power.device.base import (
     GPUPermissionError,
     GPUValueError,
 )
-from zeus_power.device.emulated import (
-    DEFAULT_ACTIVITY,
-    DVFSModel,
-    EmulatedGPU,
-    Execution,
-    Sweep,
-    VirtualClock,
-    Workload,
-)
+from zeus_power.device.clock import VirtualClock
+from zeus_power.device.dvfs import DEFAULT_ACTIVITY, DVFSModel, Execution, Sweep, Workload
+from zeus_power.device.emulated import EmulatedGPU
 from zeus_power.device.specs import GPU_SPECS, GPUSpec, get_gpu_spec, gpu_type_names
 
 __all__ = [

@@ -6,17 +6,20 @@ tests). Units are in the names: clocks in MHz, power in mW, energy in mJ, as NVM
 them; conversion to W and J happens in the callers that do arithmetic.
 
 ```
-GPUError
-├── GPUNotSupportedError    the operation is not supported by this GPU / backend
-├── GPUPermissionError      needs root or SYS_ADMIN (locking clocks, setting power limits)
-├── GPUValueError           a clock or power value outside the device's range
-└── GPUInitError            the backend could not be initialised (no driver, bad index)
+ZeusError                   (zeus_power.errors: the root of the whole package)
+└── GPUError
+    ├── GPUNotSupportedError    the operation is not supported by this GPU / backend
+    ├── GPUPermissionError      needs root or SYS_ADMIN (locking clocks, setting power limits)
+    ├── GPUValueError           a clock or power value outside the device's range; a ValueError
+    └── GPUInitError            the backend could not be initialised (no driver, bad index)
 ```
 """
 
 from __future__ import annotations
 
 import abc
+
+from zeus_power.errors import ZeusError
 
 __all__ = [
     "GPU",
@@ -28,7 +31,7 @@ __all__ = [
 ]
 
 
-class GPUError(Exception):
+class GPUError(ZeusError):
     """Root of the device layer's errors. Carries the GPU index when known."""
 
     def __init__(self, message: str, *, gpu_index: int | None = None):

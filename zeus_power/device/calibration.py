@@ -23,18 +23,22 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from zeus_power.device.base import GPUValueError
-from zeus_power.device.emulated import DVFSModel, Workload
+from zeus_power.device.dvfs import DVFSModel, Workload
 from zeus_power.device.specs import GPUSpec
 
-__all__ = ["FitQuality", "Measurement", "compare", "fit_power_curve", "fit_workload"]
+__all__ = ["FitQuality", "MeasuredSweep", "compare", "fit_power_curve", "fit_workload"]
 
 _LOSS_SCALE = 0.02
 """Residuals (log ratio) beyond ~2 % count linearly, not quadratically (soft-L1 loss)."""
 
 
 @dataclass(frozen=True)
-class Measurement:
-    """Measured rows of one instruction: equal-length arrays, any frequency order."""
+class MeasuredSweep:
+    """Measured rows of one instruction over SM clocks: equal-length arrays, any clock order.
+
+    The measured counterpart of the model's `Sweep` (same field names), which the fits
+    compare it with. Not `zeus_power.monitor.MeasuredSweep`, one window of a `ZeusMonitor`.
+    """
 
     freq_mhz: np.ndarray
     time_s: np.ndarray
@@ -44,7 +48,7 @@ class Measurement:
         n = len(self.freq_mhz)
         if n < 3 or len(self.time_s) != n or len(self.energy_j) != n:
             raise GPUValueError(
-                "A measurement needs >= 3 rows and equal-length frequency/time/energy arrays, "
+                "A measured sweep needs >= 3 rows and equal-length frequency/time/energy arrays, "
                 f"got {len(self.freq_mhz)}/{len(self.time_s)}/{len(self.energy_j)}"
             )
         if not (np.all(np.asarray(self.time_s) > 0) and np.all(np.asarray(self.energy_j) > 0)):
@@ -67,12 +71,12 @@ class FitQuality:
     """Measured energy at the model's optimum over the measured minimum, minus 1."""
 
 
-def _residuals(model: DVFSModel, workload: Workload, m: Measurement, limit_w: float | None):
+def _residuals(model: DVFSModel, workload: Workload, m: MeasuredSweep, limit_w: float | None):
     sweep = model.sweep(workload, m.freq_mhz, limit_w)
     return np.concatenate([np.log(sweep.time_s / m.time_s), np.log(sweep.energy_j / m.energy_j)])
 
 
-def _initial_split(model: DVFSModel, m: Measurement) -> tuple[float, float]:
+def _initial_split(model: DVFSModel, m: MeasuredSweep) -> tuple[float, float]:
     """Least-squares compute/memory split on the lower half of the clocks (below any cap)."""
     freqs = np.asarray(m.freq_mhz, dtype=float)
     low = freqs <= np.median(freqs)
@@ -84,7 +88,7 @@ def _initial_split(model: DVFSModel, m: Measurement) -> tuple[float, float]:
 
 
 def fit_workload(
-    model: DVFSModel, measurement: Measurement, *, power_limit_w: float | None = None
+    model: DVFSModel, measurement: MeasuredSweep, *, power_limit_w: float | None = None
 ) -> Workload:
     """The workload whose model time and energy best match `measurement` on `model`'s curve.
 
@@ -116,7 +120,7 @@ _CURVE_FIELDS = ("static_power_w", "voltage_floor", "knee_mhz", "voltage_exponen
 
 def fit_power_curve(
     spec: GPUSpec,
-    measurements: list[Measurement],
+    measurements: list[MeasuredSweep],
     *,
     power_limit_w: float | None = None,
 ) -> tuple[GPUSpec, list[Workload]]:
@@ -175,7 +179,7 @@ def fit_power_curve(
 def compare(
     model: DVFSModel,
     workload: Workload,
-    measurement: Measurement,
+    measurement: MeasuredSweep,
     *,
     power_limit_w: float | None = None,
 ) -> FitQuality:

@@ -16,7 +16,7 @@ import pytest
 from paths import SHARED_DATA
 
 from zeus_power.device.base import GPUValueError
-from zeus_power.device.calibration import Measurement, compare, fit_power_curve, fit_workload
+from zeus_power.device.calibration import MeasuredSweep, compare, fit_power_curve, fit_workload
 from zeus_power.device.emulated import DVFSModel, Workload
 from zeus_power.device.specs import get_gpu_spec
 
@@ -24,7 +24,7 @@ DATA = SHARED_DATA
 FILES = ["sosp24_gpt3-175b_a40_8stage.csv", "sosp24_bloom-176b_a40_8stage.csv"]
 
 
-def _measurements(name: str, stages: tuple[int, ...]) -> list[tuple[str, Measurement]]:
+def _measurements(name: str, stages: tuple[int, ...]) -> list[tuple[str, MeasuredSweep]]:
     path = DATA / name
     if not path.is_file():
         pytest.skip(f"reference data not present at {path}")
@@ -32,7 +32,7 @@ def _measurements(name: str, stages: tuple[int, ...]) -> list[tuple[str, Measure
     out = []
     for (stage, instruction), group in frame.groupby(["stage", "instruction"]):
         if stage in stages:
-            m = Measurement(
+            m = MeasuredSweep(
                 group["frequency"].to_numpy(), group["time"].to_numpy(), group["energy"].to_numpy()
             )
             out.append((f"{name}:{stage}:{instruction}", m))
@@ -59,7 +59,7 @@ def test_fit_workload_recovers_a_known_workload():
     truth = Workload(compute_s_at_max=0.04, memory_s=0.015, activity=0.9)
     freqs = np.array(model.supported_sm_clocks_mhz())[::3]
     sweep = model.sweep(truth, freqs, 400.0)
-    measurement = Measurement(freqs, sweep.time_s, sweep.energy_j)
+    measurement = MeasuredSweep(freqs, sweep.time_s, sweep.energy_j)
     fitted = fit_workload(model, measurement)
     # The power cap moves in 15 MHz steps, so the fit is close rather than exact.
     assert fitted.compute_s_at_max == pytest.approx(truth.compute_s_at_max, rel=0.01)
@@ -79,7 +79,7 @@ def test_fit_power_curve_recovers_a_known_curve():
     measurements = []
     for w in workloads:
         sweep = model.sweep(w, freqs, 300.0)
-        measurements.append(Measurement(freqs, sweep.time_s, sweep.energy_j))
+        measurements.append(MeasuredSweep(freqs, sweep.time_s, sweep.energy_j))
     fitted, fitted_workloads = fit_power_curve(shipped, measurements)
     fitted_model = DVFSModel(fitted)
     for w, m in zip(fitted_workloads, measurements, strict=True):
@@ -89,8 +89,8 @@ def test_fit_power_curve_recovers_a_known_curve():
     assert fitted.voltage_floor == pytest.approx(0.8, rel=0.05)
 
 
-def test_measurement_validation():
+def test_measured_sweep_validation():
     with pytest.raises(GPUValueError, match=">= 3 rows"):
-        Measurement(np.array([1740, 1725]), np.array([1.0, 1.0]), np.array([1.0, 1.0]))
+        MeasuredSweep(np.array([1740, 1725]), np.array([1.0, 1.0]), np.array([1.0, 1.0]))
     with pytest.raises(GPUValueError, match="positive"):
-        Measurement(np.array([3, 2, 1]), np.array([1.0, 0.0, 1.0]), np.array([1.0, 1.0, 1.0]))
+        MeasuredSweep(np.array([3, 2, 1]), np.array([1.0, 0.0, 1.0]), np.array([1.0, 1.0, 1.0]))

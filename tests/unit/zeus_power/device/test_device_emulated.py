@@ -257,8 +257,10 @@ def test_unprivileged_and_counterless_gpus():
 def test_virtual_clock_only_moves_forward():
     clock = VirtualClock()
     assert clock.advance(1.5) == clock() == clock.now_s == 1.5
-    with pytest.raises(ValueError, match="forward"):
+    with pytest.raises(GPUValueError, match="forward"):  # a ValueError too, as it was
         clock.advance(-1)
+    with pytest.raises(ValueError, match="finite"):
+        VirtualClock(float("nan"))
 
 
 def test_spec_registry_and_validation():
