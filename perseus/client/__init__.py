@@ -31,13 +31,13 @@ if TYPE_CHECKING:
     from perseus.client.trace import TRACE_DIR_ENV
 
 __all__ = [
-    "TRACE_DIR_ENV",
     "CoordinatorClient",
     "EmulationSettings",
     "FrequencyController",
     "InstructionEmulator",
     "PerseusOptimizer",
     "ScheduleValidator",
+    "TRACE_DIR_ENV",
 ]
 
 _WHERE = {
