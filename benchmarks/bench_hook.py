@@ -78,9 +78,8 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from perseus.client import PerseusOptimizer
+    from perseus.client import EmulationSettings, PerseusOptimizer
     from perseus.demo import Coordinator, free_port
-    from perseus.emulation import EmulationSettings
     from perseus.train.model import GPTConfig
     from perseus.train.pipeline import NullHook, PipelineTrainer, Topology
     from zeus_power.device.emulated import EmulatedGPU

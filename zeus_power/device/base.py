@@ -18,6 +18,7 @@ ZeusError                   (zeus_power.errors: the root of the whole package)
 from __future__ import annotations
 
 import abc
+from typing import Any, Protocol
 
 from zeus_power.errors import ZeusError
 
@@ -28,6 +29,7 @@ __all__ = [
     "GPUNotSupportedError",
     "GPUPermissionError",
     "GPUValueError",
+    "StandIn",
 ]
 
 
@@ -55,6 +57,37 @@ class GPUValueError(GPUError, ValueError):
 
 class GPUInitError(GPUError):
     """The backend could not be initialised."""
+
+
+class StandIn(Protocol):
+    """What a GPU that runs no kernels itself offers the process that works in its stead.
+
+    A real GPU slows its kernels down by itself when a lower clock is locked and its energy
+    counter measures them. An emulated one does neither: the calling process does the work,
+    stretches it to the locked clock with `stretch_factor`, and charges the model's
+    `busy_power_w` to the energy counter with `record_busy`. `workload` is whatever the
+    GPU's model accepts (for `EmulatedGPU`, a `Workload` or a memory fraction).
+    """
+
+    def current_sm_clock_mhz(self) -> int:
+        """The SM clock in force."""
+        ...
+
+    def get_power_limit_mw(self) -> int:
+        """The power limit in force, in mW (the model's answers depend on it)."""
+        ...
+
+    def stretch_factor(self, workload: Any, freq_mhz: float | None = None) -> float:
+        """Time at `freq_mhz` (default: the clock in force) over time at the max clock."""
+        ...
+
+    def busy_power_w(self, workload: Any, freq_mhz: float | None = None) -> float:
+        """Power while running `workload` at `freq_mhz` (default: the clock in force)."""
+        ...
+
+    def record_busy(self, duration_s: float, power_w: float) -> None:
+        """Add `duration_s` of work at `power_w`, just finished, to the energy counter."""
+        ...
 
 
 class GPU(abc.ABC):
@@ -110,6 +143,15 @@ class GPU(abc.ABC):
     @abc.abstractmethod
     def power_usage_mw(self) -> int:
         """Instantaneous power draw in mW (for GPUs without an energy counter)."""
+
+    @property
+    def stand_in(self) -> StandIn | None:
+        """How to emulate this GPU's work when it runs none itself; None on real GPUs.
+
+        Real GPUs slow their kernels down by themselves under a locked clock, so callers
+        have nothing to emulate; an emulated GPU returns the model the caller needs.
+        """
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(index={self.index})"

@@ -172,6 +172,11 @@ class EmulatedGPU(GPU):
         freq = self.current_sm_clock_mhz() if freq_mhz is None else freq_mhz
         return self.model.run(workload, freq, self.power_limit_w()).power_w
 
+    @property
+    def stand_in(self) -> EmulatedGPU:
+        """Itself: it runs no kernels, so the caller's work stands in for them (see `StandIn`)."""
+        return self
+
     def record_busy(self, duration_s: float, power_w: float) -> None:
         """Add `duration_s` of work at `power_w`, just finished, to the energy counter.
 

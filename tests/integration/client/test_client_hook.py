@@ -7,9 +7,13 @@ import time
 import pytest
 from server_fixtures import single_rank_layout
 
-from perseus.client import FrequencyController, PerseusOptimizer
+from perseus.client import (
+    EmulationSettings,
+    FrequencyController,
+    InstructionEmulator,
+    PerseusOptimizer,
+)
 from perseus.demo import free_port
-from perseus.emulation import EmulationSettings, InstructionEmulator
 from perseus.errors import ConfigurationError, CoordinatorError
 from zeus_power.device.base import GPUPermissionError
 from zeus_power.device.emulated import EmulatedGPU, Workload

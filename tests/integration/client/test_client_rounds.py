@@ -12,11 +12,10 @@ import time
 import pytest
 from server_fixtures import single_rank_layout
 
-from perseus.client import PerseusOptimizer
+from perseus.client import EmulationSettings, PerseusOptimizer
 from perseus.demo import Coordinator, free_port
 from perseus.domain.plan import Plan
 from perseus.domain.schedule import make_schedule
-from perseus.emulation import EmulationSettings
 from perseus.errors import ConfigurationError, CoordinatorError, RankError, ScheduleError
 from perseus.io.plan_file import save_plan
 from zeus_power.device.base import GPUPermissionError

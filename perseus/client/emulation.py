@@ -1,9 +1,10 @@
 """Emulated frequency control for a process doing real work in place of a GPU.
 
-With an `EmulatedGPU` there is no hardware to slow down when a lower SM clock is locked, so
-the per-rank hook does it: when an instruction ends, `InstructionEmulator.finish` stretches
-its wall time by the DVFS model's ratio (sleeping the difference) and adds the model's busy
-power times the stretched time to the GPU's energy counter. A CPU-only `torchrun` job then
+A GPU whose `stand_in` is not None (an `EmulatedGPU`) has no hardware to slow down when a
+lower SM clock is locked, so the per-rank hook does it: when an instruction ends,
+`InstructionEmulator.finish` stretches its wall time by the DVFS model's ratio (sleeping the
+difference) and adds the model's busy power times the stretched time to the GPU's energy
+counter. A CPU-only `torchrun` job then
 behaves like a GPU job under frequency control: lower clocks really take longer, and the
 energy counter reads what the model says.
 
@@ -34,13 +35,14 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from perseus.errors import ConfigurationError
-from zeus_power.device.emulated import DEFAULT_ACTIVITY, EmulatedGPU, Workload
+from zeus_power.device import DEFAULT_ACTIVITY, Workload
+from zeus_power.device.base import StandIn
 
 __all__ = ["EmulationSettings", "InstructionEmulator"]
 
 
 class EmulationSettings(BaseSettings):
-    """How the hook emulates frequency control on an `EmulatedGPU` (env ``PERSEUS_EMULATE_*``).
+    """How the hook emulates frequency control on a stand-in GPU (env ``PERSEUS_EMULATE_*``).
 
     Attributes:
         stretch: Stretch each instruction's wall time by the model's ratio for the clock in
@@ -61,22 +63,22 @@ class EmulationSettings(BaseSettings):
 
 
 class InstructionEmulator:
-    """Stretches instructions and feeds the energy counter of one `EmulatedGPU`.
+    """Stretches instructions and feeds the energy counter of one stand-in GPU.
 
     Args:
-        gpu: The emulated GPU of this rank.
+        stand_in: The `GPU.stand_in` of this rank's GPU (an `EmulatedGPU` is its own).
         settings: The emulation mode.
         nominal_time_s: Instruction name → time at the max clock, for nominal mode.
     """
 
     def __init__(
         self,
-        gpu: EmulatedGPU,
+        stand_in: StandIn,
         settings: EmulationSettings,
         *,
         nominal_time_s: Mapping[str, float] | None = None,
     ) -> None:
-        self.gpu = gpu
+        self.stand_in = stand_in
         self.settings = settings
         self.nominal_time_s = dict(nominal_time_s or {})
         for name, value in self.nominal_time_s.items():
@@ -122,12 +124,12 @@ class InstructionEmulator:
         Cached: the DVFS model's numpy path costs a few hundred microseconds per call right
         after a burst of real compute, which would otherwise land on every instruction.
         """
-        key = (freq_mhz, self.gpu.get_power_limit_mw())
+        key = (freq_mhz, self.stand_in.get_power_limit_mw())
         hit = self._model_cache.get(key)
         if hit is None:
             hit = (
-                self.gpu.stretch_factor(self.workload, freq_mhz),
-                self.gpu.busy_power_w(self.workload, freq_mhz),
+                self.stand_in.stretch_factor(self.workload, freq_mhz),
+                self.stand_in.busy_power_w(self.workload, freq_mhz),
             )
             self._model_cache[key] = hit
         return hit
@@ -156,7 +158,7 @@ class InstructionEmulator:
         wall_s = time.perf_counter() - start_s
         duration_s = max(target_s, elapsed_s) if self.exact else wall_s
         power_w = self._model(freq_mhz)[1]
-        self.gpu.record_busy(duration_s, power_w)
+        self.stand_in.record_busy(duration_s, power_w)
         self.last_energy_j = power_w * duration_s
         return duration_s
 

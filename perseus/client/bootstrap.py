@@ -1,0 +1,118 @@
+"""The torch bootstrap: the job's layout, its process group, its shared job id, device sync.
+
+Rank 0 registers the job with the coordinator and broadcasts the id (or its error) to the
+other ranks over the job's own process group, as two plain tensors (no pickling). torch is
+imported only inside these functions, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from perseus.errors import ConfigurationError, CoordinatorError
+
+__all__ = ["broadcast_text", "check_layout", "device_sync", "process_group", "share_job_id"]
+
+
+def check_layout(
+    rank: int,
+    dp_rank: int,
+    pp_rank: int,
+    tp_rank: int,
+    dp_degree: int,
+    pp_degree: int,
+    tp_degree: int,
+    world_size: int,
+) -> None:
+    """Raise `ConfigurationError` unless the ranks fit the degrees and the degrees the world."""
+    for name, value in (("dp_degree", dp_degree), ("pp_degree", pp_degree)):
+        if value < 1:
+            raise ConfigurationError(f"{name}={value!r} must be at least 1")
+    if tp_degree < 1:
+        raise ConfigurationError(f"tp_degree={tp_degree!r} must be at least 1")
+    if dp_degree * pp_degree * tp_degree != world_size:
+        raise ConfigurationError(
+            f"dp_degree·pp_degree·tp_degree = {dp_degree}·{pp_degree}·{tp_degree} != "
+            f"world_size {world_size}"
+        )
+    for name, value, bound in (
+        ("rank", rank, world_size),
+        ("dp_rank", dp_rank, dp_degree),
+        ("pp_rank", pp_rank, pp_degree),
+        ("tp_rank", tp_rank, tp_degree),
+    ):
+        if not 0 <= value < bound:
+            raise ConfigurationError(f"{name}={value!r} must be in [0, {bound})")
+
+
+def process_group(rank: int, world_size: int) -> Any:
+    """`torch.distributed`, checked to be initialised with this `rank` and `world_size`."""
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise ConfigurationError(
+            "PerseusOptimizer needs PyTorch: pip install 'perseus-energy[torch]'"
+        ) from exc
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigurationError(
+            "PerseusOptimizer needs an initialised torch.distributed process group: call "
+            "torch.distributed.init_process_group(...) before constructing it"
+        )
+    if dist.get_rank() != rank or dist.get_world_size() != world_size:
+        raise ConfigurationError(
+            f"rank={rank}, world_size={world_size} do not match the process group "
+            f"(rank {dist.get_rank()} of {dist.get_world_size()})"
+        )
+    return dist
+
+
+def broadcast_text(dist: Any, rank: int, ok: bool, text: str) -> tuple[bool, str]:
+    """Broadcast (ok, text) from rank 0 as plain tensors (no pickling); every rank gets it."""
+    import torch
+
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    data = text.encode() if rank == 0 else b""
+    header = torch.tensor([int(ok), len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(header, src=0)
+    ok_flag, length = (int(x) for x in header.tolist())
+    payload = torch.zeros(max(length, 1), dtype=torch.uint8, device=device)
+    if rank == 0 and length:
+        payload[:length] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    dist.broadcast(payload, src=0)
+    return bool(ok_flag), bytes(payload[:length].cpu().tolist()).decode()
+
+
+def share_job_id(dist: Any, rank: int, register: Callable[[], str]) -> str:
+    """Rank 0 calls `register`; every rank returns its job id, or raises rank 0's error.
+
+    On rank 0 the error is re-raised as is (after telling the others); the other ranks
+    raise a `CoordinatorError` that quotes it.
+    """
+    if rank == 0:
+        try:
+            job_id = register()
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                broadcast_text(dist, rank, False, str(exc))
+            raise
+        broadcast_text(dist, rank, True, job_id)
+        return job_id
+    ok, text = broadcast_text(dist, rank, False, "")
+    if not ok:
+        raise CoordinatorError(f"Rank 0 could not register the job: {text}")
+    return text
+
+
+def device_sync(device_id: int) -> Callable[[], None]:
+    """A device synchronisation: CUDA's when torch sees a GPU, else nothing to wait for."""
+    try:
+        import torch
+    except ImportError:
+        return lambda: None
+    if torch.cuda.is_available():
+        return lambda: torch.cuda.synchronize(device_id)
+    return lambda: None

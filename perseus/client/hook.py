@@ -1,0 +1,450 @@
+"""The per-rank hook: `PerseusOptimizer` talks to the coordinator and drives one GPU.
+
+```python
+with PerseusOptimizer(rank=..., dp_rank=..., pp_rank=..., tp_rank=0, device_id=local_rank,
+                      dp_degree=..., pp_degree=..., tp_degree=1, world_size=...,
+                      server_url="http://127.0.0.1:7787") as perseus:
+    for step in range(steps):
+        perseus.on_step_begin()
+        for kind in order:                      # "forward" / "backward", the 1F1B order
+            perseus.on_instruction_begin(kind)
+            ...compute...
+            perseus.on_instruction_end(kind)
+        perseus.on_step_end()
+```
+
+A round: the rank runs its `FrequencySchedule` for `steps_per_round` iterations, then a
+background thread reports the round's `ProfilingResult` and asks for the next schedule (a
+long-poll barrier over all ranks of the job); the next `on_step_begin` collects it, and any
+error the exchange met. The very first schedule is fetched in-band. Each instruction's
+frequency is handed to the `FrequencyController`'s thread, so the training loop never waits
+on the driver; each instruction's time and energy are measured around a device
+synchronisation, energy with the GPU's energy counter. When the GPU has a `stand_in` (an
+`EmulatedGPU`: it runs no kernels itself), the hook also stretches instructions to the
+locked clock and takes each instruction's energy from the emulator: exactly what it added
+to the energy counter (see `perseus.client.emulation`); iteration energies always come from
+the counter.
+
+This module is the state machine only; its parts are its sibling modules.
+
+States (`_HookState`), and the calls that move between them (anything else is a `RankError`):
+
+```
+NEED_SCHEDULE --on_step_begin (fetches the schedule)--> IN_STEP
+BETWEEN_STEPS --on_step_begin--> IN_STEP
+IN_STEP --on_instruction_begin--> IN_INSTRUCTION --on_instruction_end--> IN_STEP
+IN_STEP --on_step_end--> BETWEEN_STEPS, or NEED_SCHEDULE after the round's last step (reports)
+any --close--> CLOSED
+```
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+from perseus.client.bootstrap import check_layout, device_sync, process_group, share_job_id
+from perseus.client.coordinator import CoordinatorClient, check_server_url
+from perseus.client.emulation import EmulationSettings, InstructionEmulator
+from perseus.client.frequency import FrequencyController
+from perseus.client.schedule import ScheduleValidator
+from perseus.client.trace import Trace
+from perseus.errors import ConfigurationError, RankError
+from perseus.protocol import INSTRUCTIONS, FrequencySchedule, JobInfo, ProfilingResult, RankInfo
+from zeus_power.device.base import GPU
+
+__all__ = ["PerseusOptimizer"]
+
+logger = logging.getLogger(__name__)
+
+
+class _HookState(enum.Enum):
+    NEED_SCHEDULE = "waiting for the next round's schedule"
+    BETWEEN_STEPS = "between two steps of a round"
+    IN_STEP = "inside a step"
+    IN_INSTRUCTION = "inside an instruction"
+    CLOSED = "closed"
+
+
+class _Exchange:
+    """One call run on a daemon thread; `result()` returns its value or re-raises its error.
+
+    A daemon thread (not an executor) so that a rank that exits never waits for a
+    schedule long-poll that will not be answered.
+    """
+
+    def __init__(self, func: Callable[..., Any], *args: Any, name: str) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(func, *args), name=name, daemon=True).start()
+
+    def _run(self, func: Callable[..., Any], *args: Any) -> None:
+        try:
+            self._value = func(*args)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def result(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class PerseusOptimizer:
+    """The per-rank Perseus hook (constructor as Zeus's `PipelineFrequencyOptimizer`).
+
+    Needs an initialised `torch.distributed` process group spanning the job: rank 0
+    registers the job and broadcasts its id; every rank then registers its `RankInfo`.
+
+    Args:
+        rank, dp_rank, pp_rank, tp_rank: This process's global and parallel ranks.
+        device_id: Index of this rank's GPU (for `zeus_power.device.open_gpus`).
+        dp_degree, pp_degree, tp_degree, world_size: The job's parallel layout.
+        server_url: The coordinator, e.g. ``http://127.0.0.1:7787``.
+        job_metadata: Free text appended to the job id.
+        steps_per_round: Iterations run with each schedule before reporting.
+        timeout_s: Timeout of every request but the schedule long-poll.
+        round_timeout_s: Read timeout of the schedule long-poll; keep it above the
+            coordinator's round timeout so that the coordinator's 504 (which names the
+            missing ranks) arrives first.
+        gpu: Use this GPU instead of opening `device_id`.
+        emulation: Emulation mode for a GPU with a `stand_in` (default: from
+            ``PERSEUS_EMULATE_*``).
+        nominal_time_s: Instruction name → nominal time at the max clock (nominal emulation).
+        expected_instructions: This stage's instruction names for one iteration, in
+            execution order; a schedule that differs is rejected as soon as it arrives.
+        trace_dir: Write ``rank{R}.jsonl`` here (default: ``PERSEUS_TRACE_DIR``, if set).
+        sync: Device synchronisation before each measurement (default: CUDA's, if any).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        dp_rank: int,
+        pp_rank: int,
+        tp_rank: int,
+        device_id: int,
+        dp_degree: int,
+        pp_degree: int,
+        tp_degree: int,
+        world_size: int,
+        server_url: str,
+        job_metadata: str | None = None,
+        *,
+        steps_per_round: int = 1,
+        timeout_s: float = 30.0,
+        round_timeout_s: float = 180.0,
+        gpu: GPU | None = None,
+        emulation: EmulationSettings | None = None,
+        nominal_time_s: dict[str, float] | None = None,
+        expected_instructions: Sequence[str] | None = None,
+        trace_dir: str | os.PathLike[str] | None = None,
+        sync: Callable[[], None] | None = None,
+    ) -> None:
+        self._state = _HookState.CLOSED  # until construction succeeds
+        check_layout(rank, dp_rank, pp_rank, tp_rank, dp_degree, pp_degree, tp_degree, world_size)
+        for name, value in (("timeout_s", timeout_s), ("round_timeout_s", round_timeout_s)):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
+        if steps_per_round < 1:
+            raise ConfigurationError(f"steps_per_round={steps_per_round!r} must be at least 1")
+        self.server_url = check_server_url(server_url)
+        self.rank, self.dp_rank, self.pp_rank, self.tp_rank = rank, dp_rank, pp_rank, tp_rank
+        self.device_id = device_id
+        self.dp_degree, self.pp_degree, self.tp_degree = dp_degree, pp_degree, tp_degree
+        self.world_size = world_size
+        self.steps_per_round = steps_per_round
+        self.timeout_s = float(timeout_s)
+        self.round_timeout_s = float(round_timeout_s)
+        self.expected_instructions = (
+            list(expected_instructions) if expected_instructions is not None else None
+        )
+        dist = process_group(rank, world_size)
+
+        if gpu is None:
+            from zeus_power.device import open_gpus
+
+            gpu = open_gpus([device_id])[0]
+        self.gpu = gpu
+        self._sync = sync if sync is not None else device_sync(device_id)
+        # A GPU that runs no kernels itself offers a stand-in; real ones slow down by themselves.
+        self._stand_in = gpu.stand_in
+        self.emulator: InstructionEmulator | None = None
+        if self._stand_in is not None:
+            self.emulator = InstructionEmulator(
+                self._stand_in, emulation or EmulationSettings(), nominal_time_s=nominal_time_s
+            )
+        self._energy_counter = gpu.supports_energy_counter()
+        self.available_frequencies = sorted(gpu.supported_sm_clocks_mhz(), reverse=True)
+        self._schedule = ScheduleValidator(
+            rank=rank,
+            pp_rank=pp_rank,
+            available_frequencies=self.available_frequencies,
+            expected_instructions=self.expected_instructions,
+        )
+
+        self._coordinator = CoordinatorClient(self.server_url, timeout_s=self.timeout_s)
+        self._trace: Trace | None = None
+        self._freq: FrequencyController | None = None
+
+        def register_job() -> str:  # rank 0 only; the others learn its result
+            job_info = JobInfo(
+                pp_degree=pp_degree,
+                dp_degree=dp_degree,
+                tp_degree=tp_degree,
+                world_size=world_size,
+                job_metadata=job_metadata,
+            )
+            return self._coordinator.register_job(job_info)
+
+        try:
+            self.job_id = share_job_id(dist, rank, register_job)
+            self._coordinator.register_rank(
+                self.job_id,
+                RankInfo(
+                    rank=rank,
+                    dp_rank=dp_rank,
+                    pp_rank=pp_rank,
+                    tp_rank=tp_rank,
+                    available_frequencies=self.available_frequencies,
+                ),
+            )
+            self._trace = Trace.open(trace_dir, rank)
+            self._write_trace({"kind": "job", "job_id": self.job_id, "rank": rank})
+            self._freq = FrequencyController(gpu)
+        except BaseException:
+            self._coordinator.close()
+            if self._trace is not None:
+                self._trace.close()
+            raise
+
+        self._state = _HookState.NEED_SCHEDULE
+        self._pending: _Exchange | None = None
+        self._reported = threading.Event()
+        self.round = -1
+        self.step = 0
+        self._step_in_round = 0
+        self._instr_start_s = 0.0
+        self._instr_start_mj = 0.0
+        self._step_start_s = 0.0
+        self._step_start_mj = 0.0
+        self._iter_time: list[float] = []
+        self._iter_energy: list[float] = []
+        self._time_breakdown: dict[str, list[list[float]]] = {}
+        self._energy_breakdown: dict[str, list[list[float]]] = {}
+
+    def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
+        """Tell the coordinator that pipeline `dp_rank` runs `slowdown` times slower (1.0: recovered)."""
+        if not (0 <= dp_rank < self.dp_degree):
+            raise ConfigurationError(f"dp_rank={dp_rank!r} must be in [0, {self.dp_degree})")
+        if not (math.isfinite(slowdown) and slowdown >= 1.0):
+            raise ConfigurationError(f"slowdown={slowdown!r} must be a number >= 1.0")
+        self._coordinator.announce_straggler(self.job_id, dp_rank, slowdown)
+
+    # ------------------------------------------------------------------ measurement
+    def _energy_mj(self) -> float:
+        if self._energy_counter:
+            return float(self.gpu.total_energy_mj())
+        return 0.0
+
+    def _energy_since(self, start_mj: float, duration_s: float) -> float:
+        """Joules since a counter reading (or power × time on GPUs without a counter)."""
+        if self._energy_counter:
+            return (self._energy_mj() - start_mj) / 1000.0
+        return self.gpu.power_usage_mw() / 1000.0 * duration_s
+
+    def _write_trace(self, record: dict[str, Any]) -> None:
+        if self._trace is not None:
+            self._trace.write(record)
+
+    def _expect(self, *states: _HookState, call: str) -> None:
+        if self._state not in states:
+            raise RankError(
+                f"Rank {self.rank}: {call}() called {self._state.value}; expected "
+                + " or ".join(s.value for s in states)
+            )
+
+    # ------------------------------------------------------------------ schedule
+    def _get_schedule(self) -> FrequencySchedule:
+        return self._coordinator.get_schedule(
+            self.job_id, self.rank, timeout_s=self.round_timeout_s
+        )
+
+    def _exchange(self, result: ProfilingResult) -> FrequencySchedule:
+        """Report a round and ask for the next schedule (runs on the exchange thread)."""
+        try:
+            self._coordinator.report_result(self.job_id, result)
+        finally:
+            self._reported.set()
+        return self._get_schedule()
+
+    def _fetch_schedule(self) -> None:
+        exchange, self._pending = self._pending, None
+        schedule = exchange.result() if exchange is not None else self._get_schedule()
+        frequencies = self._schedule.accept(schedule, self.round + 1)
+        self.round += 1
+        self._write_trace(
+            {
+                "kind": "schedule",
+                "round": self.round,
+                "step": self.step,
+                "frequencies": frequencies,
+            }
+        )
+
+    # ------------------------------------------------------------------ the hook
+    def on_step_begin(self) -> None:
+        """Mark the beginning of an iteration (fetches the schedule at a round's start)."""
+        self._expect(_HookState.NEED_SCHEDULE, _HookState.BETWEEN_STEPS, call="on_step_begin")
+        if self._state is _HookState.NEED_SCHEDULE:
+            self._fetch_schedule()
+            self._step_in_round = 0
+            self._iter_time, self._iter_energy = [], []
+            self._time_breakdown = {name: [] for name in INSTRUCTIONS}
+            self._energy_breakdown = {name: [] for name in INSTRUCTIONS}
+        for name in INSTRUCTIONS:
+            self._time_breakdown[name].append([])
+            self._energy_breakdown[name].append([])
+        self._schedule.start_step()
+        self._state = _HookState.IN_STEP
+        self._sync()
+        self._step_start_mj = self._energy_mj()
+        self._step_start_s = time.perf_counter()
+
+    def on_instruction_begin(self, name: str) -> None:
+        """Mark the beginning of instruction `name` ("forward"/"backward"); sets its clock."""
+        self._expect(_HookState.IN_STEP, call="on_instruction_begin")
+        freq = self._schedule.begin(name, self.step)
+        assert self._freq is not None
+        self._freq.request(freq)
+        self._state = _HookState.IN_INSTRUCTION
+        self._sync()
+        if self.emulator is None:
+            self._instr_start_mj = self._energy_mj()
+        self._instr_start_s = time.perf_counter()
+
+    def on_instruction_end(self, name: str) -> None:
+        """Mark the end of instruction `name`: measure (and, emulated, stretch) it."""
+        self._expect(_HookState.IN_INSTRUCTION, call="on_instruction_end")
+        freq = self._schedule.end(name, self.step)
+        self._sync()
+        if self.emulator is not None:
+            compute_end_s = time.perf_counter()
+            assert self._freq is not None and self._stand_in is not None
+            self._freq.wait_applied()
+            freq = self._stand_in.current_sm_clock_mhz()
+            duration_s = self.emulator.finish(
+                name, self._instr_start_s, freq, compute_end_s=compute_end_s
+            )
+            # Exactly what the emulated GPU's counter gained for this instruction (reading
+            # the counter around it would add the idle power of the host's late wake-up).
+            energy_j = self.emulator.last_energy_j
+        else:
+            duration_s = time.perf_counter() - self._instr_start_s
+            energy_j = self._energy_since(self._instr_start_mj, duration_s)
+        self._time_breakdown[name][-1].append(duration_s)
+        self._energy_breakdown[name][-1].append(energy_j)
+        if self._trace is not None:
+            record = {
+                "kind": "instruction",
+                "round": self.round,
+                "step": self.step,
+                "index": self._schedule.index,
+                "instruction": name,
+                "freq_mhz": freq,
+                "time_s": duration_s,
+                "energy_j": energy_j,
+            }
+            if self.emulator is not None:
+                record["compute_s"] = self.emulator.last_compute_s
+            self._trace.write(record)
+        self._schedule.advance()
+        self._state = _HookState.IN_STEP
+
+    def on_step_end(self) -> None:
+        """Mark the end of an iteration; reports the round's results after its last step."""
+        self._expect(_HookState.IN_STEP, call="on_step_end")
+        self._sync()
+        iter_time_s = time.perf_counter() - self._step_start_s
+        iter_energy_j = self._energy_since(self._step_start_mj, iter_time_s)
+        self._schedule.finish_step(self.step)
+        self._iter_time.append(iter_time_s)
+        self._iter_energy.append(iter_energy_j)
+        self._write_trace(
+            {
+                "kind": "step",
+                "round": self.round,
+                "step": self.step,
+                "iter_time_s": iter_time_s,
+                "iter_energy_j": iter_energy_j,
+            }
+        )
+        self.step += 1
+        self._step_in_round += 1
+        if self._step_in_round < self.steps_per_round:
+            self._state = _HookState.BETWEEN_STEPS
+            return
+        result = ProfilingResult(
+            rank=self.rank,
+            iter_time=self._iter_time,
+            iter_energy=self._iter_energy,
+            time_breakdown=self._time_breakdown,
+            energy_breakdown=self._energy_breakdown,
+        )
+        self._state = _HookState.NEED_SCHEDULE
+        # Reporting and the next schedule's long-poll run off the training thread; the
+        # next on_step_begin collects the schedule (and any error) from it.
+        self._reported.clear()
+        self._pending = _Exchange(self._exchange, result, name=f"perseus-round-rank{self.rank}")
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Stop the frequency worker, restore the GPU's clocks, close the HTTP client."""
+        if self._state is _HookState.CLOSED and self._freq is None:
+            return
+        self._state = _HookState.CLOSED
+        pending, self._pending = self._pending, None
+        if pending is not None and not self._reported.wait(self.timeout_s):
+            logger.warning(
+                "Rank %d: the last round's report did not reach the coordinator", self.rank
+            )
+        try:
+            if self._freq is not None:
+                freq, self._freq = self._freq, None
+                freq.close()
+        finally:
+            self._coordinator.close()
+            if self._trace is not None:
+                self._trace.close()
+                self._trace = None
+
+    def __enter__(self) -> PerseusOptimizer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        # Already failing: restore what can be restored, but never mask the original error.
+        try:
+            self.close()
+        except Exception as close_exc:
+            logger.warning(
+                "Rank %d: closing the Perseus hook also failed: %s", self.rank, close_exc
+            )
