@@ -432,7 +432,7 @@ def test_vertex_first_reclaim_beats_staircase_reclaim_on_the_real_profile(real_p
 def test_level_rows_count_and_take_match_the_plain_numpy_forms(width):
     # The rounding's binary search over padded rows must count exactly what the boolean
     # comparison counts, ties and +inf padding included.
-    from perseus.solver.rounding import _LevelRows
+    from perseus.solver.levels import LevelRows
 
     rng = np.random.default_rng(width)
     rows = np.sort(rng.choice(np.arange(1.0, 200.0), size=(5, width)), axis=1)
@@ -440,7 +440,7 @@ def test_level_rows_count_and_take_match_the_plain_numpy_forms(width):
     budgets = np.concatenate(
         [rng.uniform(0.0, 210.0, size=(5, 40)), rows[:, rng.integers(0, width, 8)]], axis=1
     )  # random values plus exact ties with entries (+inf ones too)
-    table = _LevelRows(rows, np.nan)
+    table = LevelRows(rows, np.nan)
     expected = (rows[:, :, None] <= budgets[:, None, :]).sum(axis=1)
     assert np.array_equal(table.count_at_most(budgets), expected)
     positions = rng.integers(0, width, size=(5, 12))
