@@ -9,7 +9,7 @@ For every size ``SxM`` it builds the synchronous 1F1B schedule with S stages and
 microbatches, times `perseus.solver.solve_frontier` (whole Pareto set kept), times
 lowtime's Phillips–Dessouky solver on the same DAG (`lowtime_baseline.py`, 1 ms time
 unit, exponential cost model, P_block-adjusted costs, as in lowtime's Perseus example),
-and scores *both* solvers' plans with the same exact accounting (`perseus.plan.evaluate`'s
+and scores *both* solvers' plans with the same exact accounting (`perseus.planning.evaluate`'s
 arithmetic). It prints the wall-time ratio, our energy vs lowtime's at every lowtime
 deadline (our best plan with ``T ≤`` lowtime's ``T``), and our gap above the LP bound.
 
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule, make_schedule
-from perseus.solver import Frontier, SolverProblem, solve_frontier
+from perseus.planning import Frontier, PipelineProblem, solve_frontier
 
 P_BLOCK_W = 70.38  # A40 power while blocked on P2P (Perseus artifact)
 DEFAULT_PROFILE = (
@@ -89,9 +89,9 @@ def reference_frontier(
     return profile, schedule, frontier
 
 
-def plans_to_choice(problem: SolverProblem, plans: list[list[list[int]]]) -> np.ndarray:
+def plans_to_choice(pipeline: PipelineProblem, plans: list[list[list[int]]]) -> np.ndarray:
     """Per-stage frequency lists → option indices ``(n, K)``."""
-    return np.stack([problem.choice_from_frequencies(plan) for plan in plans], axis=1)
+    return np.stack([pipeline.choice_of(plan) for plan in plans], axis=1)
 
 
 @dataclass
@@ -127,12 +127,13 @@ def run_size(
     frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK_W, max_points=None)
     ours_s = time.perf_counter() - start
     ours_cpu_s = time.process_time() - cpu
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK_W)
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK_W)
+    problem = pipeline.solver
     times = np.array([p.iteration_time_s for p in frontier.points])
     energies = np.array([p.energy_j for p in frontier.points])
     bounds = np.array([p.lower_bound_j for p in frontier.points])
     gaps = energies / bounds - 1
-    _, e_max, _ = problem.score(problem.max_frequency_choice()[:, None])
+    _, e_max, _ = problem.score(problem.reference_choice()[:, None])
     row = Row(
         size=f"{S}x{M}",
         ours_s=ours_s,
@@ -162,7 +163,7 @@ def run_size(
         result = run_lowtime(profile, schedule, p2p_power_w=P_BLOCK_W)
         row.lowtime_s = result.wall_s
         row.lowtime_cpu_s = time.process_time() - cpu
-        lt_t, lt_e, _ = problem.score(plans_to_choice(problem, result.plans))
+        lt_t, lt_e, _ = problem.score(plans_to_choice(pipeline, result.plans))
         at = np.searchsorted(times, lt_t * (1 + 1e-9), side="right") - 1
         ok = at >= 0  # lowtime deadlines at least as slow as our fastest plan
         rel = energies[at[ok]] / lt_e[ok] - 1

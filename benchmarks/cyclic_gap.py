@@ -38,7 +38,7 @@ from scipy.sparse import lil_matrix
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver import DEFAULT_PROFILE, P_BLOCK_W, reference_frontier
 
-from perseus.solver import SolverProblem
+from perseus.planning import PipelineProblem
 from perseus.solver.polish import native_stdout_silenced
 from perseus.solver.problem import CostHull
 from perseus.solver.rounding import Rounder
@@ -172,9 +172,12 @@ def main() -> int:
     profile, schedule, frontier = reference_frontier(args.profile, args.size)
     fastest = frontier.points[0]
     P = P_BLOCK_W
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P)
+    pipeline = PipelineProblem(profile, schedule, P)
+    problem = pipeline.solver
     rounder = Rounder(problem)
-    where = {(ins.stage, ins.kind, ins.microbatch): k for k, ins in enumerate(problem.instructions)}
+    where = {
+        (ins.stage, ins.kind, ins.microbatch): k for k, ins in enumerate(pipeline.instructions)
+    }
 
     def options_of(s: int, kind: str) -> tuple[np.ndarray, np.ndarray, CostHull]:
         """The options that can pay (the rounder's staircase): times, costs ``e − P·t``."""
@@ -188,12 +191,12 @@ def main() -> int:
         for s in range(S - 1)
         for k, kind in (("F", "forward"), ("B", "backward"))
     }
-    all_max_s = problem.choices_to_arrays(problem.max_frequency_choice())[0]
+    all_max_s = problem.choices_to_arrays(problem.reference_choice())[0]
     pace = float(sum(all_max_s[where[S - 1, kind, 0]] for kind in ("forward", "backward")))
     lp_cycle = sum(lockstep_pair(table[s, "F"][2], table[s, "B"][2], pace) for s in range(S - 1))
 
     # Our fastest plan in its middle cycles: B_s(j) and the forward after it, F_s(j + S − s).
-    choice = problem.choice_from_frequencies(fastest.frequencies)
+    choice = pipeline.choice_of(fastest.frequencies)
     t_all, e_all = problem.choices_to_arrays(choice)
     cycles = range(S, M - S)
     ours = sum(

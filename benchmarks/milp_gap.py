@@ -29,7 +29,7 @@ from scipy.sparse import lil_matrix
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver import DEFAULT_PROFILE, P_BLOCK_W, reference_frontier
 
-from perseus.domain.plan import evaluate
+from perseus.planning import PipelineProblem, evaluate
 from perseus.solver import SolverProblem
 from perseus.solver.polish import native_stdout_silenced
 from perseus.solver.rounding import Rounder
@@ -71,7 +71,7 @@ def discrete_optimum(
         xoff.append(col)
         c[col : col + len(t)] = e - problem.p2p_power_w * t
         col += len(t)
-    c[-1] = problem.p2p_power_w * problem.schedule.num_stages
+    c[-1] = problem.p2p_power_w * problem.num_resources
     edges = problem.edges
     rows = n + len(edges) + n
     a = lil_matrix((rows, nvar))
@@ -129,7 +129,7 @@ def main() -> int:
         return 0
     profile, schedule, frontier = reference_frontier(args.profile, args.size)
     S, M = schedule.num_stages, schedule.num_microbatches
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK_W)
+    problem = PipelineProblem(profile, schedule, P_BLOCK_W).solver
     if args.indices:
         try:
             picks = [frontier.points[int(k)] for k in args.indices.split(",")]

@@ -333,8 +333,8 @@ def profile_stages(
 
 
 def write_profile(rows: list[dict[str, Any]], path: Path, microbatches: int) -> dict[str, Any]:
-    from perseus.domain.plan import evaluate, max_frequencies
     from perseus.domain.schedule import make_schedule
+    from perseus.planning import evaluate, max_frequencies
 
     lines = ["stage,instruction,frequency,time,energy"]
     lines += [

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver import DEFAULT_PROFILE, P_BLOCK_W, reference_frontier
 
-from perseus.solver import SolverProblem
+from perseus.planning import PipelineProblem
 from perseus.solver.polish import polish_plan
 
 
@@ -39,7 +39,8 @@ def main() -> int:
         return 0
     profile, schedule, frontier = reference_frontier(args.profile, args.size)
     S, M = schedule.num_stages, schedule.num_microbatches
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK_W)
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK_W)
+    problem = pipeline.solver
     t_fast = frontier.points[0].iteration_time_s
     worst = sorted(frontier.points, key=lambda q: q.gap, reverse=True)[: args.points]
     print(f"{S}x{M}: {len(frontier.points)} frontier points; polishing the {len(worst)} worst")
@@ -50,7 +51,7 @@ def main() -> int:
         t0 = time.perf_counter()
         result = polish_plan(
             problem,
-            problem.choice_from_frequencies(q.frequencies),
+            pipeline.choice_of(q.frequencies),
             window_s=args.window,
             window_time_limit_s=args.window_time_limit,
             passes=args.passes,

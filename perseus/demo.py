@@ -467,7 +467,7 @@ def run_demo(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     require_torch()
-    from perseus.domain.plan import evaluate, max_frequencies
+    from perseus.planning import evaluate, max_frequencies
     from perseus.plotting import plot_frontier, plot_timeline
 
     spec = spec or JobSpec(nominal_ms_per_layer=8.0)

@@ -16,10 +16,11 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from perseus.domain.plan import Plan, timeline
+from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
 from perseus.errors import PerseusError
-from perseus.solver import read_frontier_table
+from perseus.io.frontier_dir import read_frontier_table
+from perseus.planning import timeline
 
 __all__ = ["plot_frontier", "plot_timeline"]
 

@@ -8,9 +8,10 @@ from typing import Annotated
 import numpy as np
 from pydantic import Field
 
-from perseus.domain.plan import Plan, evaluate, max_frequencies
+from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
-from perseus.domain.schedule import Instruction, PipelineSchedule
+from perseus.domain.schedule import PipelineSchedule
+from perseus.planning import evaluate, make_plan, max_frequencies, pipeline_problem
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.pipeline import RoundMeasurement, StagePlan
@@ -34,30 +35,24 @@ def envpipe_frequencies(
     never grows. Passes repeat until nothing changes. (EnvPipe also reorders forward
     passes; this baseline keeps the schedule's order, the same DAG every scheduler uses.)
     """
-    instrs: list[Instruction] = schedule.instructions()
-    index = {instr: i for i, instr in enumerate(instrs)}
-    dag = schedule.dag()
-    preds = [[index[p] for p in dag.predecessors(instr)] for instr in instrs]
-    succs = [[index[s] for s in dag.successors(instr)] for instr in instrs]
-    options = [schedule.options(profile, instr) for instr in instrs]
-    choice = [int(np.argmax(o.freq_mhz)) for o in options]
-    dur = [float(o.time_s[c]) for o, c in zip(options, choice, strict=True)]
+    pipeline = pipeline_problem(profile, schedule, p2p_power_w)
+    problem = pipeline.solver  # the DAG and options, in the schedule's topological order
+    instrs = pipeline.instructions
+    options = [problem.type_options[t] for t in problem.type_of]
+    choice = problem.reference_choice()  # every instruction at its maximum frequency
+    dur = problem.choices_to_arrays(choice)[0]
     busy = [0.0] * schedule.num_stages
-    for instr, d in zip(instrs, dur, strict=True):
+    for instr, d in zip(instrs, dur.tolist(), strict=True):
         busy[instr.stage] += d
     critical = max(range(schedule.num_stages), key=lambda s: (busy[s], s))
     n = len(instrs)
 
-    def float_of() -> tuple[list[float], float]:
-        finish = [0.0] * n
-        for i in range(n):
-            finish[i] = max((finish[p] for p in preds[i]), default=0.0) + dur[i]
-        makespan = max(finish)
-        latest = [makespan] * n
-        for i in range(n - 1, -1, -1):
-            if succs[i]:
-                latest[i] = min(latest[s] - dur[s] for s in succs[i])
-        return [latest[i] - finish[i] for i in range(n)], makespan
+    def float_of() -> tuple[np.ndarray, float]:
+        """Total float (latest finish − earliest finish) of every instruction, and T."""
+        finish = problem.finish_times(dur)
+        makespan = float(finish.max())
+        latest_finish = problem.latest_start_finish(dur, makespan)[1]
+        return latest_finish - finish, makespan
 
     slack, t0 = float_of()
     eps = 1e-12 * max(t0, 1.0)
@@ -78,14 +73,13 @@ def envpipe_frequencies(
                 dur[i] = float(o.time_s[best])
                 changed = True
                 slack, _ = float_of()
-    freqs_by_instr = {instr: int(options[i].freq_mhz[choice[i]]) for i, instr in enumerate(instrs)}
-    return [[freqs_by_instr[instr] for instr in order] for order in schedule.orders]
+    return pipeline.frequencies_of(choice)
 
 
 class EnvPipe(PlanningScheduler):
     """Profile like `InstructionProfiler`, then deploy `envpipe_frequencies`' plan.
 
-    The iteration time stays that of all-max (checked with `perseus.plan.evaluate`).
+    The iteration time stays that of all-max (checked with `perseus.planning.evaluate`).
 
     Args (``PERSEUS_SCHEDULER_ARGS``): `num_microbatches`, `schedule`, `p2p_power` (W;
     default measured like `Perseus`), `profile_path` (skip the sweep), and the sweep's
@@ -144,24 +138,20 @@ class EnvPipe(PlanningScheduler):
         self.complete_profile()
         assert self.profile is not None and self.p2p_power_w is not None
         freqs = envpipe_frequencies(self.profile, self.pipeline, self.p2p_power_w)
-        evaluation = evaluate(self.profile, self.pipeline, freqs, self.p2p_power_w)
+        plan = make_plan(self.profile, self.pipeline, freqs, self.p2p_power_w)
         fastest = evaluate(
             self.profile,
             self.pipeline,
             max_frequencies(self.profile, self.pipeline),
             self.p2p_power_w,
         )
-        assert evaluation.iteration_time_s <= fastest.iteration_time_s * (1 + 1e-9)
-        self.adopt(
-            Plan.from_frequencies(
-                self.pipeline, freqs, p2p_power_w=self.p2p_power_w, evaluation=evaluation
-            )
-        )
+        assert plan.iteration_time <= fastest.iteration_time_s * (1 + 1e-9)
+        self.adopt(plan)
         logger.info(
             "Job %s: EnvPipe plan T=%.4f s, E=%.1f J (all-max E=%.1f J)",
             self.job_info.job_id,
-            evaluation.iteration_time_s,
-            evaluation.energy_j,
+            plan.iteration_time,
+            plan.energy,
             fastest.energy_j,
         )
 

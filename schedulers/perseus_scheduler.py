@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from perseus.domain.plan import Plan, evaluate
+from perseus.domain.plan import Plan
 from perseus.errors import ConfigurationError
 from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
@@ -47,7 +47,7 @@ class Perseus(PlanningScheduler):
     2. Blocking power `p2p_power`: if not given, measured from the all-max rounds as
        ``(iter_energy − Σ eᵢ) / (iter_time − Σ tᵢ)`` per GPU (× tp_degree per stage);
        `DEFAULT_P2P_POWER_W` only if no rank ever had idle time.
-    3. `perseus.solver.solve_frontier` on the profile and the job's schedule; the frontier is
+    3. `perseus.planning.solve_frontier` on the profile and the job's schedule; the frontier is
        written to ``dump_dir/<job_id>/frontier/`` (and the swept profile beside it).
     4. Choose: the minimum-energy point with T ≤ `deadline` seconds if given, else with
        T ≤ (1 + `max_slowdown`) × the fastest T; deploy it.
@@ -93,7 +93,7 @@ class Perseus(PlanningScheduler):
             num_microbatches=num_microbatches,
             schedule=schedule,
         )
-        from perseus.solver import check_frontier_memory
+        from perseus.planning import check_frontier_memory
 
         # Now, not after the profiling sweep: a job too big to solve fails at registration.
         check_frontier_memory(self.pipeline.num_instructions, self.pipeline.name)
@@ -150,7 +150,7 @@ class Perseus(PlanningScheduler):
 
     # ------------------------------------------------------------------ solve & deploy
     def _deploy(self) -> None:
-        from perseus.solver import solve_frontier
+        from perseus.planning import solve_frontier
 
         self.complete_profile()
         assert self.profile is not None and self.p2p_power_w is not None
@@ -179,11 +179,10 @@ class Perseus(PlanningScheduler):
         self._update_overrides()
 
     def _plan_of(self, frequencies: list[list[int]]) -> Plan:
+        from perseus.planning import make_plan
+
         assert self.profile is not None and self.p2p_power_w is not None
-        evaluation = evaluate(self.profile, self.pipeline, frequencies, self.p2p_power_w)
-        return Plan.from_frequencies(
-            self.pipeline, frequencies, p2p_power_w=self.p2p_power_w, evaluation=evaluation
-        )
+        return make_plan(self.profile, self.pipeline, frequencies, self.p2p_power_w)
 
     def resume(self, plan: Plan) -> None:
         """Go straight to DEPLOYED with a persisted plan (restarted coordinator).
@@ -195,7 +194,7 @@ class Perseus(PlanningScheduler):
         self.p2p_power_w = plan.p2p_power
         frontier_dir = self.job_dir / FRONTIER_DIRNAME
         if (frontier_dir / "frontier.csv").exists():
-            from perseus.solver import Frontier
+            from perseus.planning import Frontier
 
             self.frontier = Frontier.read(frontier_dir)
         profile_csv = self.job_dir / PROFILE_FILENAME
@@ -271,16 +270,10 @@ class Perseus(PlanningScheduler):
         return self._running.get(dp_rank, self.chosen)
 
     def _expected_busy_s(self, plan: Plan) -> list[float]:
+        from perseus.planning import stage_busy_s
+
         assert self.profile is not None
-        return [
-            math.fsum(
-                self.pipeline.options(self.profile, instr).time_s[
-                    self.pipeline.options(self.profile, instr).index_of(freq)
-                ]
-                for instr, (_, freq) in zip(order, entries, strict=True)
-            )
-            for order, entries in zip(self.pipeline.orders, plan.frequencies, strict=True)
-        ]
+        return stage_busy_s(self.profile, self.pipeline, plan.stage_frequencies())
 
     def _detect_stragglers(self, m: RoundMeasurement) -> None:
         if self.profile is None or self.job_info.dp_degree < 2:

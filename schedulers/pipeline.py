@@ -201,13 +201,6 @@ class PipelineScheduler(FrequencyScheduler):
         """Every instruction at the highest common frequency."""
         return self.uniform_plan(self.max_freq_mhz)
 
-    def plan_from_frequencies(self, frequencies: list[list[int]]) -> StagePlan:
-        """A stage plan from per-stage frequency lists in execution order."""
-        return [
-            [(k, int(f)) for k, f in zip(kinds, freqs, strict=True)]
-            for kinds, freqs in zip(self.kinds, frequencies, strict=True)
-        ]
-
     def check_plan(self, plan: Plan) -> StagePlan:
         """Check a plan file against this job; `PlanError` naming the mismatch.
 

@@ -15,7 +15,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from perseus.domain.plan import Plan, evaluate
+from perseus.domain.plan import Plan
+from perseus.planning import make_plan
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.perseus_scheduler import DEFAULT_P2P_POWER_W
@@ -113,10 +114,7 @@ class _ZeusFrequency(PipelineScheduler):
         measured = self.sweep.p2p_power_w()
         p2p = (DEFAULT_P2P_POWER_W if measured is None else measured) * self.job_info.tp_degree
         freqs = [[f] * len(kinds) for f, kinds in zip(stage_freqs, self.kinds, strict=True)]
-        evaluation = evaluate(profile, self.pipeline, freqs, p2p)
-        self.chosen = Plan.from_frequencies(
-            self.pipeline, freqs, p2p_power_w=p2p, evaluation=evaluation
-        )
+        self.chosen = make_plan(profile, self.pipeline, freqs, p2p)
         self._chosen_plan = self.check_plan(self.chosen)
         logger.info(
             "Job %s: %s chose %s MHz (eta_knob %.2f)",

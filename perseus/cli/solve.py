@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from perseus.cli._common import cli_errors, console, fraction_progress, resolve_profile_path
-from perseus.domain.plan import DEFAULT_P2P_POWER_W, Plan, evaluate, max_frequencies
+from perseus.domain.plan import DEFAULT_P2P_POWER_W, Plan
 from perseus.domain.schedule import SCHEDULES, instructions_per_stage, make_schedule, schedule_name
 from perseus.errors import PerseusError
 from perseus.io.plan_file import load_plan, save_plan
@@ -53,7 +53,7 @@ def solve(
         )
     prof = load_profile(resolve_profile_path(profile))
     num_stages = stages if stages is not None else prof.num_stages
-    from perseus.solver import check_frontier_memory, solve_frontier
+    from perseus.planning import check_frontier_memory, evaluate, max_frequencies, solve_frontier
 
     if num_stages >= 1 and microbatches >= 1:  # else make_schedule names the bad count
         # Before building the schedule: a size that cannot be solved fails in a second.
@@ -137,8 +137,10 @@ def evaluate_plan(
     plan: Annotated[Path, typer.Argument(help="Plan JSON file.")],
 ) -> None:
     """Score a plan exactly against a profile; prints JSON."""
+    from perseus.planning import evaluate_plan
+
     prof = load_profile(resolve_profile_path(profile))
-    ev = load_plan(plan).evaluate(prof)
+    ev = evaluate_plan(prof, load_plan(plan))
     typer.echo(
         json.dumps(
             {
@@ -163,7 +165,8 @@ def choose(
     ] = None,
 ) -> None:
     """Print the path of the minimum-energy plan that meets a slowdown or a deadline."""
-    from perseus.solver import choose_index, read_frontier_table
+    from perseus.io.frontier_dir import read_frontier_table
+    from perseus.planning import choose_index
 
     if (max_slowdown is None) == (deadline is None):
         raise PerseusError("Give exactly one of --max-slowdown or --deadline")
@@ -202,14 +205,16 @@ def polish(
 
     Takes minutes on large pipelines: meant for the plan you deploy, not a whole frontier.
     """
-    from perseus.solver import SolverProblem, solve_lp_curve
+    from perseus.planning import PipelineProblem, evaluate
+    from perseus.solver.lp import solve_lp_curve
     from perseus.solver.polish import polish_plan
 
     prof = load_profile(resolve_profile_path(profile))
     original = load_plan(plan)
     sched = original.pipeline_schedule()
-    problem = SolverProblem.build(prof, sched, p2p_power_w=original.p2p_power)
-    choice = problem.choice_from_frequencies(original.stage_frequencies())
+    pipeline = PipelineProblem(prof, sched, original.p2p_power)
+    problem = pipeline.solver
+    choice = pipeline.choice_of(original.stage_frequencies())
     with fraction_progress("polishing") as progress:
         task = progress.add_task(f"{plan.name}", total=1.0)
         result = polish_plan(
@@ -221,7 +226,7 @@ def polish(
             budget_s=budget,
             progress=lambda f: progress.update(task, completed=f),
         )
-    freqs = problem.frequencies(result.choice)
+    freqs = pipeline.frequencies_of(result.choice)
     ev = evaluate(prof, sched, freqs, original.p2p_power)
     save_plan(
         Plan.from_frequencies(sched, freqs, p2p_power_w=original.p2p_power, evaluation=ev), out

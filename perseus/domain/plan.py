@@ -1,13 +1,9 @@
-"""Frequency plans, plan files, and the exact time/energy accounting every number uses.
+"""Frequency plans: the plan-file model and the numbers a plan is scored with.
 
-A plan assigns one profiled SM frequency to every instruction of one iteration. Its
-accounting is exact with respect to the profile:
-
-- iteration time ``T`` = the longest path of the instruction DAG, each instruction taking
-  its profiled time at its planned frequency;
-- energy of one pipeline ``E = Σ eᵢ + P_block · (S·T − Σ tᵢ)``: the profiled energy of every
-  instruction, plus the power ``P_block`` each of the S GPUs draws while it is not computing
-  (blocked on P2P communication or idle in a pipeline bubble) for the rest of the iteration.
+A plan assigns one profiled SM frequency to every instruction of one iteration. This module
+is data only; the accounting (iteration time = longest path of the DAG, energy ``E = Σ eᵢ +
+P_block · (S·T − Σ tᵢ)``) is the solver's exact scoring, reached through
+`perseus.planning.evaluate` (the domain cannot import the solver).
 
 Plan files are JSON, never code::
 
@@ -24,7 +20,6 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import (
     Instruction,
     PipelineSchedule,
@@ -39,9 +34,7 @@ __all__ = [
     "Evaluation",
     "Plan",
     "ScheduledInstruction",
-    "evaluate",
-    "max_frequencies",
-    "timeline",
+    "check_plan_shape",
 ]
 
 DEFAULT_P2P_POWER_W = 70.38
@@ -62,7 +55,8 @@ class Evaluation:
     blocking_energy_j: float
 
 
-def _check_shape(schedule: PipelineSchedule, frequencies: list[list[int]]) -> None:
+def check_plan_shape(schedule: PipelineSchedule, frequencies: list[list[int]]) -> None:
+    """Raise `PlanError` unless `frequencies` has one list per stage, one entry per instruction."""
     if len(frequencies) != schedule.num_stages:
         raise PlanError(
             f"The plan has {len(frequencies)} stage(s) but the schedule has {schedule.num_stages}"
@@ -84,61 +78,6 @@ class ScheduledInstruction:
     start_s: float
     finish_s: float
     energy_j: float
-
-
-def timeline(
-    profile: InstructionProfile,
-    schedule: PipelineSchedule,
-    frequencies: list[list[int]],
-) -> list[ScheduledInstruction]:
-    """Place every instruction at its earliest start (in a topological order of the DAG)."""
-    schedule.check_profile(profile)
-    _check_shape(schedule, frequencies)
-    cost: dict[Instruction, tuple[int, float, float]] = {}
-    for stage, (order, freqs) in enumerate(zip(schedule.orders, frequencies, strict=True)):
-        for instr, freq in zip(order, freqs, strict=True):
-            opts = schedule.options(profile, instr)
-            try:
-                i = opts.index_of(int(freq))
-            except KeyError:
-                raise PlanError(
-                    f"Stage {stage}: {instr.kind} at {freq} MHz is not in the profile "
-                    f"(profiled {int(opts.freq_mhz.min())}..{int(opts.freq_mhz.max())} MHz)"
-                ) from None
-            cost[instr] = (int(freq), float(opts.time_s[i]), float(opts.energy_j[i]))
-    finish: dict[Instruction, float] = {}
-    placed = []
-    dag = schedule.dag()
-    for node in schedule.instructions():
-        start = max((finish[p] for p in dag.predecessors(node)), default=0.0)
-        freq, t, e = cost[node]
-        finish[node] = start + t
-        placed.append(ScheduledInstruction(node, freq, start, start + t, e))
-    return placed
-
-
-def evaluate(
-    profile: InstructionProfile,
-    schedule: PipelineSchedule,
-    frequencies: list[list[int]],
-    p2p_power_w: float,
-) -> Evaluation:
-    """Exact iteration time and energy of a plan (`frequencies`: per stage, execution order)."""
-    placed = timeline(profile, schedule, frequencies)
-    iteration_time = max(p.finish_s for p in placed)
-    compute_time = sum(p.finish_s - p.start_s for p in placed)
-    compute_energy = sum(p.energy_j for p in placed)
-    blocking = p2p_power_w * (schedule.num_stages * iteration_time - compute_time)
-    return Evaluation(iteration_time, compute_energy + blocking, compute_energy, blocking)
-
-
-def max_frequencies(profile: InstructionProfile, schedule: PipelineSchedule) -> list[list[int]]:
-    """The all-maximum-frequency plan (each instruction at its highest profiled frequency)."""
-    schedule.check_profile(profile)
-    return [
-        [int(schedule.options(profile, i).freq_mhz.max()) for i in order]
-        for order in schedule.orders
-    ]
 
 
 class Plan(BaseModel):
@@ -174,7 +113,7 @@ class Plan(BaseModel):
         p2p_power_w: float,
         evaluation: Evaluation,
     ) -> Plan:
-        _check_shape(schedule, frequencies)
+        check_plan_shape(schedule, frequencies)
         return cls(
             schedule=schedule.name,
             num_stages=schedule.num_stages,
@@ -209,7 +148,7 @@ class Plan(BaseModel):
         schedule = make_schedule(
             self.schedule, self.num_stages, self.num_microbatches, num_chunks=self.num_chunks
         )
-        _check_shape(schedule, self.stage_frequencies())
+        check_plan_shape(schedule, self.stage_frequencies())
         for stage, (order, entries) in enumerate(
             zip(schedule.orders, self.frequencies, strict=True)
         ):
@@ -224,7 +163,3 @@ class Plan(BaseModel):
     def stage_frequencies(self) -> list[list[int]]:
         """Just the frequencies, per stage."""
         return [[int(f) for _, f in entries] for entries in self.frequencies]
-
-    def evaluate(self, profile: InstructionProfile) -> Evaluation:
-        """Re-score this plan against a profile with the exact accounting."""
-        return evaluate(profile, self.pipeline_schedule(), self.stage_frequencies(), self.p2p_power)

@@ -1,40 +1,79 @@
-"""The time–energy frontier solver.
+"""The time–energy frontier solver, generic: a DAG whose nodes each run one of a table of options.
 
-Profiled options → convex effective-cost hulls → exact parametric LP (breakpoint to
+Option tables → convex effective-cost hulls → exact parametric LP (breakpoint to
 breakpoint) → discrete plans (round + reclaim slack) → exact scores → Pareto set.
 
-    from perseus.solver import solve_frontier
-    frontier = solve_frontier(profile, schedule, p2p_power_w=70.38)
-    point = frontier.choose(max_slowdown=0.05)
+It knows nothing of profiles, schedules, plans or files (it imports only numpy, scipy and
+`perseus.errors`); `perseus.planning` builds its problem from a profile and a pipeline
+schedule and turns its points back into plans::
+
+    from perseus.solver import OptionTable, SolverProblem, compute_frontier
+    problem = SolverProblem.build(edges=..., type_of=..., options=[OptionTable(...)],
+                                  resources=..., p2p_power_w=70.38)
+    solution = compute_frontier(problem)  # times, energies, bounds, option per node
+
+Names are loaded on first use (PEP 562), so ``import perseus.solver`` stays cheap.
 """
 
-from perseus.solver.frontier import (
-    FRONTIER_COLUMNS,
-    Frontier,
-    FrontierPoint,
-    FrontierTable,
-    check_frontier_memory,
-    choose_index,
-    read_frontier_table,
-    solve_frontier,
-)
-from perseus.solver.lp import LPCurve, solve_lp_curve
-from perseus.solver.problem import CostHull, SolverProblem, effective_cost_hull
-from perseus.solver.rounding import Rounder
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "Accounting",
     "CostHull",
-    "FRONTIER_COLUMNS",
-    "Frontier",
-    "FrontierPoint",
-    "FrontierTable",
+    "FrontierSolution",
     "LPCurve",
+    "OptionTable",
+    "PolishResult",
     "Rounder",
     "SolverProblem",
-    "check_frontier_memory",
-    "choose_index",
+    "compute_frontier",
     "effective_cost_hull",
-    "read_frontier_table",
-    "solve_frontier",
+    "polish_plan",
     "solve_lp_curve",
+    "staggered_lead",
 ]
+
+_WHERE = {
+    "Accounting": "problem",
+    "CostHull": "problem",
+    "FrontierSolution": "frontier",
+    "LPCurve": "lp",
+    "OptionTable": "problem",
+    "PolishResult": "polish",
+    "Rounder": "rounding",
+    "SolverProblem": "problem",
+    "compute_frontier": "frontier",
+    "effective_cost_hull": "problem",
+    "polish_plan": "polish",
+    "solve_lp_curve": "lp",
+    "staggered_lead": "frontier",
+}
+
+if TYPE_CHECKING:
+    from perseus.solver.frontier import FrontierSolution, compute_frontier, staggered_lead
+    from perseus.solver.lp import LPCurve, solve_lp_curve
+    from perseus.solver.polish import PolishResult, polish_plan
+    from perseus.solver.problem import (
+        Accounting,
+        CostHull,
+        OptionTable,
+        SolverProblem,
+        effective_cost_hull,
+    )
+    from perseus.solver.rounding import Rounder
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -64,7 +64,7 @@ class LPCurve:
 
     time_s: np.ndarray
     cost_j: np.ndarray
-    num_stages: int
+    num_resources: int
     p2p_power_w: float
 
     def effective_cost(self, deadline_s: np.ndarray | float) -> np.ndarray:
@@ -74,7 +74,7 @@ class LPCurve:
     def energy(self, deadline_s: np.ndarray | float) -> np.ndarray:
         """``F(T) + P·S·T``: the LP energy of running with iteration time exactly ``T``."""
         T = np.asarray(deadline_s, dtype=float)
-        return self.effective_cost(T) + self.p2p_power_w * self.num_stages * T
+        return self.effective_cost(T) + self.p2p_power_w * self.num_resources * T
 
     def lower_bound(self, deadline_s: np.ndarray | float) -> np.ndarray:
         """Lower bound on the energy of any plan whose iteration time is ≤ `deadline_s`.
@@ -82,7 +82,7 @@ class LPCurve:
         ``min over T' ≤ T of F(T') + P·S·T'``; convex in ``T'``, so the minimum is at ``T``
         or at the best breakpoint below it.
         """
-        energy = self.cost_j + self.p2p_power_w * self.num_stages * self.time_s
+        energy = self.cost_j + self.p2p_power_w * self.num_resources * self.time_s
         best_so_far = np.minimum.accumulate(energy)
         T = np.asarray(deadline_s, dtype=float)
         k = np.clip(np.searchsorted(self.time_s, T, side="right") - 1, 0, len(self.time_s) - 1)
@@ -268,7 +268,7 @@ def solve_lp_curve(
     return LPCurve(
         time_s=np.array(times[::-1]),
         cost_j=np.array(costs[::-1]),
-        num_stages=problem.schedule.num_stages,
+        num_resources=problem.num_resources,
         p2p_power_w=problem.p2p_power_w,
     )
 

@@ -88,9 +88,7 @@ def polish_plan(
     """
     choice = np.array(choice, dtype=np.int64)
     if choice.shape != (problem.n,):
-        raise SolverError(
-            f"A plan needs one option per instruction ({problem.n}), got {choice.shape}"
-        )
+        raise SolverError(f"A plan needs one option per node ({problem.n}), got {choice.shape}")
     if np.any(choice < 0) or np.any(choice >= problem.opt_count[problem.type_of]):
         raise SolverError("The plan chooses an option index the profile does not have")
     if window_s is None:
@@ -243,7 +241,7 @@ def _solve_window(
     outside = pos < 0
     floor = float(finish[outside].max()) if tail and outside.any() else 0.0
     T_lo = floor if tail else deadline_s
-    T_cost = problem.p2p_power_w * problem.schedule.num_stages if tail else 0.0
+    T_cost = problem.p2p_power_w * problem.num_resources if tail else 0.0
     with native_stdout_silenced():
         res = milp(
             np.concatenate([cost, np.zeros(n_w), [T_cost]]),

@@ -1,35 +1,42 @@
-"""The solver's array view of one (profile, schedule): instructions, DAG, options, hulls.
+"""The solver's problem: a DAG whose nodes each run one of a table of options.
+
+The input is generic (`perseus.planning` builds it from a profile and a pipeline schedule):
+
+- nodes ``0..n-1``, numbered in a topological order of the DAG, and its edges;
+- every node's option *type*; per type an `OptionTable` of options, each with a time (s),
+  an energy (J) and an integer label (for clock plans the SM frequency, in MHz). The option
+  with the largest label is the *reference* option (the maximum frequency), whose plan
+  sets the fastest iteration time the frontier reports;
+- the blocking power ``P`` (W) every resource draws while it is not running a node;
+- the resources (for pipelines the GPUs of the stages), each an ordered index array of the
+  nodes it runs. Only their count ``S`` enters the accounting.
 
 Everything the LP, the rounding and the exact scoring need is turned into numpy arrays
-once, so that the inner loops never touch `Instruction` objects:
+once: the DAG is kept as padded predecessor/successor tables plus its topological
+*generations* (``levels``): nodes of one generation have no edges among them, so a
+longest-path pass is one vectorised step per generation, for many plans at once.
 
-- instructions are numbered ``0..n-1`` in a topological order of the DAG;
-- the DAG is kept as padded predecessor/successor tables plus its topological
-  *generations* (``levels``): nodes of one generation have no edges among them, so a
-  longest-path pass is one vectorised step per generation, for many plans at once;
-- instructions that share their profiled options (same stage, kind and chunk) share an
-  option *type*; the options of every type are held in padded tables.
-
-`finish_times` and `score` reproduce `perseus.plan.evaluate` bit for bit (same additions
-in the same order), for a batch of plans at once; the tests check this.
+`score` is the project's one implementation of a plan's accounting: ``T`` = longest path
+(earliest starts), ``E = Σ eᵢ + P·(S·T − Σ tᵢ)``, with the sums taken one node at a time in
+topological order (`perseus.planning.evaluate` reports exactly these numbers).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from perseus.domain.profile import InstructionOptions, InstructionProfile
-from perseus.domain.schedule import Instruction, PipelineSchedule
-from perseus.errors import ScheduleError, SolverError
+from perseus.errors import SolverError
 
-__all__ = ["CostHull", "SolverProblem", "effective_cost_hull"]
+__all__ = ["Accounting", "CostHull", "OptionTable", "SolverProblem", "effective_cost_hull"]
 
 
 @dataclass(frozen=True)
 class CostHull:
-    """Convex, non-increasing piecewise-linear effective cost of one instruction type.
+    """Convex, non-increasing piecewise-linear effective cost of one option type.
 
     Vertices ``(time_s[k], cost_j[k])`` with ``time_s`` increasing and ``cost_j``
     decreasing; the cost is ``e − P_block·t`` and is constant to the right of the last
@@ -76,98 +83,129 @@ def effective_cost_hull(time_s: np.ndarray, energy_j: np.ndarray, p2p_power_w: f
     return CostHull(time_s=hull[:, 0].copy(), cost_j=hull[:, 1].copy())
 
 
+@dataclass(frozen=True)
+class OptionTable:
+    """The options of one node type: time (s), energy (J) and an integer label each."""
+
+    time_s: np.ndarray
+    energy_j: np.ndarray
+    label: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+
+class Accounting(NamedTuple):
+    """The exact accounting of plans (arrays over plans; see `SolverProblem.account`)."""
+
+    iteration_time_s: np.ndarray
+    energy_j: np.ndarray
+    compute_energy_j: np.ndarray
+    blocking_energy_j: np.ndarray
+
+
 class SolverProblem:
-    """Arrays for one profile + schedule + blocking power. Build with `SolverProblem.build`."""
+    """Arrays for one DAG + option tables + blocking power. Build with `SolverProblem.build`."""
 
     def __init__(
         self,
         *,
-        profile: InstructionProfile,
-        schedule: PipelineSchedule,
         p2p_power_w: float,
-        instructions: list[Instruction],
-        type_keys: list[tuple[int, str, int]],
-        type_options: list[InstructionOptions],
+        type_options: list[OptionTable],
         type_of: np.ndarray,
         preds: np.ndarray,
         succs: np.ndarray,
         edges: np.ndarray,
         levels: list[np.ndarray],
         level_of: np.ndarray,
-        stage_index: list[np.ndarray],
+        resources: list[np.ndarray],
+        lead_ramp: np.ndarray,
     ):
-        self.profile = profile
-        self.schedule = schedule
         self.p2p_power_w = float(p2p_power_w)
-        self.instructions = instructions
-        self.n = len(instructions)
-        self.type_keys = type_keys
+        self.n = len(type_of)
         self.type_options = type_options
         self.type_of = type_of
         self.preds = preds
         self.succs = succs
         self.edges = edges
         self.levels = levels
-        # The same levels as slices where their instructions are numbered consecutively
-        # (always, with the schedules' generation-by-generation topological order): the
-        # hot loops then read and write views instead of fancy-index copies.
+        # The same levels as slices where their nodes are numbered consecutively (always,
+        # with the schedules' generation-by-generation topological order): the hot loops
+        # then read and write views instead of fancy-index copies.
         self.level_rows: list[np.ndarray | slice] = [_rows(lv) for lv in levels]
         self.level_of = level_of
         # Per level, one index array per adjacency column: the max/min over a level's
         # predecessors/successors as a few elementwise ops instead of an axis reduction.
         self.level_preds = [[preds[lv, c] for c in range(preds.shape[1])] for lv in levels]
         self.level_succs = [[succs[lv, c] for c in range(succs.shape[1])] for lv in levels]
-        self.stage_index = stage_index
+        self.resources = resources
+        self.num_resources = len(resources)
+        self.lead_ramp = lead_ramp
         width = max(len(o) for o in type_options)
         ntypes = len(type_options)
         self.opt_time = np.full((ntypes, width), np.inf)
         self.opt_energy = np.full((ntypes, width), np.inf)
-        self.opt_freq = np.zeros((ntypes, width), dtype=np.int64)
+        self.opt_label = np.zeros((ntypes, width), dtype=np.int64)
         self.opt_count = np.array([len(o) for o in type_options], dtype=np.int64)
         for k, o in enumerate(type_options):
             self.opt_time[k, : len(o)] = o.time_s
             self.opt_energy[k, : len(o)] = o.energy_j
-            self.opt_freq[k, : len(o)] = o.freq_mhz
-        self.hulls = [
-            effective_cost_hull(o.time_s, o.energy_j, self.p2p_power_w) for o in type_options
-        ]
+            self.opt_label[k, : len(o)] = o.label
+        self._hulls: list[CostHull] | None = None
+
+    @property
+    def hulls(self) -> list[CostHull]:
+        """Per type, the convex effective-cost hull (`effective_cost_hull`), built on first use
+        (scoring plans never needs them)."""
+        if self._hulls is None:
+            self._hulls = [
+                effective_cost_hull(o.time_s, o.energy_j, self.p2p_power_w)
+                for o in self.type_options
+            ]
+        return self._hulls
 
     # ------------------------------------------------------------------ building
     @classmethod
     def build(
-        cls, profile: InstructionProfile, schedule: PipelineSchedule, *, p2p_power_w: float
+        cls,
+        *,
+        edges: np.ndarray | Sequence[tuple[int, int]],
+        type_of: np.ndarray | Sequence[int],
+        options: Sequence[OptionTable],
+        resources: Sequence[np.ndarray | Sequence[int]],
+        p2p_power_w: float,
+        lead_ramp: np.ndarray | None = None,
     ) -> SolverProblem:
-        """Validate the inputs and lay out the arrays."""
+        """Validate the inputs and lay out the arrays.
+
+        Args:
+            edges: ``(u, v)`` node pairs, every one with ``u < v`` (nodes are numbered in a
+                topological order).
+            type_of: Each node's option type (an index into `options`).
+            options: Per type, its options (at least one each).
+            resources: Per resource, the nodes it runs (``S = len(resources)``).
+            p2p_power_w: Power (W) a resource draws while not running a node.
+            lead_ramp: Per node, the fraction (0..1) of the staggered dithering's lead it
+                gets (`perseus.solver.frontier.staggered_lead`); default 1 everywhere.
+        """
         if not np.isfinite(p2p_power_w) or p2p_power_w < 0:
             raise SolverError(
                 f"The blocking (P2P) power must be a finite number of watts >= 0, got {p2p_power_w!r}"
             )
-        try:
-            schedule.check_profile(profile)
-        except ScheduleError as exc:
-            raise SolverError(str(exc)) from exc
-        dag = schedule.dag()
-        instructions = schedule.instructions()
-        if not instructions:
-            raise SolverError("The schedule has no instructions to plan")
-        index = {instr: k for k, instr in enumerate(instructions)}
-        n = len(instructions)
-
-        type_index: dict[tuple[int, str, int], int] = {}
-        type_keys: list[tuple[int, str, int]] = []
-        type_options: list[InstructionOptions] = []
-        type_of = np.empty(n, dtype=np.int64)
-        for k, instr in enumerate(instructions):
-            key = (instr.stage, instr.kind, instr.chunk)
-            if key not in type_index:
-                type_index[key] = len(type_keys)
-                type_keys.append(key)
-                type_options.append(schedule.options(profile, instr))
-            type_of[k] = type_index[key]
-
-        edges = np.array([(index[u], index[v]) for u, v in dag.edges()], dtype=np.int64).reshape(
-            -1, 2
-        )
+        type_of = np.asarray(type_of, dtype=np.int64)
+        n = len(type_of)
+        if n == 0:
+            raise SolverError("The problem has no nodes to plan")
+        type_options = list(options)
+        if any(len(o) == 0 for o in type_options) or not (
+            type_of.min() >= 0 and type_of.max() < len(type_options)
+        ):
+            raise SolverError("Every node needs an option type with at least one option")
+        edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+        if len(edges) and not (
+            (edges >= 0).all() and (edges < n).all() and (edges[:, 0] < edges[:, 1]).all()
+        ):
+            raise SolverError("Edges must join nodes 0..n-1 numbered in a topological order")
         preds = _padded_adjacency(n, edges[:, 1], edges[:, 0])
         succs = _padded_adjacency(n, edges[:, 0], edges[:, 1])
 
@@ -180,13 +218,9 @@ class SolverProblem:
         order = np.argsort(level, kind="stable")
         bounds = np.searchsorted(level[order], np.arange(level.max() + 2))
         levels = [order[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
-        stage_index = [np.array([index[i] for i in o], dtype=np.int64) for o in schedule.orders]
+        ramp = np.ones(n) if lead_ramp is None else np.asarray(lead_ramp, dtype=float)
         return cls(
-            profile=profile,
-            schedule=schedule,
             p2p_power_w=p2p_power_w,
-            instructions=instructions,
-            type_keys=type_keys,
             type_options=type_options,
             type_of=type_of,
             preds=preds,
@@ -194,7 +228,8 @@ class SolverProblem:
             edges=edges,
             levels=levels,
             level_of=level,
-            stage_index=stage_index,
+            resources=[np.asarray(r, dtype=np.int64) for r in resources],
+            lead_ramp=ramp,
         )
 
     # ------------------------------------------------------------------ accounting
@@ -225,21 +260,37 @@ class SolverProblem:
             ls[lv] = earliest_of(ls, succ) - d[lv]
         return ls[: self.n]
 
+    def latest_start_finish(
+        self, durations: np.ndarray, deadline_s: np.ndarray | float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Latest (start, finish) times that keep every path within `deadline_s`.
+
+        A node's latest finish is the earliest latest start of its successors (or the
+        deadline); its latest start is that minus its duration.
+        """
+        d = np.asarray(durations, dtype=float)
+        ls = np.empty((self.n + 1, *d.shape[1:]))
+        lf = np.empty(d.shape)
+        ls[self.n] = deadline_s
+        for lv, succ in zip(reversed(self.level_rows), reversed(self.level_succs), strict=True):
+            lf[lv] = earliest_of(ls, succ)
+            ls[lv] = lf[lv] - d[lv]
+        return ls[: self.n], lf
+
     def choices_to_arrays(self, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(time_s, energy_j) of option indices `choice` (shape ``(n,)`` or ``(n, K)``)."""
         t_idx = self.type_of if choice.ndim == 1 else self.type_of[:, None]
         return self.opt_time[t_idx, choice], self.opt_energy[t_idx, choice]
 
-    def score(
-        self, choice: np.ndarray, *, exact: bool = True
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(iteration_time_s, energy_j, compute_energy_j) of plans ``(n, K)``.
+    def account(self, choice: np.ndarray, *, exact: bool = True) -> Accounting:
+        """The accounting of plans `choice` ``(n, K)`` (option indices), per plan.
 
-        `choice` holds option indices. The arithmetic of `perseus.plan.evaluate`: earliest
-        starts, ``T`` = latest finish, compute time as ``Σ (finish − start)``. With
-        `exact`, the sums run one instruction at a time in topological order, as
-        `evaluate`'s do, so the numbers are identical to its; otherwise numpy may sum
-        pairwise (faster; equal to ~1e-15 relative), which is enough to rank candidates.
+        Earliest starts, ``T`` = latest finish, compute time ``Σ (finish − start)``,
+        blocking energy ``P·(S·T − Σ tᵢ)``, energy = compute energy + blocking energy. With
+        `exact`, the sums run one node at a time in topological order (``0 + x₀ + x₁ +
+        …``), so the numbers do not depend on how many plans are scored together;
+        otherwise numpy may sum pairwise (faster; equal to ~1e-15 relative), which is
+        enough to rank candidates.
         """
         time_s, energy_j = self.choices_to_arrays(choice)
         start, finish = self.start_finish(time_s)
@@ -251,49 +302,24 @@ class SolverProblem:
         else:
             compute_e = energy_j.sum(axis=0)
             compute_t = busy.sum(axis=0)
-        S = self.schedule.num_stages
-        blocking = self.p2p_power_w * (S * T - compute_t)
-        return T, compute_e + blocking, compute_e
+        blocking = self.p2p_power_w * (self.num_resources * T - compute_t)
+        return Accounting(T, compute_e + blocking, compute_e, blocking)
 
-    def choices_to_frequencies(self, choice: np.ndarray) -> np.ndarray:
-        """Frequencies (MHz) of option indices `choice` (shape ``(n,)`` or ``(n, K)``)."""
+    def score(
+        self, choice: np.ndarray, *, exact: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(iteration_time_s, energy_j, compute_energy_j) of plans ``(n, K)`` (`account`)."""
+        T, E, C, _ = self.account(choice, exact=exact)
+        return T, E, C
+
+    def choices_to_labels(self, choice: np.ndarray) -> np.ndarray:
+        """Labels of option indices `choice` (shape ``(n,)`` or ``(n, K)``)."""
         t_idx = self.type_of if choice.ndim == 1 else self.type_of[:, None]
-        return self.opt_freq[t_idx, choice]
+        return self.opt_label[t_idx, choice]
 
-    def frequencies(self, choice: np.ndarray) -> list[list[int]]:
-        """One plan's option indices ``(n,)`` as per-stage frequency lists (execution order)."""
-        freq = self.choices_to_frequencies(choice)
-        return [[int(f) for f in freq[idx]] for idx in self.stage_index]
-
-    def choice_from_frequencies(self, frequencies: list[list[int]]) -> np.ndarray:
-        """Option indices ``(n,)`` of a plan given as per-stage frequency lists.
-
-        The inverse of `frequencies`; a frequency the profile has no option for is an error.
-        """
-        if len(frequencies) != len(self.stage_index):
-            raise SolverError(
-                f"The plan has {len(frequencies)} stages, the schedule {len(self.stage_index)}"
-            )
-        lookup = [{int(f): k for k, f in enumerate(o.freq_mhz)} for o in self.type_options]
-        choice = np.empty(self.n, dtype=np.int64)
-        for stage, (index, freqs) in enumerate(zip(self.stage_index, frequencies, strict=True)):
-            if len(freqs) != len(index):
-                raise SolverError(
-                    f"Stage {stage} of the plan has {len(freqs)} instructions, the schedule {len(index)}"
-                )
-            for i, f in zip(index, freqs, strict=True):
-                k = lookup[self.type_of[i]].get(int(f))
-                if k is None:
-                    ins = self.instructions[i]
-                    raise SolverError(
-                        f"Stage {stage}: the profile has no {ins.kind} option at {f} MHz"
-                    )
-                choice[i] = k
-        return choice
-
-    def max_frequency_choice(self) -> np.ndarray:
-        """Option index of every instruction's highest profiled frequency."""
-        best = np.array([int(np.argmax(o.freq_mhz)) for o in self.type_options], dtype=np.int64)
+    def reference_choice(self) -> np.ndarray:
+        """Option index of every node's reference option (its largest label)."""
+        best = np.array([int(np.argmax(o.label)) for o in self.type_options], dtype=np.int64)
         return best[self.type_of]
 
 

@@ -35,60 +35,15 @@ window valid, so the plan still fits in ``T``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
+from perseus.solver.levels import Level, LevelRows
 from perseus.solver.problem import SolverProblem, earliest_of, latest_of
 
 __all__ = ["Rounder"]
 
 _REL_TOL = 1e-12
 _TIERS = 2
-
-
-class _LevelRows:
-    """One table row per instruction of a topological level, flattened and padded to a
-    power-of-two width, so a ``(rows, K)`` array of positions gathers with one add.
-
-    For rows of ascending times (built with ``fill=nan``), ``count_at_most(x)`` is
-    ``(rows[:, :, None] <= x[:, None, :]).sum(axis=1)`` without the ``(rows, width, K)``
-    temporary: a binary search by halving steps, one gather per step (same counts, about
-    twice as fast on the 25–30-step staircases of real profiles). The NaN padding compares
-    false with everything, so it is never counted, not even for ``x = +inf``.
-    """
-
-    def __init__(self, rows: np.ndarray, fill: float):
-        count, width = rows.shape
-        padded_width = 1 << width.bit_length()  # > width: the steps below sum to >= width
-        padded = np.full((count, padded_width), fill, dtype=rows.dtype)
-        padded[:, :width] = rows
-        self.flat = padded.ravel()
-        self.row_start = (np.arange(count, dtype=np.int64) * padded_width)[:, None]
-        self.steps = [1 << b for b in reversed(range(width.bit_length()))]
-
-    def take(self, position: np.ndarray) -> np.ndarray:
-        """Entries at `position` ``(rows, K)`` of each row."""
-        return self.flat[self.row_start + position]
-
-    def count_at_most(self, x: np.ndarray) -> np.ndarray:
-        """For ``x`` ``(rows, K)``: how many entries of each row are ``<= x`` ``(rows, K)``."""
-        at = np.empty(x.shape, dtype=np.int64)
-        at[...] = self.row_start
-        for s in self.steps:
-            at += s * (self.flat[at + (s - 1)] <= x)
-        return at - self.row_start
-
-
-class _Level(NamedTuple):
-    """A topological level's instructions and their rows of the rounding tables."""
-
-    index: np.ndarray | slice  # instruction indices (a slice when consecutive)
-    preds: list[np.ndarray]  # adjacency columns (see SolverProblem.level_preds)
-    succs: list[np.ndarray]
-    step_time: _LevelRows  # staircase durations
-    vertex_time: _LevelRows  # hull vertex durations
-    vertex_step: _LevelRows  # staircase position of each hull vertex
 
 
 class Rounder:
@@ -130,13 +85,13 @@ class Rounder:
             self.vertex_step[k, len(h.time_s) :] = pos[-1]
         self._type_rows = [np.flatnonzero(problem.type_of == k) for k in range(ntypes)]
         self._levels = [
-            _Level(
+            Level(
                 lv,
                 pred,
                 succ,
-                _LevelRows(self.step_time[problem.type_of[lv]], np.nan),
-                _LevelRows(self.vertex_time[problem.type_of[lv]], np.nan),
-                _LevelRows(self.vertex_step[problem.type_of[lv]], 0),
+                LevelRows(self.step_time[problem.type_of[lv]], np.nan),
+                LevelRows(self.vertex_time[problem.type_of[lv]], np.nan),
+                LevelRows(self.vertex_step[problem.type_of[lv]], 0),
             )
             for lv, pred, succ in zip(
                 problem.level_rows, problem.level_preds, problem.level_succs, strict=True

@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from perseus.cli.demo import demo
 from perseus.demo import Coordinator, JobSpec, _run_phase
-from perseus.domain.plan import evaluate, max_frequencies
 from perseus.errors import PerseusError
 from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import load_profile
+from perseus.planning import evaluate, evaluate_plan, max_frequencies
 
 require_torch()
 
@@ -63,7 +63,7 @@ def test_demo_compares_all_max_and_perseus_and_writes_its_artifacts(tmp_path):
     # the default 1 % slowdown of all-max, and cheaper.
     profile = load_profile(out / "profile.csv")
     schedule = plan.pipeline_schedule()
-    ours = plan.evaluate(profile)
+    ours = evaluate_plan(profile, plan)
     base = evaluate(profile, schedule, max_frequencies(profile, schedule), plan.p2p_power)
     planned = summary["planned"]
     assert planned["slowdown"] == ours.iteration_time_s / base.iteration_time_s - 1

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from e2e_fixtures import Coordinator, JobSpec, executed, require_torch, run_job, steps_of
 
-from perseus.domain.plan import evaluate, max_frequencies
 from perseus.domain.schedule import make_schedule
 from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import load_profile
+from perseus.planning import evaluate, evaluate_plan, max_frequencies
 
 require_torch()
 
@@ -77,7 +77,7 @@ def test_perseus_deploys_a_plan_that_saves_energy_without_slowing_down(runs):
     schedule = plan.pipeline_schedule()
     # The plan, by the exact accounting on the profile the job measured.
     all_max = evaluate(profile, schedule, max_frequencies(profile, schedule), plan.p2p_power)
-    mine = plan.evaluate(profile)
+    mine = evaluate_plan(profile, plan)
     assert mine.energy_j <= 0.95 * all_max.energy_j
     assert mine.iteration_time_s <= 1.01 * all_max.iteration_time_s
     # The steady-state steps really ran that plan, instruction by instruction.

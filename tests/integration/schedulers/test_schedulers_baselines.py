@@ -15,11 +15,10 @@ from server_fixtures import (
     write_truth_profile,
 )
 
-from perseus.domain.plan import evaluate, max_frequencies
 from perseus.domain.schedule import make_schedule
 from perseus.io.profile_csv import load_profile
+from perseus.planning import evaluate, max_frequencies, solve_frontier
 from perseus.settings import PerseusSettings
-from perseus.solver import solve_frontier
 from schedulers.envpipe import envpipe_frequencies
 
 M = 4

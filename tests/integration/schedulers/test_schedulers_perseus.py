@@ -18,8 +18,8 @@ from server_fixtures import (
 
 from perseus.domain.schedule import make_schedule
 from perseus.io.plan_file import load_plan
+from perseus.planning import Frontier
 from perseus.settings import PerseusSettings
-from perseus.solver import Frontier
 
 M = 4
 IMBALANCED = [0.010, 0.016, 0.010, 0.012]

@@ -9,7 +9,15 @@ import pytest
 
 @pytest.mark.parametrize(
     "package",
-    ["perseus", "perseus.solver", "schedulers", "zeus_power", "zeus_power.device", "profiles"],
+    [
+        "perseus",
+        "perseus.planning",
+        "perseus.solver",
+        "schedulers",
+        "zeus_power",
+        "zeus_power.device",
+        "profiles",
+    ],
 )
 def test_all_is_sorted_and_importable(package: str) -> None:
     module = importlib.import_module(package)

@@ -1,4 +1,4 @@
-"""The exact accounting, plan files, and profile validation."""
+"""The exact accounting (through `perseus.planning`), plan files, and profile validation."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perseus.domain.plan import Plan, evaluate, max_frequencies
+from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import make_schedule
 from perseus.errors import PlanError, ProfileError, ScheduleError
 from perseus.io.plan_file import load_plan, save_plan
 from perseus.io.profile_csv import load_profile
+from perseus.planning import evaluate, evaluate_plan, max_frequencies
 
 
 def _profile() -> InstructionProfile:
@@ -61,7 +62,7 @@ def test_plan_file_round_trip_and_format(tmp_path: Path) -> None:
     assert raw["schedule"] == "1f1b" and raw["num_stages"] == 2 and raw["num_microbatches"] == 2
     loaded = load_plan(tmp_path / "p.json")
     assert loaded == plan
-    assert loaded.evaluate(prof) == ev
+    assert evaluate_plan(prof, loaded) == ev
 
 
 def _write_plan(tmp_path: Path, **changes: object) -> Path:
@@ -79,7 +80,7 @@ def _write_plan(tmp_path: Path, **changes: object) -> Path:
 def test_plan_with_wrong_instruction_count(tmp_path: Path) -> None:
     path = _write_plan(tmp_path, frequencies=[[["forward", 1000]], [["forward", 1000]]])
     with pytest.raises(PlanError, match="Stage 0: the plan has 1 instruction"):
-        load_plan(path).evaluate(_profile())
+        evaluate_plan(_profile(), load_plan(path))
 
 
 @pytest.mark.parametrize(
@@ -116,7 +117,7 @@ def test_plan_with_unprofiled_frequency(tmp_path: Path) -> None:
     data["frequencies"][1][2][1] = 777
     path.write_text(json.dumps(data))
     with pytest.raises(PlanError, match="777 MHz is not in the profile"):
-        load_plan(path).evaluate(_profile())
+        evaluate_plan(_profile(), load_plan(path))
 
 
 def test_plan_with_wrong_instruction_name(tmp_path: Path) -> None:
@@ -125,7 +126,7 @@ def test_plan_with_wrong_instruction_name(tmp_path: Path) -> None:
     data["frequencies"][0][0][0] = "backward"
     path.write_text(json.dumps(data))
     with pytest.raises(PlanError, match="runs 'forward' there"):
-        load_plan(path).evaluate(_profile())
+        evaluate_plan(_profile(), load_plan(path))
 
 
 def test_plan_file_not_json_or_python(tmp_path: Path) -> None:

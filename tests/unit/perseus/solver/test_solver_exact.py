@@ -1,18 +1,21 @@
-"""The solver against ground truth on tiny instances: brute force and scipy's HiGHS LP."""
+"""The solver against ground truth on tiny instances: brute force and scipy's HiGHS LP, and
+the one accounting implementation against path enumeration."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
+import networkx as nx
 import numpy as np
 import pandas as pd
 import pytest
 from scipy.optimize import linprog
 
-from perseus.domain.plan import evaluate
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import make_schedule
-from perseus.solver import SolverProblem, effective_cost_hull, solve_frontier, solve_lp_curve
+from perseus.planning import PipelineProblem, evaluate, solve_frontier, timeline
+from perseus.solver import SolverProblem, effective_cost_hull, solve_lp_curve
 
 P_BLOCK = 70.0
 
@@ -54,7 +57,8 @@ def test_against_brute_force(num_stages, num_microbatches, num_options, seed):
     rng = np.random.default_rng(1000 * seed + 10 * num_stages + num_microbatches)
     profile = random_profile(rng, num_stages, num_options)
     schedule = make_schedule("1f1b", num_stages, num_microbatches)
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK)
+    problem = pipeline.solver
     T_all, E_all = all_plans(problem)
     frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK, max_points=None)
     curve = frontier.lp_curve
@@ -119,7 +123,8 @@ def test_lp_curve_matches_highs(num_stages, num_microbatches):
     rng = np.random.default_rng(num_stages * 7 + num_microbatches)
     profile = random_profile(rng, num_stages, 6)
     schedule = make_schedule("1f1b", num_stages, num_microbatches)
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK)
+    problem = pipeline.solver
     curve = solve_lp_curve(problem)
     assert np.all(np.diff(curve.time_s) > 0)
     assert np.all(np.diff(curve.cost_j) < 0)  # F strictly decreasing between breakpoints
@@ -136,7 +141,8 @@ def test_lp_on_a_chain_is_the_sum_of_hulls():
     rng = np.random.default_rng(5)
     profile = random_profile(rng, 1, 5)
     schedule = make_schedule("1f1b", 1, 1)
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK)
+    problem = pipeline.solver
     curve = solve_lp_curve(problem)
     hf, hb = problem.hulls
     for deadline in np.linspace(curve.time_s[0], curve.time_s[-1], 25):
@@ -163,17 +169,70 @@ def test_hull_is_below_every_option_and_non_increasing():
         assert np.any(np.isclose(t, x) & np.isclose(eff, y))
 
 
-def test_vectorised_scoring_equals_evaluate():
+def brute_force_accounting(profile, schedule, frequencies, p2p_power_w):
+    """(T, E, compute E, blocking E) of one plan, computed independently of the solver:
+    every path of the DAG enumerated with networkx, the longest one is ``T``."""
+    dag = schedule.dag()
+    cost = {}
+    for order, freqs in zip(schedule.orders, frequencies, strict=True):
+        for instr, freq in zip(order, freqs, strict=True):
+            opts = schedule.options(profile, instr)
+            k = int(np.flatnonzero(opts.freq_mhz == freq)[0])
+            cost[instr] = (float(opts.time_s[k]), float(opts.energy_j[k]))
+    sources = [v for v in dag if dag.in_degree(v) == 0]
+    sinks = [v for v in dag if dag.out_degree(v) == 0]
+    T = max(
+        sum(cost[v][0] for v in path)
+        for s in sources
+        for t in sinks
+        for path in ([[s]] if s == t else nx.all_simple_paths(dag, s, t))
+    )
+    compute_e = math.fsum(e for _, e in cost.values())
+    compute_t = math.fsum(t for t, _ in cost.values())
+    blocking = p2p_power_w * (schedule.num_stages * T - compute_t)
+    return T, compute_e + blocking, compute_e, blocking
+
+
+@pytest.mark.parametrize(
+    ("name", "num_stages", "num_microbatches"), [("1f1b", 3, 4), ("interleaved", 2, 4)]
+)
+def test_evaluate_equals_a_brute_force_longest_path(name, num_stages, num_microbatches):
+    """The one accounting implementation (the solver's exact scoring, reached through
+    `perseus.planning.evaluate`) against path enumeration on small DAGs."""
+    rng = np.random.default_rng(11)
+    profile = random_profile(rng, num_stages, 4)
+    schedule = make_schedule(name, num_stages, num_microbatches)
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK)
+    choice = rng.integers(0, 4, size=(pipeline.solver.n, 12))
+    for k in range(choice.shape[1]):
+        freqs = pipeline.frequencies_of(choice[:, k])
+        ev = evaluate(profile, schedule, freqs, P_BLOCK)
+        T, E, C, B = brute_force_accounting(profile, schedule, freqs, P_BLOCK)
+        assert ev.iteration_time_s == pytest.approx(T, rel=1e-13)
+        assert ev.energy_j == pytest.approx(E, rel=1e-12)
+        assert ev.compute_energy_j == pytest.approx(C, rel=1e-13)
+        assert ev.blocking_energy_j == pytest.approx(B, rel=1e-9, abs=1e-9)
+        assert ev.energy_j == ev.compute_energy_j + ev.blocking_energy_j
+        # The timeline places every instruction at its earliest start: the same T.
+        placed = timeline(profile, schedule, freqs)
+        assert max(p.finish_s for p in placed) == ev.iteration_time_s
+        assert all(p.finish_s > p.start_s >= 0 for p in placed)
+
+
+def test_batched_scoring_equals_one_plan_scoring():
+    """Scoring many plans at once gives each plan's numbers bit for bit (exact sums);
+    the fast sums differ by rounding only."""
     rng = np.random.default_rng(11)
     profile = random_profile(rng, 3, 4)
     schedule = make_schedule("1f1b", 3, 5)
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK)
+    problem = pipeline.solver
     choice = rng.integers(0, 4, size=(problem.n, 20))
     for block in (choice, choice[:, :1], choice[:, 3:5]):
         T, E, C = problem.score(block)
         fast_T, fast_E, _ = problem.score(block, exact=False)
         for k in range(block.shape[1]):
-            ev = evaluate(profile, schedule, problem.frequencies(block[:, k]), P_BLOCK)
+            ev = evaluate(profile, schedule, pipeline.frequencies_of(block[:, k]), P_BLOCK)
             assert T[k] == ev.iteration_time_s
             assert E[k] == ev.energy_j  # bit for bit: same additions in the same order
             assert C[k] == ev.compute_energy_j
@@ -188,7 +247,8 @@ def test_levels_are_slices_and_index_arrays_agree(name, num_microbatches):
     rng = np.random.default_rng(12)
     profile = random_profile(rng, 3, 4)
     schedule = make_schedule(name, 3, num_microbatches)
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK)
+    problem = pipeline.solver
     # The schedules' topological order is generation by generation, so the hot loops
     # index every level with a slice (views, not copies).
     assert all(isinstance(rows, slice) for rows in problem.level_rows)

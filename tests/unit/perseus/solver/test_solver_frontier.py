@@ -11,13 +11,20 @@ import pandas as pd
 import pytest
 from paths import REPO, SHARED_DATA
 
-from perseus.domain.plan import evaluate, max_frequencies
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import make_schedule
 from perseus.errors import PerseusError, PlanError, SolverError
+from perseus.io.frontier_dir import FRONTIER_COLUMNS
 from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import load_profile
-from perseus.solver import FRONTIER_COLUMNS, Frontier, FrontierPoint, solve_frontier
+from perseus.planning import (
+    Frontier,
+    FrontierPoint,
+    evaluate,
+    evaluate_plan,
+    max_frequencies,
+    solve_frontier,
+)
 
 P_BLOCK = 70.38
 
@@ -112,7 +119,7 @@ def test_write_read_round_trip(tmp_path, real_profile, frontier_8x8):
     assert df["plan"][0] == "plans/plan_00000.json"
     plan = load_plan(tmp_path / df["plan"][1])
     assert plan.iteration_time == small.points[1].iteration_time_s
-    assert plan.evaluate(real_profile).energy_j == pytest.approx(plan.energy, rel=1e-12)
+    assert evaluate_plan(real_profile, plan).energy_j == pytest.approx(plan.energy, rel=1e-12)
     back = Frontier.read(tmp_path)
     assert back.points == small.points
     assert back.schedule == schedule
@@ -241,17 +248,16 @@ def test_bloom_profile_whose_max_frequency_is_not_fastest():
 def test_stretch_slows_a_plan_faster_than_all_max_to_just_above_it():
     """Bloom's all-fastest plan beats the all-max time; `stretch` brings it back to at
     least that time and keeps it cheaper than all-max."""
-    from perseus.solver import SolverProblem
+    from perseus.planning import PipelineProblem
     from perseus.solver.rounding import Rounder
 
     path = SHARED_PROFILE.with_name("sosp24_bloom-176b_a40_8stage.csv")
     if not path.is_file():
         pytest.skip(f"reference data not present at {path}")
-    problem = SolverProblem.build(
-        load_profile(path), make_schedule("1f1b", 8, 6), p2p_power_w=P_BLOCK
-    )
+    pipeline = PipelineProblem(load_profile(path), make_schedule("1f1b", 8, 6), P_BLOCK)
+    problem = pipeline.solver
     rounder = Rounder(problem)
-    t_max, e_max, _ = problem.score(problem.max_frequency_choice()[:, None])
+    t_max, e_max, _ = problem.score(problem.reference_choice()[:, None])
     fastest = np.zeros((problem.n, 1), dtype=np.int64)  # first staircase step: fastest option
     t_fastest = problem.makespan(rounder.times(fastest))[0]
     assert t_fastest < t_max[0]
@@ -265,13 +271,15 @@ def test_stretch_slows_a_plan_faster_than_all_max_to_just_above_it():
 def test_every_rounding_meets_its_lp_deadline(profile_name):
     """Each rounding of an LP solution (breakpoints and points inside LP segments) fits in
     that LP solution's time, using profiled options only."""
-    from perseus.solver import SolverProblem, solve_lp_curve
+    from perseus.planning import PipelineProblem
+    from perseus.solver import solve_lp_curve
     from perseus.solver.rounding import Rounder
 
     path = REPO / "profiles" / f"{profile_name}.csv"
     profile = load_profile(path)
     stages = int(profile.to_frame()["stage"].max()) + 1
-    problem = SolverProblem.build(profile, make_schedule("1f1b", stages, 6), p2p_power_w=P_BLOCK)
+    pipeline = PipelineProblem(profile, make_schedule("1f1b", stages, 6), P_BLOCK)
+    problem = pipeline.solver
     rounder = Rounder(problem)
     targets: list[tuple[np.ndarray, float]] = []
     prev: list[tuple[float, np.ndarray]] = []
@@ -308,10 +316,11 @@ def test_every_rounding_meets_its_lp_deadline(profile_name):
 def _real_breakpoints(real_profile):
     """8×16 on the real profile: problem, rounder, LP curve, and every LP breakpoint's
     durations ``(n, K)`` and times ``(K,)``."""
-    from perseus.solver import SolverProblem, solve_lp_curve
+    from perseus.planning import PipelineProblem
+    from perseus.solver import solve_lp_curve
     from perseus.solver.rounding import Rounder
 
-    problem = SolverProblem.build(real_profile, make_schedule("1f1b", 8, 16), p2p_power_w=P_BLOCK)
+    problem = PipelineProblem(real_profile, make_schedule("1f1b", 8, 16), P_BLOCK).solver
     durations, deadlines = [], []
 
     def on_breakpoint(lam: float, cost: float, d: np.ndarray) -> bool:
@@ -345,13 +354,13 @@ def test_lead_staggers_dithering_on_the_real_profile(real_profile):
     plain = rounder.follow_steps(D, T, capped=True)
     assert np.array_equal(rounder.follow_steps(D, T, capped=True, lead=np.zeros(problem.n)), plain)
     stage = np.empty(problem.n)
-    for s, idx in enumerate(problem.stage_index):
+    for s, idx in enumerate(problem.resources):
         stage[idx] = s
     led = rounder.follow_steps(D, T, capped=True, lead=0.02 * stage / stage.max())
     plan_T, _, _ = problem.score(rounder.options(led))
     assert np.all(plan_T <= T * (1 + 1e-9))
     moved = rounder.times(led) - rounder.times(plain)  # per instruction and target
-    first, before_last = problem.stage_index[0], problem.stage_index[-2]
+    first, before_last = problem.resources[0], problem.resources[-2]
     assert moved[first].sum() > 0 > moved[before_last].sum()
 
 
@@ -359,18 +368,18 @@ def test_lead_staggers_dithering_on_the_real_profile(real_profile):
 def test_staggered_lead_grows_downstream_and_ramps_in_over_the_warm_up(real_profile, microbatches):
     """0 on the first stage, largest on the last; microbatch j gets (j + 1) / min(S, M)
     of it, so with fewer microbatches than stages the last one still gets all of it."""
-    from perseus.solver import SolverProblem
+    from perseus.planning import PipelineProblem
     from perseus.solver.frontier import _LEAD_FRACTION, staggered_lead
 
-    problem = SolverProblem.build(
-        real_profile, make_schedule("1f1b", 8, microbatches), p2p_power_w=P_BLOCK
-    )
+    pipeline = PipelineProblem(real_profile, make_schedule("1f1b", 8, microbatches), P_BLOCK)
+
+    problem = pipeline.solver
     S, R = 8, min(8, microbatches)
     lead = staggered_lead(problem, 0.2)
     full = _LEAD_FRACTION * 0.2  # on the last stage, once ramped in
-    for s, idx in enumerate(problem.stage_index):
+    for s, idx in enumerate(problem.resources):
         for i in idx:
-            j = problem.instructions[i].microbatch
+            j = pipeline.instructions[i].microbatch
             expected = full * s / (S - 1) * min(1.0, (j + 1) / R)
             assert lead[i] == pytest.approx(expected, abs=1e-15)
     assert lead.max() == pytest.approx(full)
@@ -383,14 +392,14 @@ def test_ramped_lead_beats_a_flat_lead_near_the_all_max_time(real_profile):
     from perseus.solver.frontier import _LEAD_FRACTION, staggered_lead
 
     problem, rounder, curve, D, T = _real_breakpoints(real_profile)
-    fast = problem.choices_to_arrays(problem.max_frequency_choice())[0]
+    fast = problem.choices_to_arrays(problem.reference_choice())[0]
     t_fast = problem.makespan(fast)
     near = t_fast * 1.02 >= T
     assert near.sum() >= 20
     ramped = staggered_lead(problem, float(fast.mean()))
     stage = np.empty(problem.n)
-    for s, idx in enumerate(problem.stage_index):
-        stage[idx] = s / (len(problem.stage_index) - 1)
+    for s, idx in enumerate(problem.resources):
+        stage[idx] = s / (len(problem.resources) - 1)
     flat = _LEAD_FRACTION * float(fast.mean()) * stage  # the same lead, not ramped
     gaps = {}
     for name, lead in (("flat", flat), ("ramped", ramped)):
@@ -423,7 +432,7 @@ def test_vertex_first_reclaim_beats_staircase_reclaim_on_the_real_profile(real_p
 def test_level_rows_count_and_take_match_the_plain_numpy_forms(width):
     # The rounding's binary search over padded rows must count exactly what the boolean
     # comparison counts, ties and +inf padding included.
-    from perseus.solver.rounding import _LevelRows
+    from perseus.solver.levels import LevelRows
 
     rng = np.random.default_rng(width)
     rows = np.sort(rng.choice(np.arange(1.0, 200.0), size=(5, width)), axis=1)
@@ -431,7 +440,7 @@ def test_level_rows_count_and_take_match_the_plain_numpy_forms(width):
     budgets = np.concatenate(
         [rng.uniform(0.0, 210.0, size=(5, 40)), rows[:, rng.integers(0, width, 8)]], axis=1
     )  # random values plus exact ties with entries (+inf ones too)
-    table = _LevelRows(rows, np.nan)
+    table = LevelRows(rows, np.nan)
     expected = (rows[:, :, None] <= budgets[:, None, :]).sum(axis=1)
     assert np.array_equal(table.count_at_most(budgets), expected)
     positions = rng.integers(0, width, size=(5, 12))

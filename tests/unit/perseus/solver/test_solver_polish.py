@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 from test_solver_exact import P_BLOCK, all_plans, random_profile
 
-from perseus.domain.plan import evaluate
 from perseus.domain.schedule import make_schedule
-from perseus.errors import SolverError
+from perseus.errors import PlanError, SolverError
 from perseus.io.profile_csv import load_profile
-from perseus.solver import SolverProblem, solve_frontier
+from perseus.planning import PipelineProblem, evaluate, solve_frontier
 from perseus.solver.polish import polish_plan
 from profiles import path as shipped_profile_path
 
@@ -23,10 +22,11 @@ def test_one_window_over_the_whole_plan_is_the_brute_force_optimum(
     rng = np.random.default_rng(7 * seed + num_stages)
     profile = random_profile(rng, num_stages, num_options)
     schedule = make_schedule("1f1b", num_stages, num_microbatches)
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK)
+    problem = pipeline.solver
     T_all, E_all = all_plans(problem)
     improved = 0
-    for start in (problem.max_frequency_choice(), rng.integers(0, num_options, problem.n)):
+    for start in (problem.reference_choice(), rng.integers(0, num_options, problem.n)):
         (T0,), (E0,), _ = problem.score(start[:, None])
         result = polish_plan(problem, start, window_s=2 * T0)  # one window: the whole plan
         optimum = E_all[T_all <= T0].min()
@@ -40,9 +40,10 @@ def test_small_windows_never_lengthen_nor_worsen_and_score_exactly():
     profile = load_profile(shipped_profile_path("gpt3-xl_a100_4stage"))
     schedule = make_schedule("1f1b", 4, 6)
     frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK, max_points=6)
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK)
+    problem = pipeline.solver
     for point in frontier.points:
-        choice = problem.choice_from_frequencies(point.frequencies)
+        choice = pipeline.choice_of(point.frequencies)
         seen: list[float] = []
         result = polish_plan(
             problem, choice, window_s=point.iteration_time_s / 5, progress=seen.append
@@ -52,7 +53,7 @@ def test_small_windows_never_lengthen_nor_worsen_and_score_exactly():
         assert result.iteration_time_s <= point.iteration_time_s
         assert result.energy_j <= point.energy_j
         assert result.complete and result.windows > 1
-        ev = evaluate(profile, schedule, problem.frequencies(result.choice), P_BLOCK)
+        ev = evaluate(profile, schedule, pipeline.frequencies_of(result.choice), P_BLOCK)
         assert ev.iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-12)
         assert ev.energy_j == pytest.approx(result.energy_j, rel=1e-12)
 
@@ -64,11 +65,10 @@ def test_polish_recovers_most_of_the_gap_the_rounding_leaves_on_the_real_profile
     schedule = make_schedule("1f1b", 8, 8)
     frontier = solve_frontier(profile, schedule, p2p_power_w=70.38, max_points=None)
     worst = max(frontier.points, key=lambda p: p.gap)
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=70.38)
+    pipeline = PipelineProblem(profile, schedule, 70.38)
+    problem = pipeline.solver
     seen: list[float] = []
-    result = polish_plan(
-        problem, problem.choice_from_frequencies(worst.frequencies), progress=seen.append
-    )
+    result = polish_plan(problem, pipeline.choice_of(worst.frequencies), progress=seen.append)
     assert result.iteration_time_s <= worst.iteration_time_s
     gap_after = result.energy_j / worst.lower_bound_j - 1
     assert gap_after <= 0.6 * worst.gap  # 0.38 % → 0.19 % when written (two passes)
@@ -78,9 +78,10 @@ def test_polish_recovers_most_of_the_gap_the_rounding_leaves_on_the_real_profile
 def test_bad_input_is_a_clear_solver_error():
     profile = load_profile(shipped_profile_path("gpt3-xl_a100_4stage"))
     schedule = make_schedule("1f1b", 4, 2)
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
-    good = problem.max_frequency_choice()
-    with pytest.raises(SolverError, match="one option per instruction"):
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK)
+    problem = pipeline.solver
+    good = problem.reference_choice()
+    with pytest.raises(SolverError, match="one option per node"):
         polish_plan(problem, good[:-1])
     with pytest.raises(SolverError, match="option index"):
         polish_plan(problem, good + 1000)
@@ -95,19 +96,21 @@ def test_bad_input_is_a_clear_solver_error():
             polish_plan(problem, good, budget_s=bad)
     with pytest.raises(SolverError, match="at least one pass"):
         polish_plan(problem, good, passes=0)
-    freqs = problem.frequencies(good)
+    freqs = pipeline.frequencies_of(good)
     freqs[1][0] = 7
-    with pytest.raises(SolverError, match="Stage 1: the profile has no forward option at 7 MHz"):
-        problem.choice_from_frequencies(freqs)
-    with pytest.raises(SolverError, match="Stage 0 of the plan has 1 instructions"):
-        problem.choice_from_frequencies([freqs[0][:1], *freqs[1:]])
+    # A plan that does not fit the profile is refused before polishing (by the adapter).
+    with pytest.raises(PlanError, match="Stage 1: forward at 7 MHz is not in the profile"):
+        pipeline.choice_of(freqs)
+    with pytest.raises(PlanError, match="Stage 0: the plan has 1 instruction"):
+        pipeline.choice_of([freqs[0][:1], *freqs[1:]])
 
 
 def test_an_exhausted_budget_returns_the_plan_unchanged_and_incomplete():
     profile = load_profile(shipped_profile_path("gpt3-xl_a100_4stage"))
     schedule = make_schedule("1f1b", 4, 4)
-    problem = SolverProblem.build(profile, schedule, p2p_power_w=P_BLOCK)
-    start = problem.max_frequency_choice()
+    pipeline = PipelineProblem(profile, schedule, P_BLOCK)
+    problem = pipeline.solver
+    start = problem.reference_choice()
     result = polish_plan(problem, start, budget_s=0.0)
     assert not result.complete and result.windows == 0
     assert np.array_equal(result.choice, start)

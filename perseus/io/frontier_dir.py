@@ -1,0 +1,142 @@
+"""Frontier directories: ``frontier.csv`` and one plan file per point under ``plans/``.
+
+``frontier.csv`` has the columns `FRONTIER_COLUMNS` (``index,iteration_time,energy,
+lower_bound,plan``), one row per point, fastest first; ``plan`` is the point's plan file
+relative to the directory (``plans/plan_NNNNN.json``, written by `perseus.io.plan_file`).
+`perseus.planning.Frontier` writes and reads whole frontiers through this module; `perseus
+choose` and the plot read only the table.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from perseus.domain.plan import Plan
+from perseus.errors import PlanError
+from perseus.io.plan_file import load_plan, save_plan
+
+__all__ = [
+    "FRONTIER_COLUMNS",
+    "FrontierRow",
+    "FrontierTable",
+    "read_frontier_dir",
+    "read_frontier_table",
+    "write_frontier_dir",
+]
+
+FRONTIER_COLUMNS = ("index", "iteration_time", "energy", "lower_bound", "plan")
+
+
+class FrontierRow(NamedTuple):
+    """One point to write: its numbers and its plan."""
+
+    iteration_time: float
+    energy: float
+    lower_bound: float
+    plan: Plan
+
+
+def write_frontier_dir(out_dir: str | os.PathLike[str], rows: Sequence[FrontierRow]) -> Path:
+    """Write ``frontier.csv`` and ``plans/plan_NNNNN.json`` (one plan file per row, old
+    plan files removed first); returns the path of ``frontier.csv``."""
+    out = Path(out_dir)
+    plans = out / "plans"
+    plans.mkdir(parents=True, exist_ok=True)
+    for old in plans.glob("plan_*.json"):
+        old.unlink()
+    table = []
+    for k, row in enumerate(rows):
+        rel = f"plans/plan_{k:05d}.json"
+        save_plan(row.plan, out / rel)
+        table.append((k, repr(row.iteration_time), repr(row.energy), repr(row.lower_bound), rel))
+    tmp = out / "frontier.csv.tmp"
+    with tmp.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(FRONTIER_COLUMNS)
+        writer.writerows(table)
+    tmp.replace(out / "frontier.csv")
+    return out / "frontier.csv"
+
+
+def read_frontier_dir(out_dir: str | os.PathLike[str]) -> list[FrontierRow]:
+    """Read a frontier written by `write_frontier_dir`, rows in ``index`` order whatever the
+    file's row order (see `read_frontier_table`); plans are validated on load."""
+    out = Path(out_dir)
+    table = read_frontier_table(out)
+    return [
+        FrontierRow(t_s, e_j, lb_j, load_plan(out / rel))
+        for t_s, e_j, lb_j, rel in zip(
+            table.iteration_time, table.energy, table.lower_bound, table.plan, strict=True
+        )
+    ]
+
+
+class FrontierTable(NamedTuple):
+    """The columns of a ``frontier.csv`` (see `FRONTIER_COLUMNS`), rows in ``index`` order."""
+
+    index: list[int]
+    iteration_time: list[float]
+    energy: list[float]
+    lower_bound: list[float]
+    plan: list[str]
+    """Plan paths relative to the frontier's directory."""
+
+
+def read_frontier_table(out_dir: str | os.PathLike[str]) -> FrontierTable:
+    """Read and check ``DIR/frontier.csv`` without loading its plans.
+
+    Rows come back sorted by ``index`` (stable), whatever their order in the file, so that
+    every reader (`perseus choose`, `read_frontier_dir`, the plot) breaks ties the same way.
+
+    Raises `PlanError` naming the file (and line) when it is missing, not a CSV, lacks a
+    column, lists no plans, or has a value that is not a finite number or a plan path.
+    """
+    path = Path(out_dir) / "frontier.csv"
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None) or []
+            rows = list(reader)
+    except OSError as exc:
+        raise PlanError(
+            f"Cannot read frontier {str(path)!r}: {exc.strerror or exc}; run "
+            f"`perseus solve ... --out {out_dir}` first"
+        ) from exc
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise PlanError(f"{str(path)!r} is not a frontier CSV ({exc})") from None
+    missing = [c for c in FRONTIER_COLUMNS if c not in header]
+    if missing:
+        raise PlanError(
+            f"{str(path)!r} lacks column(s) {', '.join(missing)}; expected "
+            f"{','.join(FRONTIER_COLUMNS)}"
+        )
+    if not rows:
+        raise PlanError(f"{str(path)!r} lists no plans")
+    where = {c: header.index(c) for c in FRONTIER_COLUMNS}
+    columns: dict[str, list] = {c: [] for c in FRONTIER_COLUMNS}
+    for line, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise PlanError(
+                f"{str(path)!r} line {line} has {len(row)} field(s), the header {len(header)}"
+            )
+        for column in FRONTIER_COLUMNS[:-1]:
+            text = row[where[column]]
+            try:
+                value = float(text)
+            except ValueError:
+                value = math.nan
+            if not math.isfinite(value) or (column == "index" and value != int(value)):
+                kind = "an integer" if column == "index" else "a finite number"
+                raise PlanError(f"{str(path)!r} line {line}: {column} must be {kind}, got {text!r}")
+            columns[column].append(int(value) if column == "index" else value)
+        plan = row[where["plan"]].strip()
+        if not plan:
+            raise PlanError(f"{str(path)!r} line {line}: no plan path")
+        columns["plan"].append(plan)
+    order = sorted(range(len(rows)), key=columns["index"].__getitem__)
+    return FrontierTable(**{c: [values[k] for k in order] for c, values in columns.items()})

@@ -1,0 +1,292 @@
+"""The frontier of one pipeline: the generic solver's points as domain plans.
+
+`solve_frontier` lays the profile and schedule out for the solver
+(`perseus.planning.problem.PipelineProblem`), runs `perseus.solver.compute_frontier` and
+turns every point's option choice back into per-stage frequencies. `Frontier.write` and
+`Frontier.read` go through `perseus.io.frontier_dir`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from perseus.domain.plan import Evaluation, Plan
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import PipelineSchedule
+from perseus.errors import ScheduleError, SolverError
+from perseus.io.frontier_dir import FrontierRow, read_frontier_dir, write_frontier_dir
+from perseus.memory import memory_shortfall
+from perseus.planning.problem import PipelineProblem
+from perseus.solver.frontier import compute_frontier
+from perseus.solver.lp import LPCurve
+
+__all__ = ["Frontier", "FrontierPoint", "check_frontier_memory", "choose_index", "solve_frontier"]
+
+_TIME_RTOL = 1e-9
+_BYTES_PER_INSTRUCTION = 100 * 1024
+"""Peak memory of a whole-frontier solve per instruction, measured at 8×64 and 8×512 (it
+grows slowly with size, so this is a floor)."""
+
+
+def choose_index(
+    times_s: Sequence[float],
+    energies_j: Sequence[float],
+    *,
+    max_slowdown: float | None = None,
+    deadline_s: float | None = None,
+) -> int:
+    """Index of the minimum-energy point with ``T ≤ (1 + max_slowdown)·T_fastest`` or ``T ≤ deadline_s``.
+
+    The one choice rule, used by `Frontier.choose` and by `perseus choose` (which reads only
+    ``frontier.csv``). Points are fastest first; ties in energy go to the faster point.
+    """
+    if (max_slowdown is None) == (deadline_s is None):
+        raise SolverError("Pass exactly one of max_slowdown= or deadline_s= to choose a plan")
+    if not times_s:
+        raise SolverError("The frontier has no points")
+    fastest = times_s[0]
+    if max_slowdown is not None:
+        if not (math.isfinite(max_slowdown) and max_slowdown >= 0):
+            raise SolverError(
+                f"max_slowdown must be a finite fraction >= 0 (0.05 = 5 % slower), got {max_slowdown!r}"
+            )
+        limit = fastest * (1 + max_slowdown)
+    else:
+        assert deadline_s is not None
+        if not math.isfinite(deadline_s):
+            raise SolverError(f"deadline_s must be a finite number of seconds, got {deadline_s!r}")
+        limit = deadline_s
+    fits = [k for k, t in enumerate(times_s) if t <= limit * (1 + _TIME_RTOL)]
+    if not fits:
+        raise SolverError(
+            f"No plan meets an iteration time of {limit:.6f} s: the fastest plan takes "
+            f"{fastest:.6f} s (all GPUs at maximum frequency); relax the deadline"
+        )
+    return min(fits, key=lambda k: energies_j[k])
+
+
+class FrontierPoint:
+    """One plan of the frontier: its exact time and energy, the LP bound, its frequencies.
+
+    `frequencies` is per stage, in that stage's execution order (the plan-file layout).
+    """
+
+    __slots__ = ("_freqs", "compute_energy_j", "energy_j", "iteration_time_s", "lower_bound_j")
+
+    def __init__(
+        self,
+        iteration_time_s: float,
+        energy_j: float,
+        lower_bound_j: float,
+        frequencies: Sequence[Sequence[int]],
+        *,
+        compute_energy_j: float = math.nan,
+    ):
+        self.iteration_time_s = float(iteration_time_s)
+        self.energy_j = float(energy_j)
+        self.lower_bound_j = float(lower_bound_j)
+        self.compute_energy_j = float(compute_energy_j)
+        # Compact storage: frontiers of big pipelines hold thousands of plans.
+        self._freqs = tuple(np.asarray(f, dtype=np.int32) for f in frequencies)
+
+    @property
+    def frequencies(self) -> list[list[int]]:
+        """Per stage, the frequency (MHz) of each instruction in execution order."""
+        return [f.tolist() for f in self._freqs]
+
+    @property
+    def gap(self) -> float:
+        """Relative energy above the LP lower bound."""
+        return self.energy_j / self.lower_bound_j - 1 if self.lower_bound_j > 0 else math.nan
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FrontierPoint):
+            return NotImplemented
+        return (
+            self.iteration_time_s == other.iteration_time_s
+            and self.energy_j == other.energy_j
+            and self.lower_bound_j == other.lower_bound_j
+            and len(self._freqs) == len(other._freqs)
+            and all(np.array_equal(a, b) for a, b in zip(self._freqs, other._freqs, strict=True))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"FrontierPoint(iteration_time_s={self.iteration_time_s:.6f}, "
+            f"energy_j={self.energy_j:.3f}, lower_bound_j={self.lower_bound_j:.3f})"
+        )
+
+
+class Frontier:
+    """A Pareto set of plans, fastest first. Build with `solve_frontier` or `Frontier.read`."""
+
+    def __init__(
+        self,
+        points: list[FrontierPoint],
+        *,
+        schedule: PipelineSchedule,
+        p2p_power_w: float,
+        lp_curve: LPCurve | None = None,
+        stats: dict[str, float] | None = None,
+    ):
+        if not points:
+            raise SolverError("A frontier needs at least one point")
+        self.points = points
+        self.schedule = schedule
+        self.p2p_power_w = float(p2p_power_w)
+        self.lp_curve = lp_curve
+        self.stats = dict(stats or {})
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __repr__(self) -> str:
+        return (
+            f"Frontier({len(self.points)} points, T {self.points[0].iteration_time_s:.4f}"
+            f"..{self.points[-1].iteration_time_s:.4f} s)"
+        )
+
+    # ------------------------------------------------------------------ choosing
+    def choose(
+        self, *, max_slowdown: float | None = None, deadline_s: float | None = None
+    ) -> FrontierPoint:
+        """The minimum-energy plan with ``T ≤ (1 + max_slowdown)·T_fastest`` or ``T ≤ deadline_s``.
+
+        Times are compared with a relative tolerance of 1e-9.
+        """
+        k = choose_index(
+            [p.iteration_time_s for p in self.points],
+            [p.energy_j for p in self.points],
+            max_slowdown=max_slowdown,
+            deadline_s=deadline_s,
+        )
+        return self.points[k]
+
+    # ------------------------------------------------------------------ files
+    def write(self, out_dir: str | os.PathLike[str]) -> Path:
+        """Write ``frontier.csv`` and ``plans/plan_NNNNN.json`` (one Plan file per point)."""
+        rows = []
+        for p in self.points:
+            compute = p.compute_energy_j if math.isfinite(p.compute_energy_j) else math.nan
+            evaluation = Evaluation(
+                iteration_time_s=p.iteration_time_s,
+                energy_j=p.energy_j,
+                compute_energy_j=compute,
+                blocking_energy_j=p.energy_j - compute,
+            )
+            plan = Plan.from_frequencies(
+                self.schedule, p.frequencies, p2p_power_w=self.p2p_power_w, evaluation=evaluation
+            )
+            rows.append(FrontierRow(p.iteration_time_s, p.energy_j, p.lower_bound_j, plan))
+        return write_frontier_dir(out_dir, rows)
+
+    @classmethod
+    def read(cls, out_dir: str | os.PathLike[str]) -> Frontier:
+        """Read a frontier written by `write` (plans are validated on load), points in
+        ``index`` order whatever the file's row order (see `read_frontier_table`)."""
+        rows = read_frontier_dir(out_dir)
+        schedule = rows[0].plan.pipeline_schedule()  # the table has at least one row
+        points = [
+            FrontierPoint(
+                row.iteration_time,
+                row.energy,
+                row.lower_bound,
+                row.plan.stage_frequencies(),
+                compute_energy_j=math.nan,
+            )
+            for row in rows
+        ]
+        return cls(points, schedule=schedule, p2p_power_w=rows[0].plan.p2p_power)
+
+
+def check_frontier_memory(num_instructions: int, schedule_name: str) -> None:
+    """Refuse a frontier that cannot fit in this machine's available memory.
+
+    `solve_frontier` calls it first; `perseus solve` (before building the schedule) and the
+    `Perseus` scheduler (at registration) call it earlier, so that a job too big to solve
+    fails at once instead of after a schedule build or a profiling sweep.
+
+    Raises:
+        SolverError: ``num_instructions`` × ~100 KB is more than the available memory.
+    """
+    short = memory_shortfall(
+        num_instructions * _BYTES_PER_INSTRUCTION,
+        f"The frontier of {num_instructions:,} instructions ({schedule_name})",
+    )
+    if short:
+        raise SolverError(f"{short}; solve fewer microbatches or stages")
+
+
+def solve_frontier(
+    profile: InstructionProfile,
+    schedule: PipelineSchedule,
+    *,
+    p2p_power_w: float,
+    progress: Callable[[float], None] | None = None,
+    resolution_s: float | None = None,
+    max_points: int | None = 500,
+) -> Frontier:
+    """Compute the time–energy frontier of one pipeline (`perseus.solver.frontier`).
+
+    Args:
+        profile: Profiled time and energy of every (stage, instruction, frequency).
+        schedule: The pipeline schedule whose DAG is planned.
+        p2p_power_w: Power a GPU draws while blocked on P2P communication or idle.
+        progress: Called with the fraction done (0..1) as the sweep proceeds.
+        resolution_s: Time spacing of the plans built between LP breakpoints (and in
+            any wider hole of the Pareto set); default ``(T_slowest − T_fast) / 2000``.
+        max_points: Keep at most this many points (spread evenly in time, fastest and
+            slowest always kept); ``None`` keeps the whole Pareto set.
+    """
+    t0 = time.perf_counter()
+    if max_points is not None and max_points < 2:
+        raise SolverError(f"max_points must be at least 2 (or None for all), got {max_points!r}")
+    check_frontier_memory(schedule.num_instructions, schedule.name)
+    if not np.isfinite(p2p_power_w) or p2p_power_w < 0:
+        raise SolverError(
+            f"The blocking (P2P) power must be a finite number of watts >= 0, got {p2p_power_w!r}"
+        )
+    try:
+        problem = PipelineProblem(profile, schedule, p2p_power_w)
+    except ScheduleError as exc:
+        raise SolverError(str(exc)) from exc
+    solution = compute_frontier(
+        problem.solver, progress=progress, resolution_s=resolution_s, max_points=max_points
+    )
+    # Every kept plan's frequencies at once (n, points), split per stage below: one
+    # gather instead of a Python list per plan (thousands of plans on big pipelines).
+    freqs = problem.solver.choices_to_labels(solution.choice).astype(np.int32)
+    points = [
+        FrontierPoint(
+            float(t_s),
+            float(e_j),
+            float(lb_j),
+            [freqs[stage, j] for stage in problem.stage_index],
+            compute_energy_j=float(c_j),
+        )
+        for j, (t_s, e_j, lb_j, c_j) in enumerate(
+            zip(
+                solution.time_s,
+                solution.energy_j,
+                solution.lower_bound_j,
+                solution.compute_energy_j,
+                strict=True,
+            )
+        )
+    ]
+    stats = {**solution.stats, "wall_s": time.perf_counter() - t0}
+    return Frontier(
+        points,
+        schedule=schedule,
+        p2p_power_w=p2p_power_w,
+        lp_curve=solution.lp_curve,
+        stats=stats,
+    )

@@ -1,0 +1,228 @@
+"""The adapter between the domain (profile, schedule, plans) and the generic solver.
+
+`PipelineProblem` lays one (profile, schedule, blocking power) out as a
+`perseus.solver.SolverProblem`: the instructions are the nodes (numbered in the
+schedule's topological order), the DAG's edges are the edges, every (stage, kind, chunk)
+is an option type whose options are the profiled frequencies (label = MHz), and the
+stages are the resources. It maps per-stage frequency lists to option indices and back.
+
+Every number a plan is reported with comes from the solver's exact scoring
+(`SolverProblem.account`), the project's one accounting implementation:
+
+- iteration time ``T`` = the longest path of the instruction DAG, each instruction taking
+  its profiled time at its planned frequency;
+- energy of one pipeline ``E = Σ eᵢ + P_block · (S·T − Σ tᵢ)``: the profiled energy of every
+  instruction, plus the power ``P_block`` each of the S GPUs draws while it is not computing
+  (blocked on P2P communication or idle in a pipeline bubble) for the rest of the iteration.
+
+The domain cannot import the solver (layers: errors → domain → io / solver → planning), so
+`evaluate`, `timeline` and `make_plan` here are how the schedulers, the CLI, the demo and
+the server score plans.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from perseus.domain.plan import Evaluation, Plan, ScheduledInstruction, check_plan_shape
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import Instruction, PipelineSchedule
+from perseus.errors import PlanError
+from perseus.solver.problem import OptionTable, SolverProblem
+
+__all__ = [
+    "PipelineProblem",
+    "evaluate",
+    "evaluate_plan",
+    "make_plan",
+    "max_frequencies",
+    "pipeline_problem",
+    "stage_busy_s",
+    "timeline",
+]
+
+
+class PipelineProblem:
+    """The solver's problem for one (profile, schedule, blocking power), and the way back.
+
+    Raises `ScheduleError` when the profile does not fit the schedule, `SolverError` for a
+    blocking power that is not a finite number of watts >= 0.
+    """
+
+    def __init__(self, profile: InstructionProfile, schedule: PipelineSchedule, p2p_power_w: float):
+        schedule.check_profile(profile)
+        self.profile = profile
+        self.schedule = schedule
+        self.p2p_power_w = float(p2p_power_w)
+        instructions = schedule.instructions()
+        index = {instr: k for k, instr in enumerate(instructions)}
+        type_index: dict[tuple[int, str, int], int] = {}
+        type_kinds: list[str] = []
+        options: list[OptionTable] = []
+        type_of = np.empty(len(instructions), dtype=np.int64)
+        for k, instr in enumerate(instructions):
+            key = (instr.stage, instr.kind, instr.chunk)
+            if key not in type_index:
+                type_index[key] = len(options)
+                o = schedule.options(profile, instr)
+                options.append(OptionTable(o.time_s, o.energy_j, o.freq_mhz))
+                type_kinds.append(instr.kind)
+            type_of[k] = type_index[key]
+        edges = [(index[u], index[v]) for u, v in schedule.dag().edges()]
+        stage_index = [np.array([index[i] for i in o], dtype=np.int64) for o in schedule.orders]
+        # The staggered dithering's lead ramps in over the first min(S, M) microbatches
+        # (`perseus.solver.frontier.staggered_lead`).
+        microbatch = np.array([ins.microbatch for ins in instructions], dtype=float)
+        ramp_length = min(len(stage_index), int(microbatch.max()) + 1) if len(microbatch) else 1
+        self.instructions: list[Instruction] = instructions
+        self.stage_index = stage_index
+        self._lookup: list[dict[int, int]] | None = None
+        self.solver = SolverProblem.build(
+            edges=edges,
+            type_of=type_of,
+            options=options,
+            resources=stage_index,
+            p2p_power_w=self.p2p_power_w,
+            lead_ramp=np.minimum(1.0, (microbatch + 1) / ramp_length),
+        )
+
+    # ------------------------------------------------------------------ plans ↔ choices
+    def choice_of(self, frequencies: list[list[int]]) -> np.ndarray:
+        """Option indices ``(n,)`` of a plan given per stage, in execution order.
+
+        Raises `PlanError` when the plan's shape does not fit the schedule or a frequency
+        was not profiled for its instruction.
+        """
+        check_plan_shape(self.schedule, frequencies)
+        pb = self.solver
+        if self._lookup is None:
+            lookup: list[dict[int, int]] = []
+            for o in pb.type_options:
+                first: dict[int, int] = {}
+                for k, f in enumerate(o.label):
+                    first.setdefault(int(f), k)
+                lookup.append(first)
+            self._lookup = lookup
+        choice = np.empty(pb.n, dtype=np.int64)
+        for stage, (idx, freqs) in enumerate(zip(self.stage_index, frequencies, strict=True)):
+            for i, freq in zip(idx, freqs, strict=True):
+                k = self._lookup[pb.type_of[i]].get(int(freq))
+                if k is None:
+                    labels = pb.type_options[pb.type_of[i]].label
+                    raise PlanError(
+                        f"Stage {stage}: {self.instructions[i].kind} at {freq} MHz is not in "
+                        f"the profile (profiled {int(labels.min())}..{int(labels.max())} MHz)"
+                    )
+                choice[i] = k
+        return choice
+
+    def frequencies_of(self, choice: np.ndarray) -> list[list[int]]:
+        """One plan's option indices ``(n,)`` as per-stage frequency lists."""
+        freq = self.solver.choices_to_labels(choice)
+        return [[int(f) for f in freq[idx]] for idx in self.stage_index]
+
+    # ------------------------------------------------------------------ accounting
+    def evaluate(self, frequencies: list[list[int]]) -> Evaluation:
+        """Exact iteration time and energy of a plan (per stage, execution order)."""
+        T, E, C, B = self.solver.account(self.choice_of(frequencies)[:, None])
+        return Evaluation(float(T[0]), float(E[0]), float(C[0]), float(B[0]))
+
+    def timeline(self, frequencies: list[list[int]]) -> list[ScheduledInstruction]:
+        """Every instruction at its earliest start, in the schedule's topological order."""
+        choice = self.choice_of(frequencies)
+        time_s, energy_j = self.solver.choices_to_arrays(choice)
+        start, finish = self.solver.start_finish(time_s)
+        freq = self.solver.choices_to_labels(choice)
+        return [
+            ScheduledInstruction(ins, int(f), float(s), float(t), float(e))
+            for ins, f, s, t, e in zip(
+                self.instructions, freq, start, finish, energy_j, strict=True
+            )
+        ]
+
+    def stage_busy_s(self, frequencies: list[list[int]]) -> list[float]:
+        """Per stage, the plan's total computation time (exactly rounded sums)."""
+        time_s, _ = self.solver.choices_to_arrays(self.choice_of(frequencies))
+        return [math.fsum(time_s[idx]) for idx in self.stage_index]
+
+
+_CACHE_SIZE = 8
+_cache: list[PipelineProblem] = []
+_cache_lock = threading.Lock()
+
+
+def pipeline_problem(
+    profile: InstructionProfile, schedule: PipelineSchedule, p2p_power_w: float
+) -> PipelineProblem:
+    """A `PipelineProblem`, reused for the same profile and schedule objects and power.
+
+    Scoring plans one at a time (the schedulers, the CLI, the tests) would otherwise lay
+    the same DAG out again for every plan. Profiles and schedules are never mutated; the
+    few most recent problems are kept (with their profile and schedule, so that the
+    identity comparison cannot meet a recycled object).
+    """
+    p2p = float(p2p_power_w)
+    with _cache_lock:
+        for k, pp in enumerate(_cache):
+            if pp.profile is profile and pp.schedule is schedule and pp.p2p_power_w == p2p:
+                _cache.append(_cache.pop(k))
+                return pp
+    pp = PipelineProblem(profile, schedule, p2p)
+    with _cache_lock:
+        _cache.append(pp)
+        del _cache[:-_CACHE_SIZE]
+    return pp
+
+
+def evaluate(
+    profile: InstructionProfile,
+    schedule: PipelineSchedule,
+    frequencies: list[list[int]],
+    p2p_power_w: float,
+) -> Evaluation:
+    """Exact iteration time and energy of a plan (`frequencies`: per stage, execution order)."""
+    return pipeline_problem(profile, schedule, p2p_power_w).evaluate(frequencies)
+
+
+def evaluate_plan(profile: InstructionProfile, plan: Plan) -> Evaluation:
+    """Re-score a plan file against a profile (at the plan's own blocking power)."""
+    return evaluate(profile, plan.pipeline_schedule(), plan.stage_frequencies(), plan.p2p_power)
+
+
+def timeline(
+    profile: InstructionProfile, schedule: PipelineSchedule, frequencies: list[list[int]]
+) -> list[ScheduledInstruction]:
+    """Place every instruction at its earliest start (in a topological order of the DAG)."""
+    return pipeline_problem(profile, schedule, 0.0).timeline(frequencies)
+
+
+def stage_busy_s(
+    profile: InstructionProfile, schedule: PipelineSchedule, frequencies: list[list[int]]
+) -> list[float]:
+    """Per stage, the plan's total computation time (s)."""
+    return pipeline_problem(profile, schedule, 0.0).stage_busy_s(frequencies)
+
+
+def make_plan(
+    profile: InstructionProfile,
+    schedule: PipelineSchedule,
+    frequencies: list[list[int]],
+    p2p_power_w: float,
+) -> Plan:
+    """A plan file's model for `frequencies`, with its exact time and energy."""
+    evaluation = evaluate(profile, schedule, frequencies, p2p_power_w)
+    return Plan.from_frequencies(
+        schedule, frequencies, p2p_power_w=p2p_power_w, evaluation=evaluation
+    )
+
+
+def max_frequencies(profile: InstructionProfile, schedule: PipelineSchedule) -> list[list[int]]:
+    """The all-maximum-frequency plan (each instruction at its highest profiled frequency)."""
+    schedule.check_profile(profile)
+    return [
+        [int(schedule.options(profile, i).freq_mhz.max()) for i in order]
+        for order in schedule.orders
+    ]
