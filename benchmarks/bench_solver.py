@@ -6,7 +6,7 @@ Usage::
                                       [--no-lowtime] [--perturb SIGMA]
 
 For every size ``SxM`` it builds the synchronous 1F1B schedule with S stages and M
-microbatches, times `perseus.solver.solve_frontier` (whole Pareto set kept), times
+microbatches, times `perseus.planning.solve_frontier` (whole Pareto set kept), times
 lowtime's Phillips–Dessouky solver on the same DAG (`lowtime_baseline.py`, 1 ms time
 unit, exponential cost model, P_block-adjusted costs, as in lowtime's Perseus example),
 and scores *both* solvers' plans with the same exact accounting (`perseus.planning.evaluate`'s

@@ -7,9 +7,9 @@ Optional hooks the coordinator uses when a scheduler has them:
 
 - ``on_straggler(dp_rank: int, slowdown: float) -> None``: a data-parallel pipeline was
   announced slow (``POST /straggler/{job_id}``); without it the announcement is a 400.
-- ``deployed_plan() -> perseus.plan.Plan | None``: the plan the scheduler has chosen for the
+- ``deployed_plan() -> perseus.domain.plan.Plan | None``: the plan the scheduler has chosen for the
   job; the coordinator persists it as ``deployed_plan.json`` when `dump_data` is on.
-- ``resume(plan: perseus.plan.Plan) -> None``: a restarted coordinator found the job's
+- ``resume(plan: perseus.domain.plan.Plan) -> None``: a restarted coordinator found the job's
   ``deployed_plan.json``; the scheduler goes straight back to running that plan.
 
 Scheduler arguments (``PERSEUS_SCHEDULER_ARGS``) are the constructor's keyword parameters

@@ -17,7 +17,7 @@ __all__ = ["PointSolution"]
 
 
 class PointSolution(PipelineScheduler):
-    """Deploy the plan JSON at `solution_path` (`perseus.plan.Plan`, data, never code).
+    """Deploy the plan JSON at `solution_path` (`perseus.domain.plan.Plan`, data, never code).
 
     The plan is validated against the job when the scheduler is built: its stage count must
     equal pp_degree, its schedule/microbatches must match, and every frequency must be

@@ -3,7 +3,7 @@
 Our own loop rather than `torch.distributed.pipelining`: that package runs each
 microbatch's forward and backward inside its schedule objects, with no public per-action
 callback to wrap them in the Perseus hook, and its action order is its own. Here the
-instruction order of every stage is `perseus.dag.make_schedule("1f1b", S, M).orders[stage]`,
+instruction order of every stage is `perseus.domain.schedule.make_schedule("1f1b", S, M).orders[stage]`,
 the very order the coordinator's schedulers plan for.
 
 Messages: activations go stage s → s+1 and gradients s+1 → s, tagged by microbatch; sends
