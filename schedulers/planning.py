@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from perseus.domain.plan import DEFAULT_P2P_POWER_W, Plan
+from perseus.domain.kinds import DEFAULT_P2P_POWER_W
+from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
 from perseus.io.profile_csv import load_profile
 from schedulers.pipeline import PipelineScheduler, StagePlan

@@ -12,11 +12,8 @@ import typer
 from rich.table import Table
 
 from perseus.cli._common import cli_errors, console, fraction_progress, resolve_profile_path
-from perseus.domain.plan import DEFAULT_P2P_POWER_W, Plan
-from perseus.domain.schedule import SCHEDULES, instructions_per_stage, make_schedule, schedule_name
+from perseus.domain.kinds import DEFAULT_P2P_POWER_W, SCHEDULES
 from perseus.errors import PerseusError
-from perseus.io.plan_file import load_plan, save_plan
-from perseus.io.profile_csv import load_profile
 
 __all__ = ["choose", "evaluate_plan", "polish", "solve"]
 
@@ -45,6 +42,10 @@ def solve(
     plots: Annotated[bool, typer.Option(help="Also write frontier.png and timeline PNGs.")] = True,
 ) -> None:
     """Compute the whole iteration-time vs energy frontier and write one plan per point."""
+    from perseus.domain.schedule import instructions_per_stage, make_schedule, schedule_name
+    from perseus.io.plan_file import load_plan
+    from perseus.io.profile_csv import load_profile
+
     if p2p_power < 0:
         raise PerseusError(f"--p2p-power must be non-negative, got {p2p_power}")
     if out.exists() and not out.is_dir():  # say so now, not after a long solve
@@ -137,6 +138,8 @@ def evaluate_plan(
     plan: Annotated[Path, typer.Argument(help="Plan JSON file.")],
 ) -> None:
     """Score a plan exactly against a profile; prints JSON."""
+    from perseus.io.plan_file import load_plan
+    from perseus.io.profile_csv import load_profile
     from perseus.planning import evaluate_plan
 
     prof = load_profile(resolve_profile_path(profile))
@@ -205,6 +208,9 @@ def polish(
 
     Takes minutes on large pipelines: meant for the plan you deploy, not a whole frontier.
     """
+    from perseus.domain.plan import Plan
+    from perseus.io.plan_file import load_plan, save_plan
+    from perseus.io.profile_csv import load_profile
     from perseus.planning import PipelineProblem, evaluate
     from perseus.solver.lp import solve_lp_curve
     from perseus.solver.polish import polish_plan

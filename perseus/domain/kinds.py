@@ -1,8 +1,17 @@
-"""Instruction kinds: what one pipeline instruction of one microbatch does."""
+"""The domain's names and constants, importable without numpy: instruction kinds, schedule
+names, the default blocking power."""
 
 from __future__ import annotations
 
-__all__ = ["INSTRUCTIONS"]
+__all__ = ["DEFAULT_P2P_POWER_W", "INSTRUCTIONS", "SCHEDULES"]
 
 INSTRUCTIONS = ("forward", "backward")
 """The instruction kinds a profile holds and a schedule orders, in profile order."""
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+"""The built-in pipeline schedules (`perseus.domain.schedule.make_schedule`)."""
+
+DEFAULT_P2P_POWER_W = 70.38
+"""Power (W) a GPU draws while blocked on P2P communication, when nothing better is known:
+the A40 measurement published with Perseus. `perseus solve` defaults to it, and the online
+schedulers fall back to it when no rank ever had idle time to measure it."""

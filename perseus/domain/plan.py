@@ -30,17 +30,11 @@ from perseus.domain.schedule import (
 from perseus.errors import PlanError
 
 __all__ = [
-    "DEFAULT_P2P_POWER_W",
     "Evaluation",
     "Plan",
     "ScheduledInstruction",
     "check_plan_shape",
 ]
-
-DEFAULT_P2P_POWER_W = 70.38
-"""Power (W) a GPU draws while blocked on P2P communication, when nothing better is known:
-the A40 measurement published with Perseus. `perseus solve` defaults to it, and the online
-schedulers fall back to it when no rank ever had idle time to measure it."""
 
 PLAN_FORMAT_VERSION = 1
 

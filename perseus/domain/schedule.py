@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Literal
 
 import networkx as nx
 
+from perseus.domain.kinds import SCHEDULES
 from perseus.errors import ScheduleError
 from perseus.memory import memory_shortfall
 
@@ -45,7 +46,6 @@ __all__ = [
     "schedule_name",
 ]
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
 Kind = Literal["forward", "backward"]
 
 
