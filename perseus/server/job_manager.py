@@ -26,7 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from perseus.domain.plan import Plan
-from perseus.errors import CoordinatorError, JobNotFoundError, PerseusError
+from perseus.errors import (
+    CoordinatorError,
+    InvalidJobError,
+    InvalidRankError,
+    JobFailedError,
+    JobNotFoundError,
+    PerseusError,
+    RankConflictError,
+    RoundTimeoutError,
+    SchedulerFailedError,
+)
 from perseus.io.atomic import atomic_write_text
 from perseus.io.plan_file import load_plan
 from perseus.protocol import (
@@ -39,15 +49,7 @@ from perseus.protocol import (
     save_ranks,
     save_sched,
 )
-from perseus.server.errors import (
-    InvalidJobError,
-    InvalidRankError,
-    JobFailedError,
-    RankConflictError,
-    RoundTimeoutError,
-    SchedulerFailedError,
-    scheduler_error_status,
-)
+from perseus.server.errors import scheduler_error_status
 from perseus.settings import PerseusSettings, resolve_scheduler
 from schedulers.base import FrequencyScheduler, build_scheduler
 
@@ -182,7 +184,7 @@ class Job:
     def check_usable(self) -> None:
         """Raise the job's failure if it failed."""
         if self.failure is not None:
-            raise JobFailedError(str(self.failure), status_code=self.failure.status_code)
+            raise JobFailedError(str(self.failure), status_code=self.failure.status)
 
     def check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.info.world_size:
@@ -194,7 +196,7 @@ class Job:
     def fail(self, error: CoordinatorError, *, later_status: int | None = None) -> None:
         """Mark the job failed; later calls get `error`'s message with `later_status`."""
         if self.failure is None:
-            status = later_status if later_status is not None else error.status_code
+            status = later_status if later_status is not None else error.status
             self.failure = JobFailedError(str(error), status_code=status)
             self.state = JobState.FAILED
             logger.error("Job %s failed: %s", self.job_id, error)
@@ -311,7 +313,7 @@ class Job:
         )
         if unregistered:
             message += f"; rank(s) {ranks_text(unregistered)} never registered"
-        error = RoundTimeoutError(message, status_code=504)
+        error = RoundTimeoutError(message)
         self.fail(error, later_status=409)
         _fail_round(rnd, error)
 
@@ -440,8 +442,7 @@ class JobManager:
         except KeyError:
             raise JobNotFoundError(
                 f"Unknown job id {job_id!r}: register the job first (POST /register_job); "
-                "jobs idle longer than max_job_idle_time are evicted",
-                status_code=404,
+                "jobs idle longer than max_job_idle_time are evicted"
             ) from None
 
     def _new_job(self, info: JobInfo, scheduler_cls: type, args: dict[str, Any]) -> Job:
@@ -492,7 +493,7 @@ class JobManager:
             if job.busy or now - job.last_active <= self.settings.max_job_idle_time:
                 continue
             del self.jobs[job_id]
-            job.close(JobNotFoundError(f"Job {job_id} was evicted (idle)", status_code=404))
+            job.close(JobNotFoundError(f"Job {job_id} was evicted (idle)"))
             if job.dump_dir is not None and job.dump_dir.is_dir():
                 with contextlib.suppress(OSError):
                     (job.dump_dir / EVICTED_MARKER).write_text("idle\n")
