@@ -50,8 +50,9 @@ from perseus.protocol import (
     save_sched,
 )
 from perseus.server.errors import scheduler_error_status
-from perseus.settings import PerseusSettings, resolve_scheduler
+from perseus.settings import PerseusSettings
 from schedulers.base import FrequencyScheduler, build_scheduler
+from schedulers.registry import resolve_scheduler, scheduler_ref
 
 __all__ = ["Job", "JobManager", "JobState", "Round", "load_job_info"]
 
@@ -114,15 +115,6 @@ def _fail_round(rnd: Round, error: BaseException) -> None:
     if not rnd.future.done():
         rnd.future.set_exception(error)
         rnd.future.exception()
-
-
-def scheduler_ref(cls: type) -> str:
-    """A name `resolve_scheduler` turns back into `cls`."""
-    import schedulers
-
-    if schedulers.SCHEDULERS.get(cls.__name__) is cls:
-        return cls.__name__
-    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def load_job_info(path: Path) -> JobInfo:
@@ -429,10 +421,14 @@ class Job:
 class JobManager:
     """All jobs of one coordinator (kept on ``app.state.job_manager``)."""
 
-    def __init__(self, settings: PerseusSettings, *, round_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, settings: PerseusSettings, scheduler_cls: type, *, round_timeout_s: float = 120.0
+    ) -> None:
         if not round_timeout_s > 0:
             raise ValueError(f"round_timeout_s must be positive, got {round_timeout_s!r}")
         self.settings = settings
+        self.scheduler_cls = scheduler_cls
+        """The class `settings.scheduler` names (resolved by `create_app`)."""
         self.round_timeout_s = round_timeout_s
         self.jobs: dict[str, Job] = {}
 
@@ -465,11 +461,11 @@ class JobManager:
                 "at most 64 characters"
             )
         info = info.model_copy()
-        info.set_job_id(self.settings.scheduler_name)
-        job = self._new_job(info, self.settings.scheduler, self.settings.scheduler_args)
+        info.set_job_id(self.scheduler_cls.__name__)
+        job = self._new_job(info, self.scheduler_cls, self.settings.scheduler_args)
         if job.dump_dir is not None:
             meta = {
-                "scheduler": scheduler_ref(self.settings.scheduler),
+                "scheduler": scheduler_ref(self.scheduler_cls),
                 "scheduler_args": self.settings.scheduler_args,
             }
             await job._dump(
@@ -528,7 +524,7 @@ class JobManager:
             scheduler_cls = resolve_scheduler(meta["scheduler"])
             args = dict(meta.get("scheduler_args", {}))
         else:
-            scheduler_cls, args = self.settings.scheduler, self.settings.scheduler_args
+            scheduler_cls, args = self.scheduler_cls, self.settings.scheduler_args
         job = self._new_job(info, scheduler_cls, args)
         try:
             rounds = [int(p.name.split(".")[0]) for p in job_dir.glob("*.sched.json")]

@@ -54,12 +54,12 @@ class Recorder(FrequencyScheduler):
         )
 
 
-def settings_for(
-    scheduler: object = Recorder, tmp_path: Path | None = None, **kw
-) -> PerseusSettings:
+def settings_for(scheduler: type = Recorder, tmp_path: Path | None = None, **kw) -> PerseusSettings:
     args = kw.pop("scheduler_args", {})
     extra = {"dump_dir": str(tmp_path / "dump"), "dump_data": True} if tmp_path else {}
-    return PerseusSettings(scheduler=scheduler, scheduler_args=args, **extra, **kw)
+    # Settings keep a name; a test's scheduler is a plugin, "module:Class".
+    name = f"{scheduler.__module__}:{scheduler.__qualname__}"
+    return PerseusSettings(scheduler=name, scheduler_args=args, **extra, **kw)
 
 
 def register(client: httpx.Client, pp: int, dp: int = 1, tp: int = 1) -> str:

@@ -41,7 +41,8 @@ def test_create_app_reads_the_environment(monkeypatch):
     monkeypatch.setenv("PERSEUS_SCHEDULER", "ZeusGlobal")
     monkeypatch.setenv("PERSEUS_SCHEDULER_ARGS", '{"num_microbatches": 4, "eta_knob": 0.3}')
     app = create_app()
-    assert app.state.settings.scheduler is SCHEDULERS["ZeusGlobal"]
+    assert app.state.settings.scheduler == "ZeusGlobal"  # settings keep the name
+    assert app.state.scheduler_cls is SCHEDULERS["ZeusGlobal"]
 
 
 @pytest.mark.parametrize(
@@ -60,6 +61,8 @@ def test_bad_scheduler_args_are_a_configuration_error(name, args, message):
 
 
 def test_create_app_checks_scheduler_args_up_front():
+    with pytest.raises(ConfigurationError, match=r"Unknown scheduler 'Nope'\. Valid names"):
+        create_app(PerseusSettings(scheduler="Nope"))
     with pytest.raises(ConfigurationError, match="needs num_microbatches"):
         create_app(PerseusSettings(scheduler="EnvPipe"))
     with pytest.raises(ValueError, match="round_timeout_s"):

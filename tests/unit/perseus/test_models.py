@@ -156,8 +156,11 @@ def test_json_dumps_round_trip(tmp_path: Path) -> None:
     assert load_prof(tmp_path, 3) == profs
 
 
-def test_settings_resolve_scheduler_and_check_args(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_settings_keep_the_scheduler_name_the_registry_resolves_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import schedulers
+    from schedulers.registry import resolve_scheduler
 
     class Dummy(schedulers.FrequencyScheduler):
         def __init__(self, job_info, rank_infos, perseus_settings, *, knob: int = 1):  # type: ignore[no-untyped-def]
@@ -170,17 +173,21 @@ def test_settings_resolve_scheduler_and_check_args(monkeypatch: pytest.MonkeyPat
             return None
 
     monkeypatch.setitem(schedulers.SCHEDULERS, "Dummy", Dummy)
-    monkeypatch.setenv("PERSEUS_SCHEDULER", "Dummy")
+    monkeypatch.setenv("PERSEUS_SCHEDULER", " Dummy ")
     monkeypatch.setenv("PERSEUS_SCHEDULER_ARGS", '{"knob": 3}')
     settings = PerseusSettings()
-    assert settings.scheduler is Dummy and settings.scheduler_args == {"knob": 3}
-    monkeypatch.setenv("PERSEUS_SCHEDULER_ARGS", '{"nope": 3}')
+    assert settings.scheduler == "Dummy" and settings.scheduler_args == {"knob": 3}
+    assert resolve_scheduler(settings.scheduler) is Dummy
+    assert schedulers.check_scheduler_args(Dummy, settings.scheduler_args) == {"knob": 3}
     with pytest.raises(ConfigurationError, match="It accepts: knob"):
-        PerseusSettings()
+        schedulers.check_scheduler_args(Dummy, {"nope": 3})
 
 
-def test_settings_unknown_scheduler_lists_valid_names() -> None:
+def test_unknown_scheduler_lists_valid_names() -> None:
+    from schedulers.registry import resolve_scheduler
+
+    assert PerseusSettings(scheduler="NoSuch").scheduler == "NoSuch"  # resolved at startup
     with pytest.raises(ConfigurationError, match=r"Unknown scheduler 'NoSuch'\. Valid names"):
-        PerseusSettings(scheduler="NoSuch")
+        resolve_scheduler("NoSuch")
     with pytest.raises(ConfigurationError, match="Cannot import scheduler plugin module"):
-        PerseusSettings(scheduler="no_such_module_xyz:Thing")
+        resolve_scheduler("no_such_module_xyz:Thing")
