@@ -3,14 +3,14 @@
 One instance per job. The coordinator calls `next_schedule()` when every rank of the job
 has asked for its next schedule (a round), and `observe()` with the round's results.
 
-Optional hooks the coordinator uses when a scheduler has them:
+Optional hooks, declared here with defaults and overridden by the schedulers that use them:
 
-- ``on_straggler(dp_rank: int, slowdown: float) -> None``: a data-parallel pipeline was
-  announced slow (``POST /straggler/{job_id}``); without it the announcement is a 400.
-- ``deployed_plan() -> perseus.plan.Plan | None``: the plan the scheduler has chosen for the
-  job; the coordinator persists it as ``deployed_plan.json`` when `dump_data` is on.
-- ``resume(plan: perseus.plan.Plan) -> None``: a restarted coordinator found the job's
-  ``deployed_plan.json``; the scheduler goes straight back to running that plan.
+- `deployed_plan()`: the plan the scheduler has chosen for the job (default None); the
+  coordinator persists it as ``deployed_plan.json`` when `dump_data` is on.
+- `resume(plan)`: a restarted coordinator found the job's ``deployed_plan.json``; the
+  scheduler goes straight back to running that plan (default: ignore it).
+- `on_straggler(dp_rank, slowdown)`: a data-parallel pipeline was announced slow
+  (``POST /straggler/{job_id}``); the default refuses (a 400).
 
 Scheduler arguments (``PERSEUS_SCHEDULER_ARGS``) are the constructor's keyword parameters
 after the first three; `check_scheduler_args` validates them against the parameters' type
@@ -26,13 +26,16 @@ import abc
 import inspect
 import typing
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from perseus.errors import ConfigurationError
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
+
+if TYPE_CHECKING:
+    from perseus.domain.plan import Plan
 
 __all__ = ["FrequencyScheduler", "build_scheduler", "check_scheduler_args"]
 
@@ -56,6 +59,24 @@ class FrequencyScheduler(abc.ABC):
     @abc.abstractmethod
     def observe(self, profiling_results: list[ProfilingResult]) -> None:
         """Ingest the results of the last round (one per rank)."""
+
+    # ------------------------------------------------------------------ optional hooks
+    def deployed_plan(self) -> Plan | None:
+        """The plan chosen for the job, if the scheduler deploys one (persisted on dumps)."""
+        return None
+
+    def resume(self, plan: Plan) -> None:  # noqa: B027 - a hook whose default is to do nothing
+        """Go back to running `plan`, persisted before a coordinator restart (default: ignore)."""
+
+    def on_straggler(self, dp_rank: int, slowdown: float) -> None:
+        """Data-parallel pipeline `dp_rank` runs `slowdown`× its normal time (1.0: recovered).
+
+        The default refuses: this scheduler does not handle straggler announcements.
+        """
+        raise ConfigurationError(
+            f"Scheduler {type(self).__name__} does not handle straggler announcements "
+            "(use PERSEUS_SCHEDULER=Perseus)"
+        )
 
 
 @cache

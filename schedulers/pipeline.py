@@ -168,10 +168,6 @@ class PipelineScheduler(FrequencyScheduler):
         """Data-parallel rank → its own stage plan for this round (default: none)."""
         return {}
 
-    def deployed_plan(self) -> Plan | None:
-        """The plan chosen for the job, if the scheduler deploys one (persisted on dumps)."""
-        return None
-
     # ------------------------------------------------------------------ FrequencyScheduler
     def next_schedule(self) -> list[FrequencySchedule]:
         if self._issued and not self._observed:

@@ -317,9 +317,7 @@ class Job:
         if results:
             self.scheduler.observe(results)
         schedules = self.scheduler.next_schedule()
-        get_plan = getattr(self.scheduler, "deployed_plan", None)
-        plan = get_plan() if callable(get_plan) else None
-        return schedules, plan
+        return schedules, self.scheduler.deployed_plan()
 
     async def _complete(self, rnd: Round) -> None:
         results = [self.results[r] for r in sorted(self.results)]
@@ -399,16 +397,9 @@ class Job:
                 f"{self.info.world_size} ranks registered",
                 status_code=409,
             )
-        hook = getattr(self.scheduler, "on_straggler", None)
-        if not callable(hook):
-            raise CoordinatorError(
-                f"Scheduler {self.scheduler_cls.__name__} does not handle straggler "
-                "announcements (use PERSEUS_SCHEDULER=Perseus)",
-                status_code=400,
-            )
         async with self.lock:
             try:
-                await asyncio.to_thread(hook, dp_rank, slowdown)
+                await asyncio.to_thread(self.scheduler.on_straggler, dp_rank, slowdown)
             except (PerseusError, ValueError) as exc:
                 raise CoordinatorError(str(exc), status_code=400) from None
 
@@ -542,10 +533,9 @@ class JobManager:
                 )
                 job.state = JobState.RUNNING
                 plan_path = job_dir / DEPLOYED_PLAN_FILE
-                resume = getattr(job.scheduler, "resume", None)
-                if plan_path.is_file() and callable(resume):
+                if plan_path.is_file():
                     plan = load_plan(plan_path)
-                    await asyncio.to_thread(resume, plan)
+                    await asyncio.to_thread(job.scheduler.resume, plan)
                     job._persisted_plan = plan.model_dump_json() + "\n"
         except BaseException:
             del self.jobs[job.job_id]
