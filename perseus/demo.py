@@ -9,7 +9,7 @@ Building blocks:
 
 - `Coordinator`: a coordinator subprocess (``python -m perseus.server``) for one scheduler,
   started on a free loopback port and stopped on exit.
-- `JobSpec` / `run_training`: a ``torchrun --standalone -m perseus.train`` job.
+- `DemoJob` / `run_training`: a ``torchrun --standalone -m perseus.train`` job.
 - `read_traces` / `summarize`: the per-rank JSONL traces the hook writes
   (``PERSEUS_TRACE_DIR``), reduced to per-step iteration time (slowest rank) and energy
   (sum over ranks).
@@ -42,8 +42,8 @@ from perseus.io.profile_csv import load_profile
 
 __all__ = [
     "Coordinator",
+    "DemoJob",
     "DemoResult",
-    "JobSpec",
     "RunSummary",
     "free_port",
     "read_traces",
@@ -208,7 +208,7 @@ class Coordinator:
 
 
 @dataclass(frozen=True, kw_only=True)
-class JobSpec:
+class DemoJob:
     """A `perseus.train` job: layout, model size and emulation mode.
 
     `nominal`: emulate nominal instruction times (``PERSEUS_EMULATE_NOMINAL``), each
@@ -289,7 +289,7 @@ def torchrun_command(nproc: int, args: Sequence[str]) -> list[str]:
 
 
 def run_training(
-    spec: JobSpec,
+    spec: DemoJob,
     server_url: str | None,
     *,
     trace_dir: str | os.PathLike[str] | None,
@@ -407,7 +407,7 @@ class DemoResult:
 def _run_phase(
     name: str,
     coordinator: Coordinator,
-    spec: JobSpec,
+    spec: DemoJob,
     trace_dir: Path,
     log_path: Path,
     progress: Any,
@@ -446,7 +446,7 @@ def _last_step_frequencies(traces: Mapping[int, list[dict[str, Any]]]) -> dict[i
 def run_demo(
     out_dir: str | os.PathLike[str],
     *,
-    spec: JobSpec | None = None,
+    spec: DemoJob | None = None,
     baseline_steps: int = 12,
     perseus_steps: int = 36,
     measure_steps: int = 8,
@@ -469,7 +469,7 @@ def run_demo(
     from perseus.domain.plan import evaluate, max_frequencies
     from perseus.plotting import plot_frontier, plot_timeline
 
-    spec = spec or JobSpec(nominal_ms_per_layer=8.0)
+    spec = spec or DemoJob(nominal_ms_per_layer=8.0)
     if measure_steps < 1 or baseline_steps <= measure_steps or perseus_steps <= measure_steps:
         raise ConfigurationError(
             f"Need more steps than measured ones: baseline_steps={baseline_steps}, "
@@ -482,11 +482,11 @@ def run_demo(
     runs = {
         "AllMaxFrequency": (
             {**args},
-            JobSpec(**{**spec.__dict__, "steps": baseline_steps}),
+            DemoJob(**{**spec.__dict__, "steps": baseline_steps}),
         ),
         "Perseus": (
             {**args, "freq_step": freq_step, "max_slowdown": max_slowdown},
-            JobSpec(**{**spec.__dict__, "steps": perseus_steps}),
+            DemoJob(**{**spec.__dict__, "steps": perseus_steps}),
         ),
     }
     with Progress(

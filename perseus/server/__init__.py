@@ -9,7 +9,7 @@ Build it with `create_app` (nothing is built at import time)::
 Routes (`perseus.server.routes`): ``GET /info``, ``POST /register_job`` → job id,
 ``POST /register_rank/{job_id}``, ``GET /schedule/{job_id}?rank=R`` (the round barrier),
 ``POST /result/{job_id}``, ``POST /straggler/{job_id}``. Job state and the barrier:
-`perseus.server.job_manager`. Status codes: `perseus.server.errors`.
+`perseus.server.job_manager`, `perseus.server.job`. Status codes: `perseus.server.errors`.
 
 With `dump_data`, each job's ``job.json``, ``scheduler.json``, ``ranks.json``,
 ``N.sched.json``, ``N.prof.json`` and ``deployed_plan.json`` are written under
