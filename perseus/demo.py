@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from perseus.errors import ConfigurationError, PerseusError
+from perseus.io.jobdir import JobDir
 from perseus.io.plan_file import load_plan, save_plan
 from perseus.io.profile_csv import load_profile
 
@@ -515,13 +516,13 @@ def run_demo(
     job_dirs = [p for p in (out / "Perseus" / "dump").iterdir() if p.is_dir()]
     if len(job_dirs) != 1:
         raise PerseusError(f"Expected one Perseus job directory, found {job_dirs}")
-    job_dir = job_dirs[0]
+    job_dir = JobDir(job_dirs[0])
     profile_csv = out / "profile.csv"
-    shutil.copyfile(job_dir / "instruction_profile.csv", profile_csv)
+    shutil.copyfile(job_dir.profile, profile_csv)
     frontier_dir = out / "frontier"
     shutil.rmtree(frontier_dir, ignore_errors=True)
-    shutil.copytree(job_dir / "frontier", frontier_dir)
-    plan = load_plan(job_dir / "deployed_plan.json")
+    shutil.copytree(job_dir.frontier, frontier_dir)
+    plan = load_plan(job_dir.deployed_plan)
     save_plan(plan, out / "plan.json")
     ran = _last_step_frequencies(read_traces(out / "Perseus" / "trace"))
     if any(ran[r] != [f for _, f in plan.frequencies[r % plan.num_stages]] for r in ran):

@@ -10,7 +10,6 @@ import asyncio
 import os
 import uuid
 from datetime import datetime
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
@@ -18,6 +17,7 @@ from perseus.domain.kinds import INSTRUCTIONS
 from perseus.domain.profile import ProfileRow
 from perseus.errors import ProfileError
 from perseus.io.atomic import atomic_write_text
+from perseus.io.jobdir import JobDir
 from perseus.io.profile_csv import read_profile_rows, write_profile_rows
 
 __all__ = [
@@ -243,12 +243,12 @@ async def save_prof(
 ) -> None:
     """Save a list of `ProfilingResult`s in the designated directory."""
     text = _ProfilingResultList(data).model_dump_json()
-    await asyncio.to_thread(atomic_write_text, Path(directory) / f"{schedule_num}.prof.json", text)
+    await asyncio.to_thread(atomic_write_text, JobDir(directory).results(schedule_num), text)
 
 
 def load_prof(directory: str | os.PathLike[str], schedule_num: int) -> list[ProfilingResult]:
     """Load a list of `ProfilingResult`s saved in the designated directory."""
-    text = (Path(directory) / f"{schedule_num}.prof.json").read_text()
+    text = (JobDir(directory).results(schedule_num)).read_text()
     return _ProfilingResultList.model_validate_json(text).root
 
 
@@ -257,22 +257,22 @@ async def save_sched(
 ) -> None:
     """Save a list of `FrequencySchedule`s in the designated directory."""
     text = _FrequencyScheduleList(data).model_dump_json()
-    await asyncio.to_thread(atomic_write_text, Path(directory) / f"{schedule_num}.sched.json", text)
+    await asyncio.to_thread(atomic_write_text, JobDir(directory).schedules(schedule_num), text)
 
 
 def load_sched(directory: str | os.PathLike[str], schedule_num: int) -> list[FrequencySchedule]:
     """Load a list of `FrequencySchedule`s saved in the designated directory."""
-    text = (Path(directory) / f"{schedule_num}.sched.json").read_text()
+    text = (JobDir(directory).schedules(schedule_num)).read_text()
     return _FrequencyScheduleList.model_validate_json(text).root
 
 
 async def save_ranks(data: list[RankInfo], directory: str | os.PathLike[str]) -> None:
     """Save a list of `RankInfo`s in the designated directory."""
     text = _RankInfoList(data).model_dump_json()
-    await asyncio.to_thread(atomic_write_text, Path(directory) / "ranks.json", text)
+    await asyncio.to_thread(atomic_write_text, JobDir(directory).ranks, text)
 
 
 def load_ranks(directory: str | os.PathLike[str]) -> list[RankInfo]:
     """Load a list of `RankInfo`s saved in the designated directory."""
-    text = (Path(directory) / "ranks.json").read_text()
+    text = (JobDir(directory).ranks).read_text()
     return _RankInfoList.model_validate_json(text).root

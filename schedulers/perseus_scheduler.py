@@ -16,13 +16,10 @@ from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.pipeline import RoundMeasurement, StagePlan
 from schedulers.planning import DEFAULT_P2P_POWER_W, PlanningScheduler
-from schedulers.profiler import PROFILE_FILENAME
 
-__all__ = ["DEFAULT_P2P_POWER_W", "FRONTIER_DIRNAME", "Perseus", "PerseusPhase"]
+__all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusPhase"]
 
 logger = logging.getLogger(__name__)
-
-FRONTIER_DIRNAME = "frontier"
 
 
 class PerseusPhase(enum.Enum):
@@ -162,7 +159,7 @@ class Perseus(PlanningScheduler):
             self.p2p_power_w,
         )
         self.frontier = solve_frontier(self.profile, self.pipeline, p2p_power_w=self.p2p_power_w)
-        self.frontier.write(self.job_dir / FRONTIER_DIRNAME)
+        self.frontier.write(self.job_dir.frontier)
         if self.deadline_s is not None:
             point = self.frontier.choose(deadline_s=self.deadline_s)
         else:
@@ -193,12 +190,12 @@ class Perseus(PlanningScheduler):
         """
         self.adopt(plan)
         self.p2p_power_w = plan.p2p_power
-        frontier_dir = self.job_dir / FRONTIER_DIRNAME
+        frontier_dir = self.job_dir.frontier
         if (frontier_dir / "frontier.csv").exists():
             from perseus.solver import Frontier
 
             self.frontier = Frontier.read(frontier_dir)
-        profile_csv = self.job_dir / PROFILE_FILENAME
+        profile_csv = self.job_dir.profile
         if self.profile is None and profile_csv.exists():
             self.profile = load_profile(profile_csv)
         self.sweep = None

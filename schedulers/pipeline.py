@@ -26,12 +26,12 @@ import logging
 import math
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from perseus.domain.plan import Plan
 from perseus.domain.schedule import PipelineSchedule, make_schedule
 from perseus.errors import ConfigurationError, PlanError, RankError
+from perseus.io.jobdir import JobDir
 from perseus.protocol import INSTRUCTIONS, FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.base import FrequencyScheduler
@@ -184,9 +184,9 @@ class PipelineScheduler(FrequencyScheduler):
 
     # ------------------------------------------------------------------ helpers
     @property
-    def job_dir(self) -> Path:
-        """``dump_dir/<job_id>``: where this job's products (profile, frontier) go."""
-        return Path(self.settings.dump_dir) / self.job_info.job_id
+    def job_dir(self) -> JobDir:
+        """The job's directory, where its products (profile, frontier) go."""
+        return JobDir.of(self.settings.dump_dir, self.job_info.job_id)
 
     def uniform_plan(self, freq_mhz: list[int] | int) -> StagePlan:
         """Every instruction of stage s at ``freq_mhz[s]`` (or one frequency for all)."""

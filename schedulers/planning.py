@@ -13,7 +13,6 @@ from perseus.domain.plan import DEFAULT_P2P_POWER_W, Plan
 from perseus.domain.profile import InstructionProfile
 from perseus.io.profile_csv import load_profile
 from schedulers.pipeline import PipelineScheduler, StagePlan
-from schedulers.profiler import PROFILE_FILENAME
 from schedulers.sweep import InstructionSweep
 
 __all__ = ["DEFAULT_P2P_POWER_W", "PlanningScheduler"]
@@ -71,7 +70,7 @@ class PlanningScheduler(PipelineScheduler):
         if self.sweep is not None:
             measured = self.sweep.p2p_power_w()
             if self.profile is None:
-                self.sweep.write_csv(self.job_dir / PROFILE_FILENAME)
+                self.sweep.write_csv(self.job_dir.profile)
                 self.profile = self.sweep.profile()
             if self.p2p_power_w is None:
                 if measured is None:

@@ -11,9 +11,7 @@ from perseus.settings import PerseusSettings
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 from schedulers.sweep import InstructionSweep, SweepPhase
 
-__all__ = ["PROFILE_FILENAME", "InstructionProfiler"]
-
-PROFILE_FILENAME = "instruction_profile.csv"
+__all__ = ["InstructionProfiler"]
 
 
 class InstructionProfiler(PipelineScheduler):
@@ -65,7 +63,7 @@ class InstructionProfiler(PipelineScheduler):
             min_frequency=min_frequency,
             early_stop_after=early_stop_after,
         )
-        self.profile_path = self.job_dir / PROFILE_FILENAME
+        self.profile_path = self.job_dir.profile
         self._written = False
         if self.profile_path.is_file():
             # A restarted coordinator restoring this job: the profile is done already.

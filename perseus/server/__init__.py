@@ -13,8 +13,8 @@ Routes (`perseus.server.routes`): ``GET /info``, ``POST /register_job`` → job 
 
 With `dump_data`, each job's ``job.json``, ``scheduler.json``, ``ranks.json``,
 ``N.sched.json``, ``N.prof.json`` and ``deployed_plan.json`` are written under
-``dump_dir/<job_id>/``, and a coordinator started on the same `dump_dir` restores those
-jobs: their ranks get the deployed plan again. Jobs idle longer than
+``dump_dir/<job_id>/`` (`perseus.io.jobdir.JobDir` names them), and a coordinator started
+on the same `dump_dir` restores those jobs: their ranks get the deployed plan again. Jobs idle longer than
 `max_job_idle_time` are evicted by a background task.
 """
 

@@ -19,7 +19,6 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from perseus.domain.plan import Plan
@@ -33,6 +32,7 @@ from perseus.errors import (
     SchedulerFailedError,
 )
 from perseus.io.atomic import atomic_write_text
+from perseus.io.jobdir import JobDir
 from perseus.protocol import (
     FrequencySchedule,
     JobInfo,
@@ -49,8 +49,6 @@ from schedulers.base import FrequencyScheduler, build_scheduler
 __all__ = ["CoordinatedJob", "JobPhase", "Round", "ranks_text"]
 
 logger = logging.getLogger(__name__)
-
-DEPLOYED_PLAN_FILE = "deployed_plan.json"
 
 
 class JobPhase(enum.Enum):
@@ -118,6 +116,8 @@ class CoordinatedJob:
     ) -> None:
         self.info = info
         self.job_id = info.job_id
+        self.dir = JobDir.of(settings.dump_dir, info.job_id)
+        """The job's directory (its state is dumped there when `dumping`)."""
         self.settings = settings
         self.scheduler_cls = scheduler_cls
         self.scheduler_args = dict(scheduler_args)
@@ -136,9 +136,9 @@ class CoordinatedJob:
 
     # ------------------------------------------------------------------ basics
     @property
-    def dump_dir(self) -> Path | None:
-        """``dump_dir/<job_id>`` when `dump_data` is on."""
-        return Path(self.settings.dump_dir) / self.job_id if self.settings.dump_data else None
+    def dumping(self) -> bool:
+        """Whether the job's state is dumped to `dir` (`dump_data`)."""
+        return self.settings.dump_data
 
     @property
     def busy(self) -> bool:
@@ -238,8 +238,8 @@ class CoordinatedJob:
                 _fail_round(self.round, error)
                 raise error from None
         self.phase = JobPhase.RUNNING
-        if self.dump_dir is not None:
-            await self._dump(save_ranks(rank_infos, self.dump_dir))
+        if self.dumping:
+            await self._dump(save_ranks(rank_infos, self.dir.path))
         logger.info("Job %s: all %d ranks registered", self.job_id, len(rank_infos))
         self._maybe_complete()
 
@@ -321,17 +321,15 @@ class CoordinatedJob:
             self.fail(error)
             _fail_round(rnd, error)
             return
-        if self.dump_dir is not None:
+        if self.dumping:
             if results:
-                await self._dump(save_prof(results, self.dump_dir, rnd.number - 1))
-            await self._dump(save_sched(schedules, self.dump_dir, rnd.number))
+                await self._dump(save_prof(results, self.dir.path, rnd.number - 1))
+            await self._dump(save_sched(schedules, self.dir.path, rnd.number))
             if plan is not None:
                 text = plan.model_dump_json() + "\n"
                 if text != self._persisted_plan:
                     await self._dump(
-                        asyncio.to_thread(
-                            atomic_write_text, self.dump_dir / DEPLOYED_PLAN_FILE, text
-                        )
+                        asyncio.to_thread(atomic_write_text, self.dir.deployed_plan, text)
                     )
                     self._persisted_plan = text
         self.round = self._new_round(rnd.number + 1)

@@ -18,12 +18,13 @@ from perseus.errors import (
     JobNotFoundError,
 )
 from perseus.io.atomic import atomic_write_text
+from perseus.io.jobdir import JobDir
 from perseus.io.plan_file import load_plan
 from perseus.protocol import (
     JobInfo,
     load_ranks,
 )
-from perseus.server.job import DEPLOYED_PLAN_FILE, CoordinatedJob, JobPhase
+from perseus.server.job import CoordinatedJob, JobPhase
 from perseus.settings import PerseusSettings
 from schedulers.base import build_scheduler
 from schedulers.registry import resolve_scheduler, scheduler_ref
@@ -33,10 +34,6 @@ __all__ = ["JobManager", "load_job_info"]
 logger = logging.getLogger(__name__)
 
 _METADATA = re.compile(r"[A-Za-z0-9._+-]{1,64}")
-
-JOB_FILE = "job.json"
-SCHEDULER_FILE = "scheduler.json"
-EVICTED_MARKER = "evicted"
 
 
 def load_job_info(path: Path) -> JobInfo:
@@ -93,20 +90,16 @@ class JobManager:
         info = info.model_copy()
         info.set_job_id(self.scheduler_cls.__name__)
         job = self._new_job(info, self.scheduler_cls, self.settings.scheduler_args)
-        if job.dump_dir is not None:
+        if job.dumping:
             meta = {
                 "scheduler": scheduler_ref(self.scheduler_cls),
                 "scheduler_args": self.settings.scheduler_args,
             }
             await job._dump(
-                asyncio.to_thread(
-                    atomic_write_text, job.dump_dir / JOB_FILE, info.model_dump_json() + "\n"
-                )
+                asyncio.to_thread(atomic_write_text, job.dir.job, info.model_dump_json() + "\n")
             )
             await job._dump(
-                asyncio.to_thread(
-                    atomic_write_text, job.dump_dir / SCHEDULER_FILE, json.dumps(meta) + "\n"
-                )
+                asyncio.to_thread(atomic_write_text, job.dir.scheduler, json.dumps(meta) + "\n")
             )
         logger.info("Registered job %s (world_size %d)", info.job_id, info.world_size)
         return info.job_id
@@ -120,47 +113,47 @@ class JobManager:
                 continue
             del self.jobs[job_id]
             job.close(JobNotFoundError(f"Job {job_id} was evicted (idle)"))
-            if job.dump_dir is not None and job.dump_dir.is_dir():
+            if job.dumping and job.dir.path.is_dir():
                 with contextlib.suppress(OSError):
-                    (job.dump_dir / EVICTED_MARKER).write_text("idle\n")
+                    job.dir.evicted.write_text("idle\n")
             evicted.append(job_id)
             logger.info("Evicted job %s (idle %.0f s)", job_id, now - job.last_active)
         return evicted
 
     async def reload(self) -> list[str]:
         """Bring back the jobs persisted under `dump_dir` (a restarted coordinator)."""
-        root = Path(self.settings.dump_dir)
-        if not self.settings.dump_data or not root.is_dir():
+        if not self.settings.dump_data:
             return []
         restored = []
-        for job_dir in sorted(p for p in root.iterdir() if (p / JOB_FILE).is_file()):
-            if (job_dir / EVICTED_MARKER).exists() or job_dir.name in self.jobs:
+        for job_dir in JobDir.restorable(self.settings.dump_dir):
+            if job_dir.name in self.jobs:
                 continue
             try:
                 job = await self._reload_job(job_dir)
             except Exception as exc:
-                logger.warning("Could not restore the job in %s: %s", job_dir, exc)
+                logger.warning("Could not restore the job in %s: %s", job_dir.path, exc)
                 continue
             restored.append(job.job_id)
         if restored:
-            logger.info("Restored %d job(s) from %s: %s", len(restored), root, restored)
+            logger.info(
+                "Restored %d job(s) from %s: %s", len(restored), self.settings.dump_dir, restored
+            )
         return restored
 
-    async def _reload_job(self, job_dir: Path) -> CoordinatedJob:
-        info = load_job_info(job_dir / JOB_FILE)
-        meta_path = job_dir / SCHEDULER_FILE
-        if meta_path.is_file():
-            meta = json.loads(meta_path.read_text())
+    async def _reload_job(self, job_dir: JobDir) -> CoordinatedJob:
+        info = load_job_info(job_dir.job)
+        if job_dir.scheduler.is_file():
+            meta = json.loads(job_dir.scheduler.read_text())
             scheduler_cls = resolve_scheduler(meta["scheduler"])
             args = dict(meta.get("scheduler_args", {}))
         else:
             scheduler_cls, args = self.scheduler_cls, self.settings.scheduler_args
         job = self._new_job(info, scheduler_cls, args)
         try:
-            rounds = [int(p.name.split(".")[0]) for p in job_dir.glob("*.sched.json")]
-            job.round = job._new_round(max(rounds) + 1 if rounds else 0)
-            if (job_dir / "ranks.json").is_file():
-                for rank_info in load_ranks(job_dir):
+            rounds = job_dir.rounds()
+            job.round = job._new_round(rounds[-1] + 1 if rounds else 0)
+            if job_dir.ranks.is_file():
+                for rank_info in load_ranks(job_dir.path):
                     job.ranks[rank_info.rank] = rank_info
                     job._coords[rank_info.dp_rank, rank_info.pp_rank, rank_info.tp_rank] = (
                         rank_info.rank
@@ -171,9 +164,8 @@ class JobManager:
                     build_scheduler, scheduler_cls, info, rank_infos, self.settings, args
                 )
                 job.phase = JobPhase.RUNNING
-                plan_path = job_dir / DEPLOYED_PLAN_FILE
-                if plan_path.is_file():
-                    plan = load_plan(plan_path)
+                if job_dir.deployed_plan.is_file():
+                    plan = load_plan(job_dir.deployed_plan)
                     await asyncio.to_thread(job.scheduler.resume, plan)
                     job._persisted_plan = plan.model_dump_json() + "\n"
         except BaseException:
