@@ -35,7 +35,7 @@ from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
 from perseus.protocol import (
     FrequencySchedule,
-    JobInfo,
+    JobRecord,
     ProfilingResult,
     RankInfo,
     save_prof,
@@ -107,7 +107,7 @@ class CoordinatedJob:
 
     def __init__(
         self,
-        info: JobInfo,
+        info: JobRecord,
         settings: PerseusSettings,
         *,
         scheduler_cls: type,

@@ -9,7 +9,6 @@ import json
 import logging
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 from perseus.errors import (
@@ -22,6 +21,7 @@ from perseus.io.jobdir import JobDir
 from perseus.io.plan_file import load_plan
 from perseus.protocol import (
     JobInfo,
+    JobRecord,
     load_ranks,
 )
 from perseus.server.job import CoordinatedJob, JobPhase
@@ -29,20 +29,11 @@ from perseus.settings import PerseusSettings
 from schedulers.base import build_scheduler
 from schedulers.registry import resolve_scheduler, scheduler_ref
 
-__all__ = ["JobManager", "load_job_info"]
+__all__ = ["JobManager"]
 
 logger = logging.getLogger(__name__)
 
 _METADATA = re.compile(r"[A-Za-z0-9._+-]{1,64}")
-
-
-def load_job_info(path: Path) -> JobInfo:
-    """Read a persisted ``job.json`` (its job id is set, which clients may not send)."""
-    data = json.loads(path.read_text())
-    job_id = data.pop("job_id")
-    info = JobInfo.model_validate(data)
-    object.__setattr__(info, "job_id", job_id)
-    return info
 
 
 class JobManager:
@@ -68,9 +59,11 @@ class JobManager:
                 "jobs idle longer than max_job_idle_time are evicted"
             ) from None
 
-    def _new_job(self, info: JobInfo, scheduler_cls: type, args: dict[str, Any]) -> CoordinatedJob:
+    def _new_job(
+        self, record: JobRecord, scheduler_cls: type, args: dict[str, Any]
+    ) -> CoordinatedJob:
         job = CoordinatedJob(
-            info,
+            record,
             self.settings,
             scheduler_cls=scheduler_cls,
             scheduler_args=args,
@@ -87,22 +80,21 @@ class JobManager:
                 "segment and a folder name): use letters, digits and . _ - + only, "
                 "at most 64 characters"
             )
-        info = info.model_copy()
-        info.set_job_id(self.scheduler_cls.__name__)
-        job = self._new_job(info, self.scheduler_cls, self.settings.scheduler_args)
+        record = JobRecord.register(info, self.scheduler_cls.__name__)
+        job = self._new_job(record, self.scheduler_cls, self.settings.scheduler_args)
         if job.dumping:
             meta = {
                 "scheduler": scheduler_ref(self.scheduler_cls),
                 "scheduler_args": self.settings.scheduler_args,
             }
             await job._dump(
-                asyncio.to_thread(atomic_write_text, job.dir.job, info.model_dump_json() + "\n")
+                asyncio.to_thread(atomic_write_text, job.dir.job, record.model_dump_json() + "\n")
             )
             await job._dump(
                 asyncio.to_thread(atomic_write_text, job.dir.scheduler, json.dumps(meta) + "\n")
             )
-        logger.info("Registered job %s (world_size %d)", info.job_id, info.world_size)
-        return info.job_id
+        logger.info("Registered job %s (world_size %d)", record.job_id, record.world_size)
+        return record.job_id
 
     def evict_idle(self, *, now: float | None = None) -> list[str]:
         """Remove jobs idle longer than `max_job_idle_time`; returns their ids."""
@@ -141,7 +133,7 @@ class JobManager:
         return restored
 
     async def _reload_job(self, job_dir: JobDir) -> CoordinatedJob:
-        info = load_job_info(job_dir.job)
+        info = JobRecord.model_validate_json(job_dir.job.read_text())
         if job_dir.scheduler.is_file():
             meta = json.loads(job_dir.scheduler.read_text())
             scheduler_cls = resolve_scheduler(meta["scheduler"])

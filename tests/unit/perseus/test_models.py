@@ -14,6 +14,7 @@ from perseus.protocol import (
     FrequencySchedule,
     InstructionProfilingResult,
     JobInfo,
+    JobRecord,
     OfflineProfilingResult,
     ProfilingResult,
     RankInfo,
@@ -51,13 +52,19 @@ def test_job_info_checks_world_size_and_empty_id() -> None:
         JobInfo(job_id="mine", pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)
 
 
-def test_set_job_id_is_unique_and_carries_scheduler_and_metadata() -> None:
-    a = JobInfo(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1, job_metadata="gpt")
-    b = JobInfo(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1, job_metadata="gpt")
-    a.set_job_id("Perseus")
-    b.set_job_id("Perseus")
+def test_job_record_gets_a_unique_id_carrying_scheduler_and_metadata() -> None:
+    info = JobInfo(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1, job_metadata="gpt")
+    a = JobRecord.register(info, "Perseus")
+    b = JobRecord.register(info, "Perseus")
+    assert info.job_id == ""  # the request is not changed
     assert a.job_id != b.job_id
     assert "+Perseus+" in a.job_id and a.job_id.endswith("+gpt")
+    assert isinstance(a, JobInfo) and a.model_dump(exclude={"job_id"}) == info.model_dump(
+        exclude={"job_id"}
+    )
+    assert JobRecord.model_validate_json(a.model_dump_json()) == a
+    with pytest.raises(ValidationError):
+        JobRecord(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)  # no id
 
 
 def test_instruction_profiling_result_csv_round_trip(tmp_path: Path) -> None:
