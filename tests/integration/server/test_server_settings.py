@@ -91,3 +91,14 @@ def test_perseus_serve_exits_2_with_a_clear_message(env, message):
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_scheduler_args_are_declared_once_and_shared():
+    from schedulers.args import PipelineArgs, SchedulerArgs, SweepArgs
+
+    assert all(issubclass(cls.Args, SchedulerArgs) for cls in SCHEDULERS.values())
+    sweeping = ["InstructionProfiler", "Perseus", "EnvPipe", "ZeusGlobal", "ZeusPerStage"]
+    assert all(issubclass(SCHEDULERS[n].Args, PipelineArgs) for n in [*sweeping, "AllMaxFrequency"])
+    assert all(issubclass(SCHEDULERS[n].Args, SweepArgs) for n in sweeping)
+    checked = check_scheduler_args(SCHEDULERS["Perseus"], {"num_microbatches": 4, "freq_step": 2})
+    assert (checked.num_microbatches, checked.freq_step, checked.schedule) == (4, 2, "1f1b")

@@ -167,11 +167,12 @@ def test_settings_keep_the_scheduler_name_the_registry_resolves_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import schedulers
+    from schedulers.args import SchedulerArgs
     from schedulers.registry import resolve_scheduler
 
     class Dummy(schedulers.FrequencyScheduler):
-        def __init__(self, job_info, rank_infos, perseus_settings, *, knob: int = 1):  # type: ignore[no-untyped-def]
-            super().__init__(job_info, rank_infos, perseus_settings)
+        class Args(SchedulerArgs):
+            knob: int = 1
 
         def next_schedule(self):  # type: ignore[no-untyped-def]
             return []
@@ -185,7 +186,7 @@ def test_settings_keep_the_scheduler_name_the_registry_resolves_it(
     settings = PerseusSettings()
     assert settings.scheduler == "Dummy" and settings.scheduler_args == {"knob": 3}
     assert resolve_scheduler(settings.scheduler) is Dummy
-    assert schedulers.check_scheduler_args(Dummy, settings.scheduler_args) == {"knob": 3}
+    assert schedulers.check_scheduler_args(Dummy, settings.scheduler_args) == Dummy.Args(knob=3)
     with pytest.raises(ConfigurationError, match="It accepts: knob"):
         schedulers.check_scheduler_args(Dummy, {"nope": 3})
 
