@@ -9,7 +9,7 @@ Building blocks:
 
 - `Coordinator`: a coordinator subprocess (``python -m perseus serve``) for one scheduler,
   started on a free loopback port and stopped on exit.
-- `JobSpec` / `run_training`: a ``torchrun --standalone -m perseus.train`` job.
+- `DemoJob` / `run_training`: a ``torchrun --standalone -m perseus.train`` job.
 - `read_traces` / `summarize`: the per-rank JSONL traces the hook writes
   (``PERSEUS_TRACE_DIR``), reduced to per-step iteration time (slowest rank) and energy
   (sum over ranks).
@@ -37,13 +37,14 @@ from typing import Any
 import httpx
 
 from perseus.errors import ConfigurationError, PerseusError
+from perseus.io.jobdir import JobDir
 from perseus.io.plan_file import load_plan, save_plan
 from perseus.io.profile_csv import load_profile
 
 __all__ = [
     "Coordinator",
+    "DemoJob",
     "DemoResult",
-    "JobSpec",
     "RunSummary",
     "free_port",
     "read_traces",
@@ -209,7 +210,7 @@ class Coordinator:
 
 
 @dataclass(frozen=True, kw_only=True)
-class JobSpec:
+class DemoJob:
     """A `perseus.train` job: layout, model size and emulation mode.
 
     `nominal`: emulate nominal instruction times (``PERSEUS_EMULATE_NOMINAL``), each
@@ -290,7 +291,7 @@ def torchrun_command(nproc: int, args: Sequence[str]) -> list[str]:
 
 
 def run_training(
-    spec: JobSpec,
+    spec: DemoJob,
     server_url: str | None,
     *,
     trace_dir: str | os.PathLike[str] | None,
@@ -408,7 +409,7 @@ class DemoResult:
 def _run_phase(
     name: str,
     coordinator: Coordinator,
-    spec: JobSpec,
+    spec: DemoJob,
     trace_dir: Path,
     log_path: Path,
     progress: Any,
@@ -447,7 +448,7 @@ def _last_step_frequencies(traces: Mapping[int, list[dict[str, Any]]]) -> dict[i
 def run_demo(
     out_dir: str | os.PathLike[str],
     *,
-    spec: JobSpec | None = None,
+    spec: DemoJob | None = None,
     baseline_steps: int = 12,
     perseus_steps: int = 36,
     measure_steps: int = 8,
@@ -470,7 +471,7 @@ def run_demo(
     from perseus.planning import evaluate, max_frequencies
     from perseus.plotting import plot_frontier, plot_timeline
 
-    spec = spec or JobSpec(nominal_ms_per_layer=8.0)
+    spec = spec or DemoJob(nominal_ms_per_layer=8.0)
     if measure_steps < 1 or baseline_steps <= measure_steps or perseus_steps <= measure_steps:
         raise ConfigurationError(
             f"Need more steps than measured ones: baseline_steps={baseline_steps}, "
@@ -483,11 +484,11 @@ def run_demo(
     runs = {
         "AllMaxFrequency": (
             {**args},
-            JobSpec(**{**spec.__dict__, "steps": baseline_steps}),
+            DemoJob(**{**spec.__dict__, "steps": baseline_steps}),
         ),
         "Perseus": (
             {**args, "freq_step": freq_step, "max_slowdown": max_slowdown},
-            JobSpec(**{**spec.__dict__, "steps": perseus_steps}),
+            DemoJob(**{**spec.__dict__, "steps": perseus_steps}),
         ),
     }
     with Progress(
@@ -516,13 +517,13 @@ def run_demo(
     job_dirs = [p for p in (out / "Perseus" / "dump").iterdir() if p.is_dir()]
     if len(job_dirs) != 1:
         raise PerseusError(f"Expected one Perseus job directory, found {job_dirs}")
-    job_dir = job_dirs[0]
+    job_dir = JobDir(job_dirs[0])
     profile_csv = out / "profile.csv"
-    shutil.copyfile(job_dir / "instruction_profile.csv", profile_csv)
+    shutil.copyfile(job_dir.profile, profile_csv)
     frontier_dir = out / "frontier"
     shutil.rmtree(frontier_dir, ignore_errors=True)
-    shutil.copytree(job_dir / "frontier", frontier_dir)
-    plan = load_plan(job_dir / "deployed_plan.json")
+    shutil.copytree(job_dir.frontier, frontier_dir)
+    plan = load_plan(job_dir.deployed_plan)
     save_plan(plan, out / "plan.json")
     ran = _last_step_frequencies(read_traces(out / "Perseus" / "trace"))
     if any(ran[r] != [f for _, f in plan.frequencies[r % plan.num_stages]] for r in ran):

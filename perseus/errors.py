@@ -1,15 +1,27 @@
-"""The Perseus exception tree.
+"""The Perseus exception tree, the only one in `perseus` and `schedulers`.
+
+Every class knows the HTTP status the coordinator answers with when it escapes a request
+(`http_status`; `PerseusError.status` is the instance's, which a `CoordinatorError`
+carrying a `status_code` overrides). `perseus.server.errors` reads it in one place.
 
 ```
-PerseusError
-├── ConfigurationError         bad settings, unknown scheduler, bad scheduler args
-├── ProfileError               a malformed instruction profile (CSV)
-├── ScheduleError              bad pipeline schedule parameters, plans that do not fit a DAG
-│   └── PlanError              a plan file that is invalid for a profile/schedule
-├── SolverError                the frontier solver could not run
-├── CoordinatorError           the coordinator could not be reached or answered an error
-│   └── JobNotFoundError       an unknown job id
-└── RankError                  a rank misbehaved (bad registration, died mid-round, wrong order)
+PerseusError                       400  bad input (the root's default)
+├── ConfigurationError             400  bad settings, unknown scheduler, bad scheduler args
+│   └── InvalidJobError            422  a job description the coordinator cannot accept
+├── ProfileError                   400  a malformed instruction profile (CSV)
+├── ScheduleError                  400  bad pipeline schedule parameters, plans unfit for a DAG
+│   └── PlanError                  400  a plan file that is invalid for a profile/schedule
+├── SolverError                    400  the frontier solver could not run
+├── CoordinatorError               400  the coordinator could not be reached or answered an
+│   │                                   error (`status_code`: the status it answered with)
+│   ├── JobNotFoundError           404  an unknown (or evicted) job id
+│   ├── JobFailedError             409  the job failed earlier (status_code: its failure's)
+│   ├── RoundTimeoutError          504  not every rank asked for its schedule in time
+│   └── SchedulerFailedError       500  the job's scheduler crashed (status_code 400 when it
+│                                       rejected its input: a PerseusError or ValueError)
+└── RankError                      400  a rank misbehaved (died mid-round, wrong order)
+    ├── InvalidRankError           422  rank/dp/pp/tp out of range, duplicate coordinates
+    └── RankConflictError          409  the same rank registered twice, result reported twice
 ```
 
 Every message names the offending value and, where there is one, the fix.
@@ -17,15 +29,23 @@ Every message names the offending value and, where there is one, the fix.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
     "ConfigurationError",
     "CoordinatorError",
+    "InvalidJobError",
+    "InvalidRankError",
+    "JobFailedError",
     "JobNotFoundError",
     "PerseusError",
     "PlanError",
     "ProfileError",
+    "RankConflictError",
     "RankError",
+    "RoundTimeoutError",
     "ScheduleError",
+    "SchedulerFailedError",
     "SolverError",
 ]
 
@@ -33,9 +53,23 @@ __all__ = [
 class PerseusError(Exception):
     """Root of every error Perseus raises on purpose."""
 
+    http_status: ClassVar[int] = 400
+    """The coordinator's answer when this error escapes a request."""
+
+    @property
+    def status(self) -> int:
+        """This error's HTTP status (the class's `http_status` unless the instance has one)."""
+        return self.http_status
+
 
 class ConfigurationError(PerseusError):
     """Invalid settings, scheduler name, or scheduler arguments."""
+
+
+class InvalidJobError(ConfigurationError):
+    """A job description the coordinator cannot accept (beyond the model's validation)."""
+
+    http_status = 422
 
 
 class ProfileError(PerseusError):
@@ -55,17 +89,57 @@ class SolverError(PerseusError):
 
 
 class CoordinatorError(PerseusError):
-    """The coordinator could not be reached, or answered with an error."""
+    """The coordinator could not be reached, or answered with an error.
+
+    `status_code` is the HTTP status involved: the one a coordinator answered with (client
+    side), or the one to answer with (server side); None falls back to `http_status`.
+    """
 
     def __init__(self, message: str, *, url: str | None = None, status_code: int | None = None):
         super().__init__(message)
         self.url = url
         self.status_code = status_code
 
+    @property
+    def status(self) -> int:
+        return self.status_code if self.status_code is not None else self.http_status
+
 
 class JobNotFoundError(CoordinatorError):
     """The coordinator does not know the job id."""
 
+    http_status = 404
+
+
+class JobFailedError(CoordinatorError):
+    """The job failed earlier; every later call gets the failure's message."""
+
+    http_status = 409
+
+
+class RoundTimeoutError(CoordinatorError):
+    """The round's barrier did not complete within the round timeout."""
+
+    http_status = 504
+
+
+class SchedulerFailedError(CoordinatorError):
+    """The job's scheduler raised; `status_code` is 400 (bad input) or 500 (crash)."""
+
+    http_status = 500
+
 
 class RankError(PerseusError):
     """A rank registered wrongly, died mid-round, or executed instructions out of schedule."""
+
+
+class InvalidRankError(RankError):
+    """A rank (or its dp/pp/tp coordinates) does not fit the job."""
+
+    http_status = 422
+
+
+class RankConflictError(RankError):
+    """A rank did something twice that may happen once (register, report a round)."""
+
+    http_status = 409

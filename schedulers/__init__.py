@@ -1,7 +1,7 @@
 """Pluggable frequency schedulers, chosen by ``PERSEUS_SCHEDULER``.
 
-`SCHEDULERS` is the explicit name → class registry that `PerseusSettings` resolves short
-names against; a ``module:Class`` name loads a plugin instead.
+`SCHEDULERS` (`schedulers.registry`) is the explicit name → class registry the coordinator
+resolves ``PERSEUS_SCHEDULER`` against; a ``module:Class`` name loads a plugin instead.
 """
 
 from schedulers.all_max import AllMaxFrequency
@@ -11,17 +11,8 @@ from schedulers.perseus_scheduler import Perseus
 from schedulers.pipeline import PipelineScheduler
 from schedulers.point_solution import PointSolution
 from schedulers.profiler import InstructionProfiler
+from schedulers.registry import SCHEDULERS, resolve_scheduler
 from schedulers.zeus import ZeusGlobal, ZeusPerStage
-
-SCHEDULERS: dict[str, type[FrequencyScheduler]] = {
-    "AllMaxFrequency": AllMaxFrequency,
-    "EnvPipe": EnvPipe,
-    "InstructionProfiler": InstructionProfiler,
-    "Perseus": Perseus,
-    "PointSolution": PointSolution,
-    "ZeusGlobal": ZeusGlobal,
-    "ZeusPerStage": ZeusPerStage,
-}
 
 __all__ = [
     "AllMaxFrequency",
@@ -36,4 +27,5 @@ __all__ = [
     "ZeusPerStage",
     "build_scheduler",
     "check_scheduler_args",
+    "resolve_scheduler",
 ]

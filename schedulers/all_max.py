@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import Field
-
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
+from schedulers.args import PipelineArgs
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 
 __all__ = ["AllMaxFrequency"]
@@ -28,17 +25,9 @@ class AllMaxFrequency(PipelineScheduler):
         job_info: JobInfo,
         rank_infos: list[RankInfo],
         perseus_settings: PerseusSettings,
-        *,
-        num_microbatches: Annotated[int, Field(ge=1)] | None = None,
-        schedule: str = "1f1b",
+        args: PipelineArgs,
     ) -> None:
-        super().__init__(
-            job_info,
-            rank_infos,
-            perseus_settings,
-            num_microbatches=num_microbatches,
-            schedule=schedule,
-        )
+        super().__init__(job_info, rank_infos, perseus_settings, args)
         self._plan = self.max_plan()
 
     def plan_next(self) -> StagePlan:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated
 
 import numpy as np
-from pydantic import Field
 
 from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
@@ -15,7 +13,7 @@ from perseus.planning import evaluate, make_plan, max_frequencies, pipeline_prob
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.pipeline import RoundMeasurement, StagePlan
-from schedulers.planning import PlanningScheduler
+from schedulers.planning import PlanningArgs, PlanningScheduler
 
 __all__ = ["EnvPipe", "envpipe_frequencies"]
 
@@ -86,36 +84,17 @@ class EnvPipe(PlanningScheduler):
     `warmup_rounds`, `freq_step`, `min_frequency`, `early_stop_after`.
     """
 
+    Args = PlanningArgs
+
     def __init__(
         self,
         job_info: JobInfo,
         rank_infos: list[RankInfo],
         perseus_settings: PerseusSettings,
-        *,
-        num_microbatches: Annotated[int, Field(ge=1)] | None = None,
-        schedule: str = "1f1b",
-        p2p_power: Annotated[float, Field(ge=0.0)] | None = None,
-        profile_path: str | None = None,
-        warmup_rounds: Annotated[int, Field(ge=0)] = 1,
-        freq_step: Annotated[int, Field(ge=1)] = 1,
-        min_frequency: Annotated[int, Field(gt=0)] | None = None,
-        early_stop_after: Annotated[int, Field(ge=1)] = 2,
+        args: PlanningArgs,
     ) -> None:
-        super().__init__(
-            job_info,
-            rank_infos,
-            perseus_settings,
-            num_microbatches=num_microbatches,
-            schedule=schedule,
-        )
-        self.init_profile_source(
-            profile_path=profile_path,
-            p2p_power=p2p_power,
-            warmup_rounds=warmup_rounds,
-            freq_step=freq_step,
-            min_frequency=min_frequency,
-            early_stop_after=early_stop_after,
-        )
+        super().__init__(job_info, rank_infos, perseus_settings, args)
+        self.init_profile_source(args)
         if self.sweep is None:
             self._deploy()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import logging
 import math
-from typing import Annotated
 
 from pydantic import Field
 
@@ -15,14 +14,11 @@ from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.pipeline import RoundMeasurement, StagePlan
-from schedulers.planning import DEFAULT_P2P_POWER_W, PlanningScheduler
-from schedulers.profiler import PROFILE_FILENAME
+from schedulers.planning import DEFAULT_P2P_POWER_W, PlanningArgs, PlanningScheduler
 
-__all__ = ["DEFAULT_P2P_POWER_W", "FRONTIER_DIRNAME", "Perseus", "PerseusPhase"]
+__all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
 
 logger = logging.getLogger(__name__)
-
-FRONTIER_DIRNAME = "frontier"
 
 
 class PerseusPhase(enum.Enum):
@@ -38,6 +34,21 @@ class PerseusPhase(enum.Enum):
 
     PROFILING = "profiling"
     DEPLOYED = "deployed"
+
+
+class PerseusArgs(PlanningArgs):
+    """`Perseus`'s arguments: the planning ones, the choice of a frontier point, stragglers."""
+
+    max_slowdown: float = Field(default=0.0, ge=0.0, description="allowed slowdown vs fastest")
+    deadline: float | None = Field(
+        default=None, gt=0.0, description="iteration time bound, s (overrides max_slowdown)"
+    )
+    straggler_threshold: float = Field(
+        default=0.05, gt=0.0, description="relative slowness that marks a straggler"
+    )
+    straggler_rounds: int = Field(
+        default=2, ge=1, description="rounds in a row to detect a straggler or its recovery"
+    )
 
 
 class Perseus(PlanningScheduler):
@@ -67,48 +78,25 @@ class Perseus(PlanningScheduler):
     `straggler_threshold` (default 0.05), `straggler_rounds` (default 2).
     """
 
+    Args = PerseusArgs
+
     def __init__(
         self,
         job_info: JobInfo,
         rank_infos: list[RankInfo],
         perseus_settings: PerseusSettings,
-        *,
-        num_microbatches: Annotated[int, Field(ge=1)] | None = None,
-        schedule: str = "1f1b",
-        max_slowdown: Annotated[float, Field(ge=0.0)] = 0.0,
-        deadline: Annotated[float, Field(gt=0.0)] | None = None,
-        p2p_power: Annotated[float, Field(ge=0.0)] | None = None,
-        profile_path: str | None = None,
-        warmup_rounds: Annotated[int, Field(ge=0)] = 1,
-        freq_step: Annotated[int, Field(ge=1)] = 1,
-        min_frequency: Annotated[int, Field(gt=0)] | None = None,
-        early_stop_after: Annotated[int, Field(ge=1)] = 2,
-        straggler_threshold: Annotated[float, Field(gt=0.0)] = 0.05,
-        straggler_rounds: Annotated[int, Field(ge=1)] = 2,
+        args: PerseusArgs,
     ) -> None:
-        super().__init__(
-            job_info,
-            rank_infos,
-            perseus_settings,
-            num_microbatches=num_microbatches,
-            schedule=schedule,
-        )
+        super().__init__(job_info, rank_infos, perseus_settings, args)
         from perseus.planning import check_frontier_memory
 
         # Now, not after the profiling sweep: a job too big to solve fails at registration.
         check_frontier_memory(self.pipeline.num_instructions, self.pipeline.name)
-        self.max_slowdown = max_slowdown
-        self.deadline_s = deadline
-        self.straggler_threshold = straggler_threshold
-        self.straggler_rounds = straggler_rounds
-        self.init_profile_source(
-            profile_path=profile_path,
-            p2p_power=p2p_power,
-            warmup_rounds=warmup_rounds,
-            freq_step=freq_step,
-            min_frequency=min_frequency,
-            early_stop_after=early_stop_after,
-        )
+        self.max_slowdown = args.max_slowdown
+        self.deadline_s = args.deadline
+        self.straggler_threshold = args.straggler_threshold
+        self.straggler_rounds = args.straggler_rounds
+        self.init_profile_source(args)
         self.phase = PerseusPhase.PROFILING
         self.frontier = None
         self.announced: dict[int, float] = {}
@@ -162,7 +150,7 @@ class Perseus(PlanningScheduler):
             self.p2p_power_w,
         )
         self.frontier = solve_frontier(self.profile, self.pipeline, p2p_power_w=self.p2p_power_w)
-        self.frontier.write(self.job_dir / FRONTIER_DIRNAME)
+        self.frontier.write(self.job_dir.frontier)
         if self.deadline_s is not None:
             point = self.frontier.choose(deadline_s=self.deadline_s)
         else:
@@ -192,12 +180,12 @@ class Perseus(PlanningScheduler):
         """
         self.adopt(plan)
         self.p2p_power_w = plan.p2p_power
-        frontier_dir = self.job_dir / FRONTIER_DIRNAME
+        frontier_dir = self.job_dir.frontier
         if (frontier_dir / "frontier.csv").exists():
             from perseus.planning import Frontier
 
             self.frontier = Frontier.read(frontier_dir)
-        profile_csv = self.job_dir / PROFILE_FILENAME
+        profile_csv = self.job_dir.profile
         if self.profile is None and profile_csv.exists():
             self.profile = load_profile(profile_csv)
         self.sweep = None

@@ -26,14 +26,15 @@ import logging
 import math
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from perseus.domain.plan import Plan
 from perseus.domain.schedule import PipelineSchedule, make_schedule
 from perseus.errors import ConfigurationError, PlanError, RankError
+from perseus.io.jobdir import JobDir
 from perseus.protocol import INSTRUCTIONS, FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
+from schedulers.args import PipelineArgs, SchedulerArgs
 from schedulers.base import FrequencyScheduler
 
 __all__ = [
@@ -89,14 +90,6 @@ class RoundMeasurement:
     p2p_power_w: float | None
 
 
-def _needs_microbatches(cls: type) -> str:
-    return (
-        f"Scheduler {cls.__name__} needs num_microbatches (the microbatches per iteration, "
-        "which set each schedule's length): e.g. "
-        "PERSEUS_SCHEDULER_ARGS='{\"num_microbatches\": 8}'"
-    )
-
-
 def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values)
 
@@ -109,25 +102,23 @@ class PipelineScheduler(FrequencyScheduler):
     and may override `pipeline_overrides()`.
     """
 
+    Args: ClassVar[type[SchedulerArgs]] = PipelineArgs
+
     def __init__(
         self,
         job_info: JobInfo,
         rank_infos: list[RankInfo],
         perseus_settings: PerseusSettings,
-        *,
-        num_microbatches: int | None,
-        schedule: str = "1f1b",
+        args: PipelineArgs,
     ) -> None:
-        super().__init__(job_info, rank_infos, perseus_settings)
-        if num_microbatches is None:
-            raise ConfigurationError(_needs_microbatches(type(self)))
+        super().__init__(job_info, rank_infos, perseus_settings, args)
         if len(self.rank_infos) != job_info.world_size:
             raise RankError(
                 f"Job {job_info.job_id}: {len(self.rank_infos)} rank(s) registered but "
                 f"world_size is {job_info.world_size}"
             )
         self.pipeline: PipelineSchedule = make_schedule(
-            schedule, job_info.pp_degree, num_microbatches
+            args.schedule, job_info.pp_degree, args.num_microbatches
         )
         self.num_stages = job_info.pp_degree
         self.kinds = self.pipeline.kinds()
@@ -147,12 +138,6 @@ class PipelineScheduler(FrequencyScheduler):
         self._observed = False
         self.rounds_issued = 0
 
-    @classmethod
-    def validate_args(cls, args: dict[str, Any]) -> None:
-        """Startup check of the arguments beyond their types (`check_scheduler_args`)."""
-        if args.get("num_microbatches") is None:
-            raise ConfigurationError(_needs_microbatches(cls))
-
     # ------------------------------------------------------------------ subclass API
     @abc.abstractmethod
     def plan_next(self) -> StagePlan:
@@ -167,10 +152,6 @@ class PipelineScheduler(FrequencyScheduler):
     def pipeline_overrides(self) -> dict[int, StagePlan]:
         """Data-parallel rank → its own stage plan for this round (default: none)."""
         return {}
-
-    def deployed_plan(self) -> Plan | None:
-        """The plan chosen for the job, if the scheduler deploys one (persisted on dumps)."""
-        return None
 
     # ------------------------------------------------------------------ FrequencyScheduler
     def next_schedule(self) -> list[FrequencySchedule]:
@@ -188,9 +169,9 @@ class PipelineScheduler(FrequencyScheduler):
 
     # ------------------------------------------------------------------ helpers
     @property
-    def job_dir(self) -> Path:
-        """``dump_dir/<job_id>``: where this job's products (profile, frontier) go."""
-        return Path(self.settings.dump_dir) / self.job_info.job_id
+    def job_dir(self) -> JobDir:
+        """The job's directory, where its products (profile, frontier) go."""
+        return JobDir.of(self.settings.dump_dir, self.job_info.job_id)
 
     def uniform_plan(self, freq_mhz: list[int] | int) -> StagePlan:
         """Every instruction of stage s at ``freq_mhz[s]`` (or one frequency for all)."""

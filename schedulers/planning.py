@@ -13,17 +13,24 @@ from perseus.domain.kinds import DEFAULT_P2P_POWER_W
 from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
 from perseus.io.profile_csv import load_profile
+from schedulers.args import PipelineArgs, ProfileSourceArgs
 from schedulers.pipeline import PipelineScheduler, StagePlan
-from schedulers.profiler import PROFILE_FILENAME
 from schedulers.sweep import InstructionSweep
 
-__all__ = ["DEFAULT_P2P_POWER_W", "PlanningScheduler"]
+__all__ = ["DEFAULT_P2P_POWER_W", "PlanningArgs", "PlanningScheduler"]
 
 logger = logging.getLogger(__name__)
 
 
+class PlanningArgs(PipelineArgs, ProfileSourceArgs):
+    """A planning scheduler's arguments: the pipeline, a given profile / blocking power, and
+    the sweep that measures what is not given."""
+
+
 class PlanningScheduler(PipelineScheduler):
     """A pipeline scheduler that needs a profile and the blocking power before it plans."""
+
+    Args = PlanningArgs
 
     profile: InstructionProfile | None
     p2p_power_w: float | None
@@ -40,39 +47,26 @@ class PlanningScheduler(PipelineScheduler):
     def deployed_plan(self) -> Plan | None:
         return self.chosen
 
-    def init_profile_source(
-        self,
-        *,
-        profile_path: str | None,
-        p2p_power: float | None,
-        warmup_rounds: int,
-        freq_step: int,
-        min_frequency: int | None,
-        early_stop_after: int,
-    ) -> None:
+    def init_profile_source(self, args: ProfileSourceArgs) -> None:
         """Use the given profile / blocking power, and sweep online for what is missing."""
-        self.p2p_power_w = p2p_power
+        self.p2p_power_w = args.p2p_power
         self.profile = None
-        if profile_path is not None:
-            self.profile = load_profile(profile_path)
+        if args.profile_path is not None:
+            self.profile = load_profile(args.profile_path)
             self.pipeline.check_profile(self.profile)
         self.sweep = None
         if self.profile is None or self.p2p_power_w is None:
-            self.sweep = InstructionSweep(
-                self,
-                warmup_rounds=warmup_rounds,
-                freq_step=freq_step,
+            if self.profile is not None:
                 # With a given profile, only the blocking power is measured (one max step).
-                min_frequency=self.max_freq_mhz if self.profile is not None else min_frequency,
-                early_stop_after=early_stop_after,
-            )
+                args = args.model_copy(update={"min_frequency": self.max_freq_mhz})
+            self.sweep = InstructionSweep(self, args)
 
     def complete_profile(self) -> tuple[InstructionProfile, float]:
         """After the sweep: the profile (written to the job folder) and the stage's blocking power."""
         if self.sweep is not None:
             measured = self.sweep.p2p_power_w()
             if self.profile is None:
-                self.sweep.write_csv(self.job_dir / PROFILE_FILENAME)
+                self.sweep.write_csv(self.job_dir.profile)
                 self.profile = self.sweep.profile()
             if self.p2p_power_w is None:
                 if measured is None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
-
 from pydantic import Field
 
 from perseus.domain.plan import Plan
@@ -11,9 +9,20 @@ from perseus.errors import PlanError
 from perseus.io.plan_file import load_plan
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
+from schedulers.args import PipelineArgs, SchedulerArgs
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 
-__all__ = ["PointSolution"]
+__all__ = ["PointSolution", "PointSolutionArgs"]
+
+
+class PointSolutionArgs(SchedulerArgs):
+    """`PointSolution`'s arguments: the plan file; the pipeline defaults to the plan's."""
+
+    solution_path: str = Field(description="the plan JSON to deploy")
+    num_microbatches: int | None = Field(
+        default=None, ge=1, description="checked against the plan's (None: the plan's)"
+    )
+    schedule: str | None = Field(default=None, description="None: the plan's schedule")
 
 
 class PointSolution(PipelineScheduler):
@@ -29,35 +38,28 @@ class PointSolution(PipelineScheduler):
         schedule: Pipeline schedule; default: the plan's.
     """
 
+    Args = PointSolutionArgs
+
     def __init__(
         self,
         job_info: JobInfo,
         rank_infos: list[RankInfo],
         perseus_settings: PerseusSettings,
-        *,
-        solution_path: str,
-        num_microbatches: Annotated[int, Field(ge=1)] | None = None,
-        schedule: str | None = None,
+        args: PointSolutionArgs,
     ) -> None:
-        plan = load_plan(solution_path)
-        if num_microbatches is not None and num_microbatches != plan.num_microbatches:
+        plan = load_plan(args.solution_path)
+        if args.num_microbatches is not None and args.num_microbatches != plan.num_microbatches:
             raise PlanError(
-                f"Plan {solution_path!r} has {plan.num_microbatches} microbatch(es) but the "
-                f"scheduler was given num_microbatches={num_microbatches}"
+                f"Plan {args.solution_path!r} has {plan.num_microbatches} microbatch(es) but the "
+                f"scheduler was given num_microbatches={args.num_microbatches}"
             )
-        super().__init__(
-            job_info,
-            rank_infos,
-            perseus_settings,
-            num_microbatches=plan.num_microbatches,
-            schedule=schedule or plan.schedule,
+        pipeline = PipelineArgs(
+            num_microbatches=plan.num_microbatches, schedule=args.schedule or plan.schedule
         )
+        super().__init__(job_info, rank_infos, perseus_settings, pipeline)
+        self.args = args
         self.plan = plan
         self._stage_plan = self.check_plan(plan)
-
-    @classmethod
-    def validate_args(cls, args: dict[str, Any]) -> None:
-        """num_microbatches comes from the plan file: nothing beyond the types to check."""
 
     def plan_next(self) -> StagePlan:
         return self._stage_plan

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import Field
-
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
+from schedulers.args import PipelineArgs, SweepArgs
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 from schedulers.sweep import InstructionSweep, SweepPhase
 
-__all__ = ["PROFILE_FILENAME", "InstructionProfiler"]
+__all__ = ["InstructionProfiler", "ProfilerArgs"]
 
-PROFILE_FILENAME = "instruction_profile.csv"
+
+class ProfilerArgs(PipelineArgs, SweepArgs):
+    """`InstructionProfiler`'s arguments: the pipeline and the sweep."""
 
 
 class InstructionProfiler(PipelineScheduler):
@@ -38,34 +37,18 @@ class InstructionProfiler(PipelineScheduler):
         early_stop_after: Consecutive energy rises that stop an instruction (default 2).
     """
 
+    Args = ProfilerArgs
+
     def __init__(
         self,
         job_info: JobInfo,
         rank_infos: list[RankInfo],
         perseus_settings: PerseusSettings,
-        *,
-        num_microbatches: Annotated[int, Field(ge=1)] | None = None,
-        schedule: str = "1f1b",
-        warmup_rounds: Annotated[int, Field(ge=0)] = 1,
-        freq_step: Annotated[int, Field(ge=1)] = 1,
-        min_frequency: Annotated[int, Field(gt=0)] | None = None,
-        early_stop_after: Annotated[int, Field(ge=1)] = 2,
+        args: ProfilerArgs,
     ) -> None:
-        super().__init__(
-            job_info,
-            rank_infos,
-            perseus_settings,
-            num_microbatches=num_microbatches,
-            schedule=schedule,
-        )
-        self.sweep = InstructionSweep(
-            self,
-            warmup_rounds=warmup_rounds,
-            freq_step=freq_step,
-            min_frequency=min_frequency,
-            early_stop_after=early_stop_after,
-        )
-        self.profile_path = self.job_dir / PROFILE_FILENAME
+        super().__init__(job_info, rank_infos, perseus_settings, args)
+        self.sweep = InstructionSweep(self, args)
+        self.profile_path = self.job_dir.profile
         self._written = False
         if self.profile_path.is_file():
             # A restarted coordinator restoring this job: the profile is done already.

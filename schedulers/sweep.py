@@ -29,6 +29,7 @@ from pathlib import Path
 from perseus.domain.profile import InstructionProfile
 from perseus.errors import ConfigurationError, RankError
 from perseus.protocol import INSTRUCTIONS, InstructionProfilingResult, OfflineProfilingResult
+from schedulers.args import SweepArgs
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 
 __all__ = ["InstructionSweep", "SweepPhase"]
@@ -60,10 +61,8 @@ class InstructionSweep:
 
     Args:
         scheduler: The pipeline scheduler whose job is profiled.
-        warmup_rounds: Rounds at max frequency before measuring (their results are ignored).
-        freq_step: Profile every `freq_step`-th available frequency (1: all of them).
-        min_frequency: Lowest frequency (MHz) to profile; default the lowest available.
-        early_stop_after: Stop a group after this many consecutive metric increases.
+        args: The sweep's arguments (`schedulers.args.SweepArgs`: warm-up rounds, frequency
+            step, lowest frequency, early stop), validated already.
         group: (stage, instruction) → early-stop group.
         metric: (group, measurement) → the value whose rises stop the group.
         max_missing_rounds: Incomplete rounds in a row tolerated before giving up.
@@ -72,34 +71,27 @@ class InstructionSweep:
     def __init__(
         self,
         scheduler: PipelineScheduler,
+        args: SweepArgs,
         *,
-        warmup_rounds: int = 1,
-        freq_step: int = 1,
-        min_frequency: int | None = None,
-        early_stop_after: int = 2,
         group: Callable[[int, str], Hashable] = _default_group,
         metric: Metric = _default_metric,
         max_missing_rounds: int = 3,
     ) -> None:
-        if warmup_rounds < 0 or freq_step < 1 or early_stop_after < 1:
-            raise ConfigurationError(
-                f"warmup_rounds must be >= 0, freq_step and early_stop_after >= 1; got "
-                f"{warmup_rounds}, {freq_step}, {early_stop_after}"
-            )
         freqs = scheduler.frequencies
+        min_frequency = args.min_frequency
         if min_frequency is not None and min_frequency > freqs[0]:
             raise ConfigurationError(
                 f"min_frequency {min_frequency} MHz is above the GPUs' maximum {freqs[0]} MHz; "
                 f"choose a value in {freqs[-1]}..{freqs[0]}"
             )
         floor = freqs[-1] if min_frequency is None else min_frequency
-        self.levels: list[int] = [f for f in freqs[::freq_step] if f >= floor]
+        self.levels: list[int] = [f for f in freqs[:: args.freq_step] if f >= floor]
         """Frequencies profiled, descending; levels[0] is the maximum."""
         self.scheduler = scheduler
-        self.phase = SweepPhase.WARMUP if warmup_rounds else SweepPhase.SWEEP
-        self.warmup_left = warmup_rounds
+        self.phase = SweepPhase.WARMUP if args.warmup_rounds else SweepPhase.SWEEP
+        self.warmup_left = args.warmup_rounds
         self.step = 0
-        self.early_stop_after = early_stop_after
+        self.early_stop_after = args.early_stop_after
         self.max_missing_rounds = max_missing_rounds
         self._group = group
         self._metric = metric

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable
-from typing import Annotated
 
 from pydantic import Field
 
@@ -19,19 +18,30 @@ from perseus.domain.plan import Plan
 from perseus.planning import make_plan
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
+from schedulers.args import PipelineArgs, SweepArgs
 from schedulers.perseus_scheduler import DEFAULT_P2P_POWER_W
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 from schedulers.sweep import InstructionSweep
-from zeus_power.metric import check_eta_knob, zeus_cost
+from zeus_power.metric import zeus_cost
 
-__all__ = ["ZeusGlobal", "ZeusPerStage"]
+__all__ = ["ZeusArgs", "ZeusGlobal", "ZeusPerStage"]
 
 logger = logging.getLogger(__name__)
+
+
+class ZeusArgs(PipelineArgs, SweepArgs):
+    """The Zeus baselines' arguments: the pipeline, the sweep, and Zeus's cost."""
+
+    eta_knob: float = Field(default=0.5, ge=0.0, le=1.0, description="energy vs time weight")
+    max_power_w: float | None = Field(
+        default=None, gt=0.0, description="per-GPU MaxPower, W (None: measured at all-max)"
+    )
 
 
 class _ZeusFrequency(PipelineScheduler):
     """Shared machinery; `per_stage` selects the variant."""
 
+    Args = ZeusArgs
     per_stage = False
 
     def __init__(
@@ -39,32 +49,15 @@ class _ZeusFrequency(PipelineScheduler):
         job_info: JobInfo,
         rank_infos: list[RankInfo],
         perseus_settings: PerseusSettings,
-        *,
-        num_microbatches: Annotated[int, Field(ge=1)] | None = None,
-        schedule: str = "1f1b",
-        eta_knob: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5,
-        max_power_w: Annotated[float, Field(gt=0.0)] | None = None,
-        warmup_rounds: Annotated[int, Field(ge=0)] = 1,
-        freq_step: Annotated[int, Field(ge=1)] = 1,
-        min_frequency: Annotated[int, Field(gt=0)] | None = None,
-        early_stop_after: Annotated[int, Field(ge=1)] = 2,
+        args: ZeusArgs,
     ) -> None:
-        super().__init__(
-            job_info,
-            rank_infos,
-            perseus_settings,
-            num_microbatches=num_microbatches,
-            schedule=schedule,
-        )
-        self.eta_knob = check_eta_knob(eta_knob)
-        self.max_power_per_gpu_w = max_power_w
+        super().__init__(job_info, rank_infos, perseus_settings, args)
+        self.eta_knob = args.eta_knob
+        self.max_power_per_gpu_w = args.max_power_w
         self._max_power: dict[Hashable, float] = {}
         self.sweep = InstructionSweep(
             self,
-            warmup_rounds=warmup_rounds,
-            freq_step=freq_step,
-            min_frequency=min_frequency,
-            early_stop_after=early_stop_after,
+            args,
             group=(lambda stage, name: stage) if self.per_stage else (lambda stage, name: "all"),
             metric=self.cost,
         )

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from perseus.demo import Coordinator, JobSpec, read_traces, run_training, torchrun_command
+from perseus.demo import Coordinator, DemoJob, read_traces, run_training, torchrun_command
 from zeus_power.device.emulated import DVFSModel, Workload
 
 __all__ = [
     "NOMINAL_MS_PER_LAYER",
     "Coordinator",
-    "JobSpec",
+    "DemoJob",
     "executed",
     "expected_instruction",
     "launch_ranks",
@@ -46,7 +46,7 @@ def require_torch() -> None:
 
 def run_job(
     tmp: Path,
-    spec: JobSpec,
+    spec: DemoJob,
     coordinator: Coordinator | None,
     *,
     name: str = "job",
@@ -90,7 +90,7 @@ def expected_instruction(
 
 
 def launch_ranks(
-    spec: JobSpec,
+    spec: DemoJob,
     server_url: str,
     trace_dir: Path,
     *,

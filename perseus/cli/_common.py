@@ -39,10 +39,11 @@ R = TypeVar("R")
 def _known_errors() -> tuple[type[BaseException], ...]:
     # OSError: a missing file, no permission, an --out that is a file, a full disk, ...
     errors: list[type[BaseException]] = [PerseusError, OSError]
-    try:
+    try:  # zeus_power's root; GPUError too until it derives from ZeusError
         from zeus_power.device.base import GPUError
+        from zeus_power.errors import ZeusError
 
-        errors.append(GPUError)
+        errors += [ZeusError, GPUError]
     except ImportError:  # pragma: no cover - zeus_power is part of this distribution
         pass
     return tuple(errors)

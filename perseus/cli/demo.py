@@ -58,7 +58,7 @@ def demo(
     the Perseus scheduler (online profiling → frontier → deployed plan), and prints the
     iteration time and energy of both.
     """
-    from perseus.demo import JobSpec, require_torch, run_demo
+    from perseus.demo import DemoJob, require_torch, run_demo
 
     require_torch()
     from perseus.train.model import parse_layers
@@ -66,7 +66,7 @@ def demo(
     n_stages = len(parse_layers(layers))  # checked here, not seconds later inside torchrun
     if not ms_per_layer > 0:
         raise ConfigurationError(f"--ms-per-layer must be positive, got {ms_per_layer}")
-    spec = JobSpec(
+    spec = DemoJob(
         nproc=n_stages,
         layers=layers,
         microbatches=microbatches,

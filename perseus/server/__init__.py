@@ -9,12 +9,12 @@ Build it with `create_app` (nothing is built at import time)::
 Routes (`perseus.server.routes`): ``GET /info``, ``POST /register_job`` → job id,
 ``POST /register_rank/{job_id}``, ``GET /schedule/{job_id}?rank=R`` (the round barrier),
 ``POST /result/{job_id}``, ``POST /straggler/{job_id}``. Job state and the barrier:
-`perseus.server.job_manager`. Status codes: `perseus.server.errors`.
+`perseus.server.job_manager`, `perseus.server.job`. Status codes: `perseus.server.errors`.
 
 With `dump_data`, each job's ``job.json``, ``scheduler.json``, ``ranks.json``,
 ``N.sched.json``, ``N.prof.json`` and ``deployed_plan.json`` are written under
-``dump_dir/<job_id>/``, and a coordinator started on the same `dump_dir` restores those
-jobs: their ranks get the deployed plan again. Jobs idle longer than
+``dump_dir/<job_id>/`` (`perseus.io.jobdir.JobDir` names them), and a coordinator started
+on the same `dump_dir` restores those jobs: their ranks get the deployed plan again. Jobs idle longer than
 `max_job_idle_time` are evicted by a background task.
 """
 
@@ -32,6 +32,7 @@ from perseus.server.job_manager import JobManager
 from perseus.server.routes import router
 from perseus.settings import PerseusSettings
 from schedulers.base import check_scheduler_args
+from schedulers.registry import resolve_scheduler
 
 __all__ = ["DEFAULT_ROUND_TIMEOUT_S", "create_app"]
 
@@ -57,16 +58,18 @@ def create_app(
             rank to ask before all waiting ranks get 504 and the job fails.
 
     Raises:
-        ConfigurationError: The scheduler's arguments are invalid (checked up front).
+        ConfigurationError: The scheduler's name or arguments are invalid (checked up front:
+            `settings.scheduler` is resolved here, through `schedulers.registry`).
     """
     settings = settings if settings is not None else PerseusSettings()
-    check_scheduler_args(settings.scheduler, settings.scheduler_args)
+    scheduler_cls = resolve_scheduler(settings.scheduler)
+    check_scheduler_args(scheduler_cls, settings.scheduler_args)
     if not round_timeout_s > 0:
         raise ValueError(f"round_timeout_s must be positive, got {round_timeout_s!r}")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        manager = JobManager(settings, round_timeout_s=round_timeout_s)
+        manager = JobManager(settings, scheduler_cls, round_timeout_s=round_timeout_s)
         app.state.job_manager = manager
         await manager.reload()
         period = min(60.0, settings.max_job_idle_time / 2)
@@ -81,10 +84,11 @@ def create_app(
 
     app = FastAPI(
         title="Perseus coordinator",
-        summary=f"Frequency scheduling with {settings.scheduler_name}",
+        summary=f"Frequency scheduling with {scheduler_cls.__name__}",
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.scheduler_cls = scheduler_cls
     app.state.round_timeout_s = round_timeout_s
     app.include_router(router)
     install_error_handlers(app)

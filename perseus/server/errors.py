@@ -1,23 +1,9 @@
-"""Coordinator errors and the one place where errors become HTTP statuses.
+"""The one place where errors become HTTP statuses and ``{"detail": message}`` bodies.
 
-Server-side branches of the Perseus exception tree (`perseus.errors`):
-
-```
-PerseusError
-├── CoordinatorError (status_code set → that status)
-│   ├── JobNotFoundError            404  unknown (or evicted) job id
-│   ├── JobFailedError              409  the job failed earlier (the status of its failure)
-│   ├── RoundTimeoutError           504  not every rank asked for its schedule in time
-│   └── SchedulerFailedError        400  scheduler rejected its input (PerseusError/ValueError)
-│                                   500  scheduler crashed (anything else)
-├── ConfigurationError
-│   └── InvalidJobError             422  a job description the coordinator cannot accept
-└── RankError
-    ├── InvalidRankError            422  rank/dp/pp/tp out of range, duplicate coordinates
-    └── RankConflictError           409  the same rank registered twice, result reported twice
-```
-
-Every error body is ``{"detail": "<message>"}``; a traceback never reaches a client.
+Each `perseus.errors` class carries its status (`PerseusError.status`, drawn in that
+module's tree); anything else is a 400 when it is a ``ValueError`` (bad input) and a 500
+otherwise. Every error body is ``{"detail": "<message>"}``; a traceback never reaches a
+client.
 """
 
 from __future__ import annotations
@@ -28,74 +14,24 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from perseus.errors import (
-    ConfigurationError,
-    CoordinatorError,
-    JobNotFoundError,
-    PerseusError,
-    RankError,
-)
+from perseus.errors import PerseusError
 
-__all__ = [
-    "InvalidJobError",
-    "InvalidRankError",
-    "JobFailedError",
-    "RankConflictError",
-    "RoundTimeoutError",
-    "SchedulerFailedError",
-    "install_error_handlers",
-    "status_of",
-]
+__all__ = ["install_error_handlers", "scheduler_error_status", "status_of"]
 
 logger = logging.getLogger(__name__)
 
 
-class InvalidJobError(ConfigurationError):
-    """A job description the coordinator cannot accept (beyond the model's validation)."""
-
-
-class InvalidRankError(RankError):
-    """A rank (or its dp/pp/tp coordinates) does not fit the job."""
-
-
-class RankConflictError(RankError):
-    """A rank did something twice that may happen once (register, report a round)."""
-
-
-class JobFailedError(CoordinatorError):
-    """The job failed earlier; every later call gets the failure's message."""
-
-
-class RoundTimeoutError(CoordinatorError):
-    """The round's barrier did not complete within the round timeout."""
-
-
-class SchedulerFailedError(CoordinatorError):
-    """The job's scheduler raised; `status_code` is 400 (bad input) or 500 (crash)."""
+def status_of(exc: BaseException) -> int:
+    """The HTTP status for an error raised while serving a request."""
+    if isinstance(exc, PerseusError):
+        return exc.status
+    return 400 if isinstance(exc, ValueError) else 500
 
 
 def scheduler_error_status(exc: BaseException) -> int:
-    """400 for errors about bad input (Perseus errors, ValueError), 500 otherwise."""
+    """A scheduler's error: 400 when it rejected its input (a Perseus error or
+    ValueError), 500 when it crashed."""
     return 400 if isinstance(exc, PerseusError | ValueError) else 500
-
-
-def status_of(exc: BaseException) -> int:
-    """The HTTP status for an error raised while serving a request."""
-    if isinstance(exc, CoordinatorError) and exc.status_code is not None:
-        return exc.status_code
-    match exc:
-        case JobNotFoundError():
-            return 404
-        case InvalidRankError() | InvalidJobError():
-            return 422
-        case RankConflictError() | JobFailedError():
-            return 409
-        case RoundTimeoutError():
-            return 504
-        case PerseusError() | ValueError():
-            return 400
-        case _:
-            return 500
 
 
 def _message(exc: BaseException) -> str:

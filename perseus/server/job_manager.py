@@ -1,452 +1,69 @@
-"""Job state and the scheduling-round barrier, all on the event loop.
-
-All of a job's state lives in one `Job`. Its methods run on the server's event loop (no
-locks needed between a check and the update that follows it); the scheduler's methods,
-which may be slow (a frontier solve), run in a worker thread, one call at a time per job
-(`Job.lock`), so a long solve never blocks the loop or other jobs.
-
-A round is a barrier (`Round`): every rank's ``GET /schedule`` awaits the round's future.
-When the last rank has asked (and every rank has registered), one task observes the
-previous round's results, asks the scheduler for the next schedules and resolves the
-future. If the barrier is not complete `round_timeout_s` after the round's first request,
-a timer fails the future (504 for every waiting rank) and the job (409 afterwards).
-"""
+"""All jobs of one coordinator: registration, idle eviction, and restoring the jobs a
+previous coordinator persisted under `dump_dir` (one job: `perseus.server.job`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import json
 import logging
 import re
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from perseus.domain.plan import Plan
-from perseus.errors import CoordinatorError, JobNotFoundError, PerseusError
+from perseus.errors import (
+    CoordinatorError,
+    InvalidJobError,
+    JobNotFoundError,
+)
 from perseus.io.atomic import atomic_write_text
+from perseus.io.jobdir import JobDir
 from perseus.io.plan_file import load_plan
 from perseus.protocol import (
-    FrequencySchedule,
     JobInfo,
-    ProfilingResult,
-    RankInfo,
+    JobRecord,
     load_ranks,
-    save_prof,
-    save_ranks,
-    save_sched,
 )
-from perseus.server.errors import (
-    InvalidJobError,
-    InvalidRankError,
-    JobFailedError,
-    RankConflictError,
-    RoundTimeoutError,
-    SchedulerFailedError,
-    scheduler_error_status,
-)
-from perseus.settings import PerseusSettings, resolve_scheduler
-from schedulers.base import FrequencyScheduler, build_scheduler
+from perseus.server.job import CoordinatedJob, JobPhase
+from perseus.settings import PerseusSettings
+from schedulers.base import build_scheduler
+from schedulers.registry import resolve_scheduler, scheduler_ref
 
-__all__ = ["Job", "JobManager", "JobState", "Round", "load_job_info"]
+__all__ = ["JobManager"]
 
 logger = logging.getLogger(__name__)
 
 _METADATA = re.compile(r"[A-Za-z0-9._+-]{1,64}")
 
-JOB_FILE = "job.json"
-SCHEDULER_FILE = "scheduler.json"
-DEPLOYED_PLAN_FILE = "deployed_plan.json"
-EVICTED_MARKER = "evicted"
-
-
-class JobState(enum.Enum):
-    """A job's lifecycle.
-
-    REGISTERING → RUNNING        when the last rank registers and its scheduler is built
-    REGISTERING → FAILED         the scheduler could not be built, or a round timed out
-    RUNNING     → FAILED         a round timed out or the scheduler raised
-    FAILED is terminal: every later call gets the failure (status and message).
-    Eviction (idle too long) removes the job in any state.
-    """
-
-    REGISTERING = "registering"
-    RUNNING = "running"
-    FAILED = "failed"
-
-
-@dataclass(eq=False)
-class Round:
-    """One scheduling round's barrier."""
-
-    number: int
-    future: asyncio.Future[dict[int, FrequencySchedule]]
-    asked: set[int] = field(default_factory=set)
-    timer: asyncio.TimerHandle | None = None
-    completing: bool = False
-
-
-def ranks_text(ranks: list[int]) -> str:
-    """``[0, 2-5, 9]``: sorted ranks with consecutive runs collapsed (readable for 1000s)."""
-    parts: list[str] = []
-    start = prev = None
-    for r in sorted(ranks):
-        if prev is not None and r == prev + 1:
-            prev = r
-            continue
-        if start is not None:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = r
-    if start is not None:
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-    return "[" + ", ".join(parts) + "]"
-
-
-def _fail_round(rnd: Round, error: BaseException) -> None:
-    """Fail a round's future, marking the exception retrieved (there may be no waiter)."""
-    if rnd.timer is not None:
-        rnd.timer.cancel()
-    if not rnd.future.done():
-        rnd.future.set_exception(error)
-        rnd.future.exception()
-
-
-def scheduler_ref(cls: type) -> str:
-    """A name `resolve_scheduler` turns back into `cls`."""
-    import schedulers
-
-    if schedulers.SCHEDULERS.get(cls.__name__) is cls:
-        return cls.__name__
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def load_job_info(path: Path) -> JobInfo:
-    """Read a persisted ``job.json`` (its job id is set, which clients may not send)."""
-    data = json.loads(path.read_text())
-    job_id = data.pop("job_id")
-    info = JobInfo.model_validate(data)
-    object.__setattr__(info, "job_id", job_id)
-    return info
-
-
-class Job:
-    """Everything the coordinator knows about one job."""
-
-    def __init__(
-        self,
-        info: JobInfo,
-        settings: PerseusSettings,
-        *,
-        scheduler_cls: type,
-        scheduler_args: dict[str, Any],
-        round_timeout_s: float,
-    ) -> None:
-        self.info = info
-        self.job_id = info.job_id
-        self.settings = settings
-        self.scheduler_cls = scheduler_cls
-        self.scheduler_args = dict(scheduler_args)
-        self.round_timeout_s = round_timeout_s
-        self.ranks: dict[int, RankInfo] = {}
-        self._coords: dict[tuple[int, int, int], int] = {}
-        self.scheduler: FrequencyScheduler | None = None
-        self.state = JobState.REGISTERING
-        self.failure: CoordinatorError | None = None
-        self.results: dict[int, ProfilingResult] = {}
-        self.round = self._new_round(0)
-        self.lock = asyncio.Lock()
-        self.last_active = time.monotonic()
-        self._persisted_plan: str | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    # ------------------------------------------------------------------ basics
-    @property
-    def dump_dir(self) -> Path | None:
-        """``dump_dir/<job_id>`` when `dump_data` is on."""
-        return Path(self.settings.dump_dir) / self.job_id if self.settings.dump_data else None
-
-    @property
-    def busy(self) -> bool:
-        """A scheduler call is in flight (the job must not be evicted)."""
-        return self.round.completing or self.lock.locked()
-
-    def touch(self) -> None:
-        self.last_active = time.monotonic()
-
-    def _new_round(self, number: int) -> Round:
-        return Round(number, asyncio.get_running_loop().create_future())
-
-    def check_usable(self) -> None:
-        """Raise the job's failure if it failed."""
-        if self.failure is not None:
-            raise JobFailedError(str(self.failure), status_code=self.failure.status_code)
-
-    def check_rank(self, rank: int) -> None:
-        if not 0 <= rank < self.info.world_size:
-            raise InvalidRankError(
-                f"Rank {rank} is out of range for job {self.job_id}: world_size is "
-                f"{self.info.world_size} (valid ranks 0..{self.info.world_size - 1})"
-            )
-
-    def fail(self, error: CoordinatorError, *, later_status: int | None = None) -> None:
-        """Mark the job failed; later calls get `error`'s message with `later_status`."""
-        if self.failure is None:
-            status = later_status if later_status is not None else error.status_code
-            self.failure = JobFailedError(str(error), status_code=status)
-            self.state = JobState.FAILED
-            logger.error("Job %s failed: %s", self.job_id, error)
-        if self.round.timer is not None:
-            self.round.timer.cancel()
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    # ------------------------------------------------------------------ registration
-    async def register_rank(self, info: RankInfo) -> None:
-        self.touch()
-        self.check_usable()
-        self.check_rank(info.rank)
-        degrees = {
-            "dp_rank": (info.dp_rank, self.info.dp_degree),
-            "pp_rank": (info.pp_rank, self.info.pp_degree),
-            "tp_rank": (info.tp_rank, self.info.tp_degree),
-        }
-        for name, (value, degree) in degrees.items():
-            if value >= degree:
-                raise InvalidRankError(
-                    f"Rank {info.rank}: {name} {value} is out of range for job {self.job_id} "
-                    f"(its degree is {degree}; valid 0..{degree - 1})"
-                )
-        if not info.available_frequencies or min(info.available_frequencies) <= 0:
-            raise InvalidRankError(
-                f"Rank {info.rank}: available_frequencies must be a non-empty list of positive "
-                f"MHz values, got {info.available_frequencies!r}"
-            )
-        if info.rank in self.ranks:
-            raise RankConflictError(
-                f"Rank {info.rank} is already registered with job {self.job_id}; every rank "
-                "registers once (a restarted job registers a new job)"
-            )
-        coords = (info.dp_rank, info.pp_rank, info.tp_rank)
-        if coords in self._coords:
-            raise InvalidRankError(
-                f"Rank {info.rank}: (dp_rank, pp_rank, tp_rank) = {coords} is already taken by "
-                f"rank {self._coords[coords]} in job {self.job_id}; ranks are inconsistent"
-            )
-        self.ranks[info.rank] = info
-        self._coords[coords] = info.rank
-        if len(self.ranks) == self.info.world_size:
-            await self._start()
-
-    async def _start(self) -> None:
-        """Build the job's scheduler (in a thread) once every rank has registered."""
-        rank_infos = [self.ranks[r] for r in sorted(self.ranks)]
-        async with self.lock:
-            try:
-                self.scheduler = await asyncio.to_thread(
-                    build_scheduler,
-                    self.scheduler_cls,
-                    self.info,
-                    rank_infos,
-                    self.settings,
-                    self.scheduler_args,
-                )
-            except Exception as exc:
-                error = SchedulerFailedError(
-                    f"Scheduler {self.scheduler_cls.__name__} could not start job "
-                    f"{self.job_id}: {exc}",
-                    status_code=scheduler_error_status(exc),
-                )
-                self.fail(error)
-                _fail_round(self.round, error)
-                raise error from None
-        self.state = JobState.RUNNING
-        if self.dump_dir is not None:
-            await self._dump(save_ranks(rank_infos, self.dump_dir))
-        logger.info("Job %s: all %d ranks registered", self.job_id, len(rank_infos))
-        self._maybe_complete()
-
-    # ------------------------------------------------------------------ rounds
-    async def get_schedule(self, rank: int) -> FrequencySchedule:
-        self.touch()
-        self.check_usable()
-        self.check_rank(rank)
-        rnd = self.round
-        rnd.asked.add(rank)
-        if rnd.timer is None and not rnd.completing:
-            rnd.timer = asyncio.get_running_loop().call_later(
-                self.round_timeout_s, self._on_timeout, rnd
-            )
-        self._maybe_complete()
-        schedules = await asyncio.shield(rnd.future)
-        return schedules[rank]
-
-    def _maybe_complete(self) -> None:
-        rnd = self.round
-        if (
-            self.scheduler is None
-            or rnd.completing
-            or rnd.future.done()
-            or len(rnd.asked) < self.info.world_size
-        ):
-            return
-        rnd.completing = True
-        if rnd.timer is not None:
-            rnd.timer.cancel()
-        self._spawn(self._complete(rnd))
-
-    def _on_timeout(self, rnd: Round) -> None:
-        if rnd is not self.round or rnd.completing or rnd.future.done():
-            return
-        never_asked = sorted(set(range(self.info.world_size)) - rnd.asked)
-        unregistered = sorted(set(range(self.info.world_size)) - set(self.ranks))
-        message = (
-            f"Round {rnd.number} of job {self.job_id} timed out after {self.round_timeout_s:g} s: "
-            f"rank(s) {ranks_text(never_asked)} never asked for their schedule"
-        )
-        if unregistered:
-            message += f"; rank(s) {ranks_text(unregistered)} never registered"
-        error = RoundTimeoutError(message, status_code=504)
-        self.fail(error, later_status=409)
-        _fail_round(rnd, error)
-
-    def _run_scheduler(
-        self, results: list[ProfilingResult], round_number: int
-    ) -> tuple[list[FrequencySchedule], Plan | None]:
-        """Worker thread: observe the last round, produce the next one."""
-        assert self.scheduler is not None
-        if results:
-            self.scheduler.observe(results)
-        schedules = self.scheduler.next_schedule()
-        get_plan = getattr(self.scheduler, "deployed_plan", None)
-        plan = get_plan() if callable(get_plan) else None
-        return schedules, plan
-
-    async def _complete(self, rnd: Round) -> None:
-        results = [self.results[r] for r in sorted(self.results)]
-        self.results = {}
-        name = self.scheduler_cls.__name__
-        try:
-            async with self.lock:
-                schedules, plan = await asyncio.to_thread(self._run_scheduler, results, rnd.number)
-            by_rank = {s.rank: s for s in schedules}
-            missing = sorted(set(range(self.info.world_size)) - set(by_rank))
-            if missing or len(schedules) != self.info.world_size:
-                raise RuntimeError(
-                    f"it returned {len(schedules)} schedule(s) for world_size "
-                    f"{self.info.world_size} (missing ranks {ranks_text(missing)})"
-                )
-        except Exception as exc:
-            error = SchedulerFailedError(
-                f"Scheduler {name} failed in round {rnd.number} of job {self.job_id}: {exc}",
-                status_code=scheduler_error_status(exc),
-            )
-            if scheduler_error_status(exc) >= 500:
-                logger.error("Job %s: scheduler crashed", self.job_id, exc_info=exc)
-            self.fail(error)
-            _fail_round(rnd, error)
-            return
-        if self.dump_dir is not None:
-            if results:
-                await self._dump(save_prof(results, self.dump_dir, rnd.number - 1))
-            await self._dump(save_sched(schedules, self.dump_dir, rnd.number))
-            if plan is not None:
-                text = plan.model_dump_json() + "\n"
-                if text != self._persisted_plan:
-                    await self._dump(
-                        asyncio.to_thread(
-                            atomic_write_text, self.dump_dir / DEPLOYED_PLAN_FILE, text
-                        )
-                    )
-                    self._persisted_plan = text
-        self.round = self._new_round(rnd.number + 1)
-        self.touch()
-        rnd.future.set_result(by_rank)
-
-    async def _dump(self, awaitable: Any) -> None:
-        try:
-            await awaitable
-        except OSError as exc:
-            logger.error("Job %s: could not write the dump: %s", self.job_id, exc)
-
-    # ------------------------------------------------------------------ results & stragglers
-    async def report_result(self, result: ProfilingResult) -> None:
-        self.touch()
-        self.check_usable()
-        self.check_rank(result.rank)
-        if self.round.number == 0:
-            raise RankConflictError(
-                f"Rank {result.rank} reported a result for job {self.job_id} before any "
-                "schedule was handed out; ask for a schedule, run it, then report"
-            )
-        if result.rank in self.round.asked:
-            raise RankConflictError(
-                f"Rank {result.rank} already asked for round {self.round.number}'s schedule of "
-                f"job {self.job_id}; report round {self.round.number - 1}'s result before asking"
-            )
-        if result.rank in self.results:
-            raise RankConflictError(
-                f"Rank {result.rank} already reported its result for round "
-                f"{self.round.number - 1} of job {self.job_id}; report once per round"
-            )
-        self.results[result.rank] = result
-
-    async def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
-        self.touch()
-        self.check_usable()
-        if self.scheduler is None:
-            raise CoordinatorError(
-                f"Job {self.job_id} has not started: {len(self.ranks)} of "
-                f"{self.info.world_size} ranks registered",
-                status_code=409,
-            )
-        hook = getattr(self.scheduler, "on_straggler", None)
-        if not callable(hook):
-            raise CoordinatorError(
-                f"Scheduler {self.scheduler_cls.__name__} does not handle straggler "
-                "announcements (use PERSEUS_SCHEDULER=Perseus)",
-                status_code=400,
-            )
-        async with self.lock:
-            try:
-                await asyncio.to_thread(hook, dp_rank, slowdown)
-            except (PerseusError, ValueError) as exc:
-                raise CoordinatorError(str(exc), status_code=400) from None
-
-    # ------------------------------------------------------------------ lifecycle
-    def close(self, error: CoordinatorError) -> None:
-        """Fail the pending round (shutdown or eviction) and cancel its timer."""
-        _fail_round(self.round, error)
-
 
 class JobManager:
     """All jobs of one coordinator (kept on ``app.state.job_manager``)."""
 
-    def __init__(self, settings: PerseusSettings, *, round_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, settings: PerseusSettings, scheduler_cls: type, *, round_timeout_s: float = 120.0
+    ) -> None:
         if not round_timeout_s > 0:
             raise ValueError(f"round_timeout_s must be positive, got {round_timeout_s!r}")
         self.settings = settings
+        self.scheduler_cls = scheduler_cls
+        """The class `settings.scheduler` names (resolved by `create_app`)."""
         self.round_timeout_s = round_timeout_s
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, CoordinatedJob] = {}
 
-    def get(self, job_id: str) -> Job:
+    def get(self, job_id: str) -> CoordinatedJob:
         try:
             return self.jobs[job_id]
         except KeyError:
             raise JobNotFoundError(
                 f"Unknown job id {job_id!r}: register the job first (POST /register_job); "
-                "jobs idle longer than max_job_idle_time are evicted",
-                status_code=404,
+                "jobs idle longer than max_job_idle_time are evicted"
             ) from None
 
-    def _new_job(self, info: JobInfo, scheduler_cls: type, args: dict[str, Any]) -> Job:
-        job = Job(
-            info,
+    def _new_job(
+        self, record: JobRecord, scheduler_cls: type, args: dict[str, Any]
+    ) -> CoordinatedJob:
+        job = CoordinatedJob(
+            record,
             self.settings,
             scheduler_cls=scheduler_cls,
             scheduler_args=args,
@@ -463,26 +80,21 @@ class JobManager:
                 "segment and a folder name): use letters, digits and . _ - + only, "
                 "at most 64 characters"
             )
-        info = info.model_copy()
-        info.set_job_id(self.settings.scheduler_name)
-        job = self._new_job(info, self.settings.scheduler, self.settings.scheduler_args)
-        if job.dump_dir is not None:
+        record = JobRecord.register(info, self.scheduler_cls.__name__)
+        job = self._new_job(record, self.scheduler_cls, self.settings.scheduler_args)
+        if job.dumping:
             meta = {
-                "scheduler": scheduler_ref(self.settings.scheduler),
+                "scheduler": scheduler_ref(self.scheduler_cls),
                 "scheduler_args": self.settings.scheduler_args,
             }
             await job._dump(
-                asyncio.to_thread(
-                    atomic_write_text, job.dump_dir / JOB_FILE, info.model_dump_json() + "\n"
-                )
+                asyncio.to_thread(atomic_write_text, job.dir.job, record.model_dump_json() + "\n")
             )
             await job._dump(
-                asyncio.to_thread(
-                    atomic_write_text, job.dump_dir / SCHEDULER_FILE, json.dumps(meta) + "\n"
-                )
+                asyncio.to_thread(atomic_write_text, job.dir.scheduler, json.dumps(meta) + "\n")
             )
-        logger.info("Registered job %s (world_size %d)", info.job_id, info.world_size)
-        return info.job_id
+        logger.info("Registered job %s (world_size %d)", record.job_id, record.world_size)
+        return record.job_id
 
     def evict_idle(self, *, now: float | None = None) -> list[str]:
         """Remove jobs idle longer than `max_job_idle_time`; returns their ids."""
@@ -492,48 +104,48 @@ class JobManager:
             if job.busy or now - job.last_active <= self.settings.max_job_idle_time:
                 continue
             del self.jobs[job_id]
-            job.close(JobNotFoundError(f"Job {job_id} was evicted (idle)", status_code=404))
-            if job.dump_dir is not None and job.dump_dir.is_dir():
+            job.close(JobNotFoundError(f"Job {job_id} was evicted (idle)"))
+            if job.dumping and job.dir.path.is_dir():
                 with contextlib.suppress(OSError):
-                    (job.dump_dir / EVICTED_MARKER).write_text("idle\n")
+                    job.dir.evicted.write_text("idle\n")
             evicted.append(job_id)
             logger.info("Evicted job %s (idle %.0f s)", job_id, now - job.last_active)
         return evicted
 
     async def reload(self) -> list[str]:
         """Bring back the jobs persisted under `dump_dir` (a restarted coordinator)."""
-        root = Path(self.settings.dump_dir)
-        if not self.settings.dump_data or not root.is_dir():
+        if not self.settings.dump_data:
             return []
         restored = []
-        for job_dir in sorted(p for p in root.iterdir() if (p / JOB_FILE).is_file()):
-            if (job_dir / EVICTED_MARKER).exists() or job_dir.name in self.jobs:
+        for job_dir in JobDir.restorable(self.settings.dump_dir):
+            if job_dir.name in self.jobs:
                 continue
             try:
                 job = await self._reload_job(job_dir)
             except Exception as exc:
-                logger.warning("Could not restore the job in %s: %s", job_dir, exc)
+                logger.warning("Could not restore the job in %s: %s", job_dir.path, exc)
                 continue
             restored.append(job.job_id)
         if restored:
-            logger.info("Restored %d job(s) from %s: %s", len(restored), root, restored)
+            logger.info(
+                "Restored %d job(s) from %s: %s", len(restored), self.settings.dump_dir, restored
+            )
         return restored
 
-    async def _reload_job(self, job_dir: Path) -> Job:
-        info = load_job_info(job_dir / JOB_FILE)
-        meta_path = job_dir / SCHEDULER_FILE
-        if meta_path.is_file():
-            meta = json.loads(meta_path.read_text())
+    async def _reload_job(self, job_dir: JobDir) -> CoordinatedJob:
+        info = JobRecord.model_validate_json(job_dir.job.read_text())
+        if job_dir.scheduler.is_file():
+            meta = json.loads(job_dir.scheduler.read_text())
             scheduler_cls = resolve_scheduler(meta["scheduler"])
             args = dict(meta.get("scheduler_args", {}))
         else:
-            scheduler_cls, args = self.settings.scheduler, self.settings.scheduler_args
+            scheduler_cls, args = self.scheduler_cls, self.settings.scheduler_args
         job = self._new_job(info, scheduler_cls, args)
         try:
-            rounds = [int(p.name.split(".")[0]) for p in job_dir.glob("*.sched.json")]
-            job.round = job._new_round(max(rounds) + 1 if rounds else 0)
-            if (job_dir / "ranks.json").is_file():
-                for rank_info in load_ranks(job_dir):
+            rounds = job_dir.rounds()
+            job.round = job._new_round(rounds[-1] + 1 if rounds else 0)
+            if job_dir.ranks.is_file():
+                for rank_info in load_ranks(job_dir.path):
                     job.ranks[rank_info.rank] = rank_info
                     job._coords[rank_info.dp_rank, rank_info.pp_rank, rank_info.tp_rank] = (
                         rank_info.rank
@@ -543,12 +155,10 @@ class JobManager:
                 job.scheduler = await asyncio.to_thread(
                     build_scheduler, scheduler_cls, info, rank_infos, self.settings, args
                 )
-                job.state = JobState.RUNNING
-                plan_path = job_dir / DEPLOYED_PLAN_FILE
-                resume = getattr(job.scheduler, "resume", None)
-                if plan_path.is_file() and callable(resume):
-                    plan = load_plan(plan_path)
-                    await asyncio.to_thread(resume, plan)
+                job.phase = JobPhase.RUNNING
+                if job_dir.deployed_plan.is_file():
+                    plan = load_plan(job_dir.deployed_plan)
+                    await asyncio.to_thread(job.scheduler.resume, plan)
                     job._persisted_plan = plan.model_dump_json() + "\n"
         except BaseException:
             del self.jobs[job.job_id]

@@ -62,7 +62,7 @@ def _version() -> str:
 async def info(manager: JobManagerDep) -> dict[str, Any]:
     """The scheduler this coordinator runs, its arguments, and the Perseus version."""
     return {
-        "scheduler": manager.settings.scheduler_name,
+        "scheduler": manager.scheduler_cls.__name__,
         "scheduler_args": manager.settings.scheduler_args,
         "version": _version(),
     }

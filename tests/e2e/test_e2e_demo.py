@@ -18,7 +18,7 @@ from rich.progress import Progress
 from typer.testing import CliRunner
 
 from perseus.cli.demo import demo
-from perseus.demo import Coordinator, JobSpec, _run_phase
+from perseus.demo import Coordinator, DemoJob, _run_phase
 from perseus.errors import PerseusError
 from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import load_profile
@@ -119,7 +119,7 @@ def test_demo_checks_the_layers_before_starting_anything(tmp_path):
 def test_a_failed_training_job_is_reported_with_the_ranks_own_errors(tmp_path):
     # A layout the ranks refuse (a stage with no layer): torchrun's failure summary ends the
     # log, so the ranks' one-line errors must be lifted into the message.
-    spec = JobSpec(nproc=2, layers="1,0", steps=1)
+    spec = DemoJob(nproc=2, layers="1,0", steps=1)
     coordinator = Coordinator(
         scheduler="AllMaxFrequency",
         scheduler_args={"num_microbatches": spec.microbatches},

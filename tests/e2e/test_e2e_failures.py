@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from e2e_fixtures import Coordinator, JobSpec, launch_ranks, require_torch
+from e2e_fixtures import Coordinator, DemoJob, launch_ranks, require_torch
 
 from perseus.demo import count_steps, free_port
 
@@ -37,7 +37,7 @@ def _finish(procs, timeout_s):
 
 def test_unreachable_coordinator_fails_every_rank_naming_the_url(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
-    spec = JobSpec(nproc=2, layers="1,3", microbatches=2, steps=2)
+    spec = DemoJob(nproc=2, layers="1,3", microbatches=2, steps=2)
     procs = launch_ranks(spec, url, tmp_path / "trace", master_port=free_port())
     (rc0, err0), (rc1, err1) = _finish(procs, 60)
     assert rc0 == 1 and rc1 == 1, (err0, err1)
@@ -71,7 +71,7 @@ def _last_record(path):
 )
 def test_a_dying_rank_fails_the_others_within_the_timeout(tmp_path, when, expected):
     round_timeout_s, pg_timeout_s = 5.0, 5.0
-    spec = JobSpec(
+    spec = DemoJob(
         nproc=3,
         layers="1,2,1",
         microbatches=2,

@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from e2e_fixtures import Coordinator, JobSpec, executed, require_torch, run_job, steps_of
+from e2e_fixtures import Coordinator, DemoJob, executed, require_torch, run_job, steps_of
 
 from perseus.domain.schedule import make_schedule
 from perseus.io.plan_file import load_plan
@@ -34,7 +34,7 @@ def runs(tmp_path_factory):
         ("AllMaxFrequency", 8, {}),
         ("Perseus", 18, {"freq_step": 10, "max_slowdown": 0.01}),
     ):
-        spec = JobSpec(nproc=4, layers=LAYERS, microbatches=M, steps=steps)
+        spec = DemoJob(nproc=4, layers=LAYERS, microbatches=M, steps=steps)
         with Coordinator(
             scheduler=name,
             scheduler_args={"num_microbatches": M, **args},

@@ -7,7 +7,7 @@ count is a schedule of the wrong length for the job: a clear error, not a silent
 
 from __future__ import annotations
 
-from e2e_fixtures import Coordinator, JobSpec, executed, require_torch, run_job
+from e2e_fixtures import Coordinator, DemoJob, executed, require_torch, run_job
 
 from perseus.domain.plan import Plan
 from perseus.domain.schedule import make_schedule
@@ -44,7 +44,7 @@ def _run_two_stage_job(tmp_path, plan_path):
         dump_dir=tmp_path / "dump",
         log_path=tmp_path / "coordinator.log",
     ) as coordinator:
-        spec = JobSpec(nproc=2, layers="1,3", microbatches=2, steps=3)
+        spec = DemoJob(nproc=2, layers="1,3", microbatches=2, steps=3)
         return run_job(tmp_path, spec, coordinator)
 
 

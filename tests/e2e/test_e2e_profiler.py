@@ -9,7 +9,7 @@ and the CSV all have to be right for that.
 from __future__ import annotations
 
 import pytest
-from e2e_fixtures import Coordinator, JobSpec, expected_instruction, require_torch, run_job
+from e2e_fixtures import Coordinator, DemoJob, expected_instruction, require_torch, run_job
 
 from perseus.protocol import InstructionProfilingResult
 
@@ -25,7 +25,7 @@ def profiled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("profiler")
     # A generous nominal time keeps the real compute (under 1 ms a layer) far below it even
     # when the host is busy; only a compute overrun could move a row off the model.
-    spec = JobSpec(
+    spec = DemoJob(
         nproc=2, layers="1,3", microbatches=2, steps=STEPS, nominal_ms_per_layer=NOMINAL_MS
     )
     with Coordinator(

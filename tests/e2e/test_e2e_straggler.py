@@ -8,7 +8,7 @@ would only wait for pipeline 1 at the gradient all-reduce anyway; pipeline 1 kee
 
 from __future__ import annotations
 
-from e2e_fixtures import Coordinator, JobSpec, executed, require_torch, run_job
+from e2e_fixtures import Coordinator, DemoJob, executed, require_torch, run_job
 
 require_torch()
 
@@ -17,7 +17,7 @@ PP = 2
 
 
 def test_straggler_announcement_slows_the_other_pipeline(tmp_path):
-    spec = JobSpec(
+    spec = DemoJob(
         nproc=4,
         layers="1,3",
         microbatches=4,

@@ -17,21 +17,26 @@ from perseus.errors import PerseusError
 from perseus.memory import available_memory_bytes
 from perseus.protocol import FrequencySchedule, ProfilingResult, load_prof, load_ranks, load_sched
 from perseus.settings import PerseusSettings
+from schedulers.args import SchedulerArgs
 from schedulers.base import FrequencyScheduler
 
 
 class Recorder(FrequencyScheduler):
     """A plugin scheduler that logs every call (by job id) and can be told to fail."""
 
+    class Args(SchedulerArgs):
+        fail_in_round: int = -1
+        fail_with: str = "value"
+        sleep_s: float = 0.0
+
     log: ClassVar[dict[str, list[tuple]]] = {}
 
-    def __init__(self, job_info, rank_infos, perseus_settings, *, fail_in_round: int = -1,
-                 fail_with: str = "value", sleep_s: float = 0.0):  # fmt: skip
-        super().__init__(job_info, rank_infos, perseus_settings)
+    def __init__(self, job_info, rank_infos, perseus_settings, args: Args):  # type: ignore[no-untyped-def]
+        super().__init__(job_info, rank_infos, perseus_settings, args)
         self.round = 0
-        self.fail_in_round = fail_in_round
-        self.fail_with = fail_with
-        self.sleep_s = sleep_s
+        self.fail_in_round = args.fail_in_round
+        self.fail_with = args.fail_with
+        self.sleep_s = args.sleep_s
         self.log.setdefault(job_info.job_id, []).append(("init", [r.rank for r in self.rank_infos]))
 
     def next_schedule(self) -> list[FrequencySchedule]:
@@ -54,12 +59,12 @@ class Recorder(FrequencyScheduler):
         )
 
 
-def settings_for(
-    scheduler: object = Recorder, tmp_path: Path | None = None, **kw
-) -> PerseusSettings:
+def settings_for(scheduler: type = Recorder, tmp_path: Path | None = None, **kw) -> PerseusSettings:
     args = kw.pop("scheduler_args", {})
     extra = {"dump_dir": str(tmp_path / "dump"), "dump_data": True} if tmp_path else {}
-    return PerseusSettings(scheduler=scheduler, scheduler_args=args, **extra, **kw)
+    # Settings keep a name; a test's scheduler is a plugin, "module:Class".
+    name = f"{scheduler.__module__}:{scheduler.__qualname__}"
+    return PerseusSettings(scheduler=name, scheduler_args=args, **extra, **kw)
 
 
 def register(client: httpx.Client, pp: int, dp: int = 1, tp: int = 1) -> str:

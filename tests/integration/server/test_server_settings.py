@@ -41,7 +41,8 @@ def test_create_app_reads_the_environment(monkeypatch):
     monkeypatch.setenv("PERSEUS_SCHEDULER", "ZeusGlobal")
     monkeypatch.setenv("PERSEUS_SCHEDULER_ARGS", '{"num_microbatches": 4, "eta_knob": 0.3}')
     app = create_app()
-    assert app.state.settings.scheduler is SCHEDULERS["ZeusGlobal"]
+    assert app.state.settings.scheduler == "ZeusGlobal"  # settings keep the name
+    assert app.state.scheduler_cls is SCHEDULERS["ZeusGlobal"]
 
 
 @pytest.mark.parametrize(
@@ -60,6 +61,8 @@ def test_bad_scheduler_args_are_a_configuration_error(name, args, message):
 
 
 def test_create_app_checks_scheduler_args_up_front():
+    with pytest.raises(ConfigurationError, match=r"Unknown scheduler 'Nope'\. Valid names"):
+        create_app(PerseusSettings(scheduler="Nope"))
     with pytest.raises(ConfigurationError, match="needs num_microbatches"):
         create_app(PerseusSettings(scheduler="EnvPipe"))
     with pytest.raises(ValueError, match="round_timeout_s"):
@@ -88,3 +91,14 @@ def test_perseus_serve_exits_2_with_a_clear_message(env, message):
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_scheduler_args_are_declared_once_and_shared():
+    from schedulers.args import PipelineArgs, SchedulerArgs, SweepArgs
+
+    assert all(issubclass(cls.Args, SchedulerArgs) for cls in SCHEDULERS.values())
+    sweeping = ["InstructionProfiler", "Perseus", "EnvPipe", "ZeusGlobal", "ZeusPerStage"]
+    assert all(issubclass(SCHEDULERS[n].Args, PipelineArgs) for n in [*sweeping, "AllMaxFrequency"])
+    assert all(issubclass(SCHEDULERS[n].Args, SweepArgs) for n in sweeping)
+    checked = check_scheduler_args(SCHEDULERS["Perseus"], {"num_microbatches": 4, "freq_step": 2})
+    assert (checked.num_microbatches, checked.freq_step, checked.schedule) == (4, 2, "1f1b")

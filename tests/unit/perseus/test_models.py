@@ -14,6 +14,7 @@ from perseus.protocol import (
     FrequencySchedule,
     InstructionProfilingResult,
     JobInfo,
+    JobRecord,
     OfflineProfilingResult,
     ProfilingResult,
     RankInfo,
@@ -51,13 +52,19 @@ def test_job_info_checks_world_size_and_empty_id() -> None:
         JobInfo(job_id="mine", pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)
 
 
-def test_set_job_id_is_unique_and_carries_scheduler_and_metadata() -> None:
-    a = JobInfo(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1, job_metadata="gpt")
-    b = JobInfo(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1, job_metadata="gpt")
-    a.set_job_id("Perseus")
-    b.set_job_id("Perseus")
+def test_job_record_gets_a_unique_id_carrying_scheduler_and_metadata() -> None:
+    info = JobInfo(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1, job_metadata="gpt")
+    a = JobRecord.register(info, "Perseus")
+    b = JobRecord.register(info, "Perseus")
+    assert info.job_id == ""  # the request is not changed
     assert a.job_id != b.job_id
     assert "+Perseus+" in a.job_id and a.job_id.endswith("+gpt")
+    assert isinstance(a, JobInfo) and a.model_dump(exclude={"job_id"}) == info.model_dump(
+        exclude={"job_id"}
+    )
+    assert JobRecord.model_validate_json(a.model_dump_json()) == a
+    with pytest.raises(ValidationError):
+        JobRecord(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)  # no id
 
 
 def test_instruction_profiling_result_csv_round_trip(tmp_path: Path) -> None:
@@ -156,12 +163,16 @@ def test_json_dumps_round_trip(tmp_path: Path) -> None:
     assert load_prof(tmp_path, 3) == profs
 
 
-def test_settings_resolve_scheduler_and_check_args(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_settings_keep_the_scheduler_name_the_registry_resolves_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import schedulers
+    from schedulers.args import SchedulerArgs
+    from schedulers.registry import resolve_scheduler
 
     class Dummy(schedulers.FrequencyScheduler):
-        def __init__(self, job_info, rank_infos, perseus_settings, *, knob: int = 1):  # type: ignore[no-untyped-def]
-            super().__init__(job_info, rank_infos, perseus_settings)
+        class Args(SchedulerArgs):
+            knob: int = 1
 
         def next_schedule(self):  # type: ignore[no-untyped-def]
             return []
@@ -170,17 +181,21 @@ def test_settings_resolve_scheduler_and_check_args(monkeypatch: pytest.MonkeyPat
             return None
 
     monkeypatch.setitem(schedulers.SCHEDULERS, "Dummy", Dummy)
-    monkeypatch.setenv("PERSEUS_SCHEDULER", "Dummy")
+    monkeypatch.setenv("PERSEUS_SCHEDULER", " Dummy ")
     monkeypatch.setenv("PERSEUS_SCHEDULER_ARGS", '{"knob": 3}')
     settings = PerseusSettings()
-    assert settings.scheduler is Dummy and settings.scheduler_args == {"knob": 3}
-    monkeypatch.setenv("PERSEUS_SCHEDULER_ARGS", '{"nope": 3}')
+    assert settings.scheduler == "Dummy" and settings.scheduler_args == {"knob": 3}
+    assert resolve_scheduler(settings.scheduler) is Dummy
+    assert schedulers.check_scheduler_args(Dummy, settings.scheduler_args) == Dummy.Args(knob=3)
     with pytest.raises(ConfigurationError, match="It accepts: knob"):
-        PerseusSettings()
+        schedulers.check_scheduler_args(Dummy, {"nope": 3})
 
 
-def test_settings_unknown_scheduler_lists_valid_names() -> None:
+def test_unknown_scheduler_lists_valid_names() -> None:
+    from schedulers.registry import resolve_scheduler
+
+    assert PerseusSettings(scheduler="NoSuch").scheduler == "NoSuch"  # resolved at startup
     with pytest.raises(ConfigurationError, match=r"Unknown scheduler 'NoSuch'\. Valid names"):
-        PerseusSettings(scheduler="NoSuch")
+        resolve_scheduler("NoSuch")
     with pytest.raises(ConfigurationError, match="Cannot import scheduler plugin module"):
-        PerseusSettings(scheduler="no_such_module_xyz:Thing")
+        resolve_scheduler("no_such_module_xyz:Thing")

@@ -1,0 +1,61 @@
+"""Scheduler arguments (``PERSEUS_SCHEDULER_ARGS``), declared once as validated models.
+
+Each scheduler class names its model in ``Args``; `schedulers.base.check_scheduler_args`
+validates a JSON object against it (at coordinator start for the defaults, and when a
+job's scheduler is built) and the constructor receives the validated instance. Shared
+groups are declared here once:
+
+- `PipelineArgs`: the pipeline every pipeline scheduler runs (`num_microbatches` is
+  required, `schedule`).
+- `SweepArgs`: the online instruction sweep (`schedulers.sweep`).
+- `ProfileSourceArgs`: a given profile / blocking power instead of measuring them.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["PipelineArgs", "ProfileSourceArgs", "SchedulerArgs", "SweepArgs"]
+
+
+class SchedulerArgs(BaseModel):
+    """Base of every scheduler's arguments (none); unknown names are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PipelineArgs(SchedulerArgs):
+    """The pipeline a job runs."""
+
+    num_microbatches: int = Field(
+        ge=1,
+        description=(
+            "the microbatches per iteration, which set each schedule's length: e.g. "
+            "PERSEUS_SCHEDULER_ARGS='{\"num_microbatches\": 8}'"
+        ),
+    )
+    schedule: str = Field(default="1f1b", description='the pipeline schedule, "1f1b" or "gpipe"')
+
+
+class SweepArgs(SchedulerArgs):
+    """The online frequency sweep (`schedulers.sweep.InstructionSweep`)."""
+
+    warmup_rounds: int = Field(default=1, ge=0, description="all-max rounds before measuring")
+    freq_step: int = Field(default=1, ge=1, description="profile every freq_step-th frequency")
+    min_frequency: int | None = Field(
+        default=None, gt=0, description="lowest frequency to profile, MHz (None: the lowest)"
+    )
+    early_stop_after: int = Field(
+        default=2, ge=1, description="consecutive metric rises that stop a group's sweep"
+    )
+
+
+class ProfileSourceArgs(SweepArgs):
+    """What a planning scheduler is given instead of measuring it (None: measure it)."""
+
+    p2p_power: float | None = Field(
+        default=None, ge=0.0, description="the GPUs' blocking power, W (None: measured)"
+    )
+    profile_path: str | None = Field(
+        default=None, description="a profile CSV to plan from (None: sweep online)"
+    )

@@ -1,0 +1,73 @@
+"""One error tree: every exception class of `perseus` and `schedulers` is a PerseusError,
+and each one knows the HTTP status the coordinator answers with."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from types import ModuleType
+
+import pytest
+
+from perseus import errors
+from perseus.errors import PerseusError
+
+
+def _modules(package_name: str) -> list[ModuleType]:
+    package = importlib.import_module(package_name)
+    modules = [package]
+    for info in pkgutil.walk_packages(package.__path__, prefix=f"{package_name}."):
+        if info.name.rsplit(".", 1)[-1] == "__main__":
+            continue  # running them is their import
+        try:
+            modules.append(importlib.import_module(info.name))
+        except ImportError as exc:
+            if exc.name in ("torch", "torch.distributed"):
+                continue  # the training side needs torch; nothing else may fail to import
+            raise
+    return modules
+
+
+@pytest.mark.parametrize("package", ["perseus", "schedulers"])
+def test_every_exception_class_derives_from_perseus_error(package: str) -> None:
+    found = []
+    strays = []
+    for module in _modules(package):
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__ or not issubclass(cls, BaseException):
+                continue
+            found.append(cls)
+            if not issubclass(cls, PerseusError):
+                strays.append(f"{cls.__module__}.{cls.__qualname__}")
+    assert not strays, f"exception classes outside the PerseusError tree: {strays}"
+    if package == "perseus":
+        assert errors.RoundTimeoutError in found
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (errors.ConfigurationError("x"), 400),
+        (errors.JobNotFoundError("x"), 404),
+        (errors.InvalidJobError("x"), 422),
+        (errors.InvalidRankError("x"), 422),
+        (errors.RankConflictError("x"), 409),
+        (errors.JobFailedError("x"), 409),
+        (errors.JobFailedError("x", status_code=504), 504),
+        (errors.RoundTimeoutError("x"), 504),
+        (errors.SchedulerFailedError("x"), 500),
+        (errors.SchedulerFailedError("x", status_code=400), 400),
+    ],
+)
+def test_each_error_knows_its_status(error: PerseusError, status: int) -> None:
+    from perseus.server.errors import status_of
+
+    assert error.status == status == status_of(error)
+
+
+def test_non_perseus_errors_are_bad_input_or_a_crash() -> None:
+    from perseus.server.errors import status_of
+
+    assert status_of(ValueError("x")) == 400
+    assert status_of(RuntimeError("x")) == 500

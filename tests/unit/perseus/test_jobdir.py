@@ -1,0 +1,44 @@
+"""`JobDir` owns the file names under ``dump_dir/<job_id>/``; the seed helpers use them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from perseus.io.jobdir import JobDir
+from perseus.protocol import RankInfo, save_ranks
+
+
+def test_job_dir_names_every_file(tmp_path: Path) -> None:
+    d = JobDir.of(tmp_path, "job-1")
+    assert d.path == tmp_path / "job-1" and d.name == "job-1"
+    assert [p.name for p in (d.job, d.scheduler, d.ranks, d.deployed_plan, d.evicted)] == [
+        "job.json",
+        "scheduler.json",
+        "ranks.json",
+        "deployed_plan.json",
+        "evicted",
+    ]
+    assert (d.profile.name, d.frontier.name) == ("instruction_profile.csv", "frontier")
+    assert (d.schedules(3).name, d.results(3).name) == ("3.sched.json", "3.prof.json")
+
+
+def test_rounds_and_restorable(tmp_path: Path) -> None:
+    a, b, c = (JobDir.of(tmp_path, n) for n in ("a", "b", "c"))
+    assert a.rounds() == [] and JobDir.restorable(tmp_path / "missing") == []
+    for d in (a, b, c):
+        d.path.mkdir()
+    for n in (0, 2, 10):
+        a.schedules(n).write_text("[]")
+    a.results(0).write_text("[]")
+    assert a.rounds() == [0, 2, 10]
+    a.job.write_text("{}")
+    b.job.write_text("{}")
+    b.evicted.write_text("idle\n")
+    assert JobDir.restorable(tmp_path) == [a]
+
+
+def test_seed_helpers_write_job_dir_names(tmp_path: Path) -> None:
+    ranks = [RankInfo(rank=0, dp_rank=0, pp_rank=0, tp_rank=0, available_frequencies=[1])]
+    asyncio.run(save_ranks(ranks, tmp_path))
+    assert JobDir(tmp_path).ranks.is_file()
