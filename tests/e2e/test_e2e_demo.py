@@ -18,7 +18,8 @@ from rich.progress import Progress
 from typer.testing import CliRunner
 
 from perseus.cli.demo import demo
-from perseus.demo import Coordinator, DemoJob, _run_phase
+from perseus.demo import Coordinator, DemoJob
+from perseus.demo.run import _run_phase
 from perseus.errors import PerseusError
 from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import load_profile
