@@ -14,8 +14,9 @@ from datetime import datetime
 from pydantic import BaseModel, Field, RootModel, field_validator, model_validator
 
 from perseus.domain.kinds import INSTRUCTIONS
+from perseus.domain.layout import ParallelLayout
 from perseus.domain.profile import ProfileRow
-from perseus.errors import ProfileError
+from perseus.errors import ConfigurationError, ProfileError
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
 from perseus.io.profile_csv import read_profile_rows, write_profile_rows
@@ -26,6 +27,7 @@ __all__ = [
     "JobInfo",
     "JobRecord",
     "OfflineProfilingResult",
+    "ParallelLayout",
     "ProfilingResult",
     "RankInfo",
     "load_prof",
@@ -75,13 +77,16 @@ class JobInfo(BaseModel):
     @model_validator(mode="after")
     def _check_world_size(self) -> JobInfo:
         """Product of PP, DP, and TP degree must equal the world size."""
-        product = self.pp_degree * self.dp_degree * self.tp_degree
-        if product != self.world_size:
-            raise ValueError(
-                f"pp_degree·dp_degree·tp_degree = {self.pp_degree}·{self.dp_degree}·"
-                f"{self.tp_degree} = {product} != world_size {self.world_size}"
-            )
+        try:
+            self.layout.check_world_size(self.world_size)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    @property
+    def layout(self) -> ParallelLayout:
+        """The job's parallel layout (the one place its rules live)."""
+        return ParallelLayout(self.dp_degree, self.pp_degree, self.tp_degree)
 
 
 class JobRecord(JobInfo):

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from perseus.errors import ConfigurationError, CoordinatorError
+from perseus.protocol import ParallelLayout
 
 __all__ = ["broadcast_text", "check_layout", "device_sync", "process_group", "share_job_id"]
 
@@ -27,24 +28,9 @@ def check_layout(
     world_size: int,
 ) -> None:
     """Raise `ConfigurationError` unless the ranks fit the degrees and the degrees the world."""
-    for name, value in (("dp_degree", dp_degree), ("pp_degree", pp_degree)):
-        if value < 1:
-            raise ConfigurationError(f"{name}={value!r} must be at least 1")
-    if tp_degree < 1:
-        raise ConfigurationError(f"tp_degree={tp_degree!r} must be at least 1")
-    if dp_degree * pp_degree * tp_degree != world_size:
-        raise ConfigurationError(
-            f"dp_degree·pp_degree·tp_degree = {dp_degree}·{pp_degree}·{tp_degree} != "
-            f"world_size {world_size}"
-        )
-    for name, value, bound in (
-        ("rank", rank, world_size),
-        ("dp_rank", dp_rank, dp_degree),
-        ("pp_rank", pp_rank, pp_degree),
-        ("tp_rank", tp_rank, tp_degree),
-    ):
-        if not 0 <= value < bound:
-            raise ConfigurationError(f"{name}={value!r} must be in [0, {bound})")
+    layout = ParallelLayout(dp_degree, pp_degree, tp_degree)
+    layout.check_world_size(world_size)
+    layout.check_coordinates(rank=rank, dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank)
 
 
 def process_group(rank: int, world_size: int) -> Any:

@@ -183,17 +183,15 @@ class CoordinatedJob:
         self.touch()
         self.check_usable()
         self.check_rank(info.rank)
-        degrees = {
-            "dp_rank": (info.dp_rank, self.info.dp_degree),
-            "pp_rank": (info.pp_rank, self.info.pp_degree),
-            "tp_rank": (info.tp_rank, self.info.tp_degree),
-        }
-        for name, (value, degree) in degrees.items():
-            if value >= degree:
-                raise InvalidRankError(
-                    f"Rank {info.rank}: {name} {value} is out of range for job {self.job_id} "
-                    f"(its degree is {degree}; valid 0..{degree - 1})"
-                )
+        bad = self.info.layout.out_of_range(
+            rank=info.rank, dp_rank=info.dp_rank, pp_rank=info.pp_rank, tp_rank=info.tp_rank
+        )
+        if bad is not None:
+            name, value, degree = bad
+            raise InvalidRankError(
+                f"Rank {info.rank}: {name} {value} is out of range for job {self.job_id} "
+                f"(its degree is {degree}; valid 0..{degree - 1})"
+            )
         if not info.available_frequencies or min(info.available_frequencies) <= 0:
             raise InvalidRankError(
                 f"Rank {info.rank}: available_frequencies must be a non-empty list of positive "
