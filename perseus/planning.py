@@ -1,1 +1,0 @@
-"""Placeholder: the planning adapter lands with the generic solver."""
