@@ -38,15 +38,10 @@ R = TypeVar("R")
 
 def _known_errors() -> tuple[type[BaseException], ...]:
     # OSError: a missing file, no permission, an --out that is a file, a full disk, ...
-    errors: list[type[BaseException]] = [PerseusError, OSError]
-    try:  # zeus_power's root; GPUError too until it derives from ZeusError
-        from zeus_power.device.base import GPUError
-        from zeus_power.errors import ZeusError
+    # ZeusError: zeus_power's root, the device layer's GPUError included.
+    from zeus_power.errors import ZeusError
 
-        errors += [ZeusError, GPUError]
-    except ImportError:  # pragma: no cover - zeus_power is part of this distribution
-        pass
-    return tuple(errors)
+    return (PerseusError, ZeusError, OSError)
 
 
 def cli_errors(func: Callable[P, R]) -> Callable[P, R]:

@@ -35,7 +35,7 @@ def solve(
         str, typer.Option(help=f"Pipeline schedule: {' | '.join(SCHEDULES)}.")
     ] = "1f1b",
     chunks: Annotated[int, typer.Option(help="Model chunks per stage (interleaved only).")] = 2,
-    p2p_power: Annotated[
+    p2p_power_w: Annotated[
         float,
         typer.Option("--p2p-power", help="GPU power (W) while blocked on P2P / idle in bubbles."),
     ] = DEFAULT_P2P_POWER_W,
@@ -46,8 +46,8 @@ def solve(
     from perseus.io.plan_file import load_plan
     from perseus.io.profile_csv import load_profile
 
-    if p2p_power < 0:
-        raise PerseusError(f"--p2p-power must be non-negative, got {p2p_power}")
+    if p2p_power_w < 0:
+        raise PerseusError(f"--p2p-power must be non-negative, got {p2p_power_w}")
     if out.exists() and not out.is_dir():  # say so now, not after a long solve
         raise PerseusError(
             f"--out {str(out)!r} is a file; give a directory for frontier.csv and plans/"
@@ -70,11 +70,11 @@ def solve(
         frontier = solve_frontier(
             prof,
             sched,
-            p2p_power_w=p2p_power,
+            p2p_power_w=p2p_power_w,
             progress=lambda f: progress.update(task, completed=f),
         )
     frontier.write(out)
-    base = evaluate(prof, sched, max_frequencies(prof, sched), p2p_power)
+    base = evaluate(prof, sched, max_frequencies(prof, sched), p2p_power_w)
     points = frontier.points
     table = Table(
         title=f"Frontier of {prof.source} — {sched.name}, S={sched.num_stages}, M={sched.num_microbatches}"

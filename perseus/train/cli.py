@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from perseus.errors import ConfigurationError, PerseusError
-from zeus_power.device.base import GPUError
+from zeus_power.errors import ZeusError
 
 __all__ = ["build_parser", "main"]
 
@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _run(args)
-    except (PerseusError, GPUError, ValueError) as exc:
+    except (PerseusError, ZeusError, ValueError) as exc:
         rank = os.environ.get("RANK", "?")
         print(
             f"perseus.train rank {rank}: error: {type(exc).__name__}: {exc}",

@@ -87,3 +87,20 @@ def test_dynamic_import_scan_sees_literal_names(tmp_path: Path) -> None:
         'import importlib\nregistry = importlib.import_module("schedulers").SCHEDULERS\n'
     )
     assert _dynamic_imports(tmp_path) == [("perseus.settings", "schedulers")]
+
+
+def _classes_by_name(base: Path = REPO) -> dict[str, list[str]]:
+    """Class name → the modules that define a class of that name (top level or nested)."""
+    found: dict[str, list[str]] = {}
+    for root in ROOTS:
+        for path in sorted((base / root).rglob("*.py")):
+            module = ".".join(path.relative_to(base).with_suffix("").parts)
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef):
+                    found.setdefault(node.name, []).append(module)
+    return found
+
+
+def test_no_two_classes_share_a_name() -> None:
+    shared = {name: where for name, where in _classes_by_name().items() if len(where) > 1}
+    assert not shared, f"class names defined more than once: {shared}"
