@@ -7,29 +7,26 @@ from typing import Annotated
 
 import typer
 
-from perseus.cli._common import console, err_console
+from perseus.cli._common import cli_errors, console
 
 __all__ = ["serve"]
 
 
-def _settings_or_exit():  # type: ignore[no-untyped-def]
+def _load_settings():  # type: ignore[no-untyped-def]
+    """The ``PERSEUS_*`` settings; a `ConfigurationError` naming what is wrong."""
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
-    from perseus.errors import PerseusError
+    from perseus.errors import ConfigurationError
     from perseus.settings import PerseusSettings
 
     try:
         return PerseusSettings()
-    except (PerseusError, ValidationError, SettingsError) as exc:
-        err_console.print(
-            f"[bold red]Error:[/] invalid PERSEUS_* settings: {exc}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(2) from None
+    except (ValidationError, SettingsError) as exc:
+        raise ConfigurationError(f"invalid PERSEUS_* settings: {exc}") from None
 
 
+@cli_errors
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 7787,
@@ -56,15 +53,10 @@ def serve(
     """Run the Perseus coordinator. Scheduler: PERSEUS_SCHEDULER, PERSEUS_SCHEDULER_ARGS (JSON)."""
     import uvicorn
 
-    from perseus.errors import PerseusError
     from perseus.server import create_app
 
-    settings = _settings_or_exit()
-    try:
-        app = create_app(settings, round_timeout_s=round_timeout_s)
-    except (PerseusError, ValueError) as exc:
-        err_console.print(f"[bold red]Error:[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+    settings = _load_settings()
+    app = create_app(settings, round_timeout_s=round_timeout_s)
     level = (log_level or settings.log_level).lower()
     logging.basicConfig(
         level="DEBUG" if level == "trace" else level.upper(),

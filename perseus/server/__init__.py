@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
+from perseus.errors import ConfigurationError
 from perseus.server.errors import install_error_handlers
 from perseus.server.job_manager import JobManager
 from perseus.server.routes import router
@@ -65,7 +66,7 @@ def create_app(
     scheduler_cls = resolve_scheduler(settings.scheduler)
     check_scheduler_args(scheduler_cls, settings.scheduler_args)
     if not round_timeout_s > 0:
-        raise ValueError(f"round_timeout_s must be positive, got {round_timeout_s!r}")
+        raise ConfigurationError(f"round_timeout_s must be positive, got {round_timeout_s!r}")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

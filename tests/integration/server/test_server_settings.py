@@ -65,7 +65,7 @@ def test_create_app_checks_scheduler_args_up_front():
         create_app(PerseusSettings(scheduler="Nope"))
     with pytest.raises(ConfigurationError, match="needs num_microbatches"):
         create_app(PerseusSettings(scheduler="EnvPipe"))
-    with pytest.raises(ValueError, match="round_timeout_s"):
+    with pytest.raises(ConfigurationError, match="round_timeout_s"):
         create_app(
             PerseusSettings(scheduler="AllMaxFrequency", scheduler_args={"num_microbatches": 1}),
             round_timeout_s=0,
