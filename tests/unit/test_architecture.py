@@ -45,26 +45,55 @@ def test_import_loads_no_heavy_library(module: str) -> None:
     assert json.loads(out.stdout) == [], f"`import {module}` loaded {out.stdout.strip()}"
 
 
+def _is_module(base: Path, dotted: str) -> bool:
+    path = base.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def _dynamic_imports(base: Path = REPO) -> list[tuple[str, str]]:
-    """(importer, imported) for every `import_module("literal")` in the packages."""
+    """(importer, imported) for the modules a file may load with `import_module`.
+
+    A literal argument names its module. A computed one (a lazy ``__init__`` that maps
+    names to modules) may load any module of the project that a string in the file names,
+    absolutely (``"perseus.errors"``) or relative to the package (``"problem"``).
+    """
     edges = []
     for root in ROOTS:
         for path in sorted((base / root).rglob("*.py")):
             rel = path.relative_to(base).with_suffix("")
             parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
             importer = ".".join(parts)
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            tree = ast.parse(path.read_text(), str(path))
+            computed = False
+            for node in ast.walk(tree):
                 if not isinstance(node, ast.Call) or not node.args:
                     continue
                 func = node.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name not in ("import_module", "__import__"):
+                    continue
                 arg = node.args[0]
-                if (
-                    name in ("import_module", "__import__")
-                    and isinstance(arg, ast.Constant)
-                    and str(arg.value).split(".")[0] in ROOTS
-                ):
-                    edges.append((importer, str(arg.value)))
+                if isinstance(arg, ast.Constant):
+                    if str(arg.value).split(".")[0] in ROOTS:
+                        edges.append((importer, str(arg.value)))
+                else:
+                    computed = True
+            if not computed:
+                continue
+            strings = {
+                n.value
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            }
+            for value in sorted(strings):
+                for candidate in (value, f"{importer}.{value}"):
+                    if (
+                        candidate != importer
+                        and candidate.split(".")[0] in ROOTS
+                        and all(part.isidentifier() for part in candidate.split("."))
+                        and _is_module(base, candidate)
+                    ):
+                        edges.append((importer, candidate))
     return edges
 
 
@@ -79,14 +108,28 @@ def test_no_import_cycle_between_modules() -> None:
     assert not cycles, f"import cycles: {cycles}"
 
 
-def test_dynamic_import_scan_sees_literal_names(tmp_path: Path) -> None:
-    """The scan finds `importlib.import_module("pkg")` (so the cycle test can fail)."""
-    (tmp_path / "perseus").mkdir()
-    (tmp_path / "perseus" / "__init__.py").write_text("")
-    (tmp_path / "perseus" / "settings.py").write_text(
+def test_dynamic_import_scan_sees_literal_and_mapped_names(tmp_path: Path) -> None:
+    """The scan finds `import_module("pkg")` and the modules a lazy map may load."""
+    pkg = tmp_path / "perseus"
+    (pkg / "solver").mkdir(parents=True)
+    (pkg / "solver" / "problem.py").write_text("")
+    (pkg / "settings.py").write_text(
         'import importlib\nregistry = importlib.import_module("schedulers").SCHEDULERS\n'
     )
-    assert _dynamic_imports(tmp_path) == [("perseus.settings", "schedulers")]
+    (pkg / "solver" / "__init__.py").write_text(
+        'import importlib\n_WHERE = {"SolverProblem": "problem"}\n'
+        "def __getattr__(name):\n"
+        '    return importlib.import_module(f"{__name__}.{_WHERE[name]}")\n'
+    )
+    (pkg / "__init__.py").write_text(
+        'import importlib\n_SOURCES = {"X": "perseus.settings", "Y": "numpy"}\n'
+        "def __getattr__(name):\n    return importlib.import_module(_SOURCES[name])\n"
+    )
+    assert sorted(_dynamic_imports(tmp_path)) == [
+        ("perseus", "perseus.settings"),
+        ("perseus.settings", "schedulers"),
+        ("perseus.solver", "perseus.solver.problem"),
+    ]
 
 
 def _classes_by_name(base: Path = REPO) -> dict[str, list[str]]:
