@@ -13,7 +13,11 @@ groups are declared here once:
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from perseus.domain.kinds import SCHEDULES
+from perseus.domain.schedule import schedule_name
+from perseus.errors import ScheduleError
 
 __all__ = ["PipelineArgs", "ProfileSourceArgs", "SchedulerArgs", "SweepArgs"]
 
@@ -34,7 +38,17 @@ class PipelineArgs(SchedulerArgs):
             "PERSEUS_SCHEDULER_ARGS='{\"num_microbatches\": 8}'"
         ),
     )
-    schedule: str = Field(default="1f1b", description='the pipeline schedule, "1f1b" or "gpipe"')
+    schedule: str = Field(
+        default="1f1b", description=f"the pipeline schedule: {' | '.join(SCHEDULES)}"
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, value: str) -> str:
+        try:
+            return schedule_name(value)
+        except ScheduleError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class SweepArgs(SchedulerArgs):

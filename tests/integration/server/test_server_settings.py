@@ -53,6 +53,11 @@ def test_create_app_reads_the_environment(monkeypatch):
         ("ZeusGlobal", {"num_microbatches": 2, "eta_knob": 2}, "eta_knob"),
         ("InstructionProfiler", {"num_microbatches": 2, "freq_stride": 2}, "It accepts:"),
         ("PointSolution", {}, "solution_path: Field required"),
+        (
+            "AllMaxFrequency",
+            {"num_microbatches": 2, "schedule": "zigzag"},
+            "Unknown pipeline schedule",
+        ),
     ],
 )
 def test_bad_scheduler_args_are_a_configuration_error(name, args, message):
