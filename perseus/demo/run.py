@@ -19,6 +19,7 @@ from perseus.demo.processes import (
 )
 from perseus.demo.traces import count_steps, last_step_frequencies, read_traces, summarize
 from perseus.errors import ConfigurationError, PerseusError
+from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
 from perseus.io.plan_file import load_plan, save_plan
 from perseus.io.profile_csv import load_profile
@@ -189,7 +190,8 @@ def run_demo(
         planned_energy_saved=1.0 - planned.energy_j / all_max.energy_j,
         planned_slowdown=planned.iteration_time_s / all_max.iteration_time_s - 1.0,
     )
-    (out / "summary.json").write_text(
+    atomic_write_text(
+        out / "summary.json",
         json.dumps(
             {
                 "baseline": {"iteration_time_s": base_t, "energy_j": base_e},
@@ -204,6 +206,6 @@ def run_demo(
             },
             indent=2,
         )
-        + "\n"
+        + "\n",
     )
     return result

@@ -10,6 +10,7 @@ choose` and the plot read only the table.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from typing import NamedTuple
 
 from perseus.domain.plan import Plan
 from perseus.errors import PlanError
+from perseus.io.atomic import atomic_write_text
 from perseus.io.plan_file import load_plan, save_plan
 
 __all__ = [
@@ -54,12 +56,11 @@ def write_frontier_dir(out_dir: str | os.PathLike[str], rows: Sequence[FrontierR
         rel = f"plans/plan_{k:05d}.json"
         save_plan(row.plan, out / rel)
         table.append((k, repr(row.iteration_time), repr(row.energy), repr(row.lower_bound), rel))
-    tmp = out / "frontier.csv.tmp"
-    with tmp.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(FRONTIER_COLUMNS)
-        writer.writerows(table)
-    tmp.replace(out / "frontier.csv")
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(FRONTIER_COLUMNS)
+    writer.writerows(table)
+    atomic_write_text(out / "frontier.csv", buf.getvalue())
     return out / "frontier.csv"
 
 
