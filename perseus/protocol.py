@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, RootModel, field_validator, model_validat
 
 from perseus.domain.kinds import INSTRUCTIONS
 from perseus.domain.layout import ParallelLayout
-from perseus.domain.profile import ProfileRow
+from perseus.domain.rows import ProfileRow
 from perseus.errors import ConfigurationError, ProfileError
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir

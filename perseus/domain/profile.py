@@ -14,29 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from perseus.domain.kinds import INSTRUCTIONS
+from perseus.domain.rows import ProfileRow
 from perseus.errors import PlanError, ProfileError
 
 __all__ = ["InstructionOptions", "InstructionProfile", "ProfileRow"]
-
-
-class ProfileRow(NamedTuple):
-    """One measurement: one rank's instruction at one frequency (time in s, energy in J)."""
-
-    rank: int
-    dp_rank: int
-    pp_rank: int
-    tp_rank: int
-    stage: int
-    instruction: str
-    frequency: int
-    time: float
-    energy: float
 
 
 @dataclass(frozen=True)

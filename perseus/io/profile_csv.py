@@ -17,13 +17,17 @@ import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from perseus.domain.kinds import INSTRUCTIONS
-from perseus.domain.profile import InstructionProfile, ProfileRow
+from perseus.domain.rows import ProfileRow
 from perseus.errors import ProfileError
 from perseus.io.atomic import atomic_write_text
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from perseus.domain.profile import InstructionProfile
 
 __all__ = [
     "CSV_COLUMNS",
@@ -154,6 +158,8 @@ def write_profile_rows(path: str | os.PathLike[str], rows: Iterable[ProfileRow])
 
 def load_profile(path: str | os.PathLike[str]) -> InstructionProfile:
     """Read, validate and aggregate a profile CSV into per-stage options."""
+    from perseus.domain.profile import InstructionProfile  # numpy/pandas: only when needed
+
     return InstructionProfile.from_rows(read_profile_rows(path), source=str(path))
 
 
@@ -166,5 +172,7 @@ def write_profile_frame(
     frame: pd.DataFrame, path: str | os.PathLike[str], *, float_format: str | None = None
 ) -> None:
     """Write a short-form table as it is (rows in its order), after validating it."""
+    from perseus.domain.profile import InstructionProfile  # numpy/pandas: only when needed
+
     InstructionProfile.from_frame(frame, source=str(path))
     atomic_write_text(path, frame.to_csv(index=False, float_format=float_format))

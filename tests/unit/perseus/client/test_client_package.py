@@ -26,6 +26,8 @@ FORBIDDEN = (
     "schedulers",
     "torch",
     "fastapi",
+    "pandas",
+    "networkx",
 )
 
 
@@ -49,7 +51,7 @@ def test_the_client_imports_only_the_protocol_the_errors_and_the_device_layer(mo
     assert not bad, f"perseus/client/{module} imports {bad}"
 
 
-def test_importing_the_hook_loads_neither_the_solver_nor_the_server_nor_torch():
+def test_importing_the_hook_loads_neither_the_solver_nor_the_server_nor_heavy_libraries():
     code = (
         "import json, sys, perseus.client.hook; print(json.dumps(sorted(m for m in sys.modules)))"
     )

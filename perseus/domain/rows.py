@@ -1,0 +1,25 @@
+"""One profile measurement as it travels between a CSV file, the wire and a profile.
+
+Its own module, free of numpy and pandas, so that the wire protocol (and every rank's
+client that imports it) stays light.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["ProfileRow"]
+
+
+class ProfileRow(NamedTuple):
+    """One measurement: one rank's instruction at one frequency (time in s, energy in J)."""
+
+    rank: int
+    dp_rank: int
+    pp_rank: int
+    tp_rank: int
+    stage: int
+    instruction: str
+    frequency: int
+    time: float
+    energy: float
