@@ -27,6 +27,7 @@ from types import MappingProxyType
 import numpy as np
 import pandas as pd
 
+from perseus.domain.kinds import PROFILE_COLUMNS
 from perseus.errors import ConfigurationError, ProfileError
 from perseus.memory import memory_shortfall
 from zeus_power.device.calibration import MeasuredSweep, fit_workload
@@ -44,8 +45,8 @@ __all__ = [
     "synthesize_profile",
 ]
 
-COLUMNS = ["stage", "instruction", "frequency", "time", "energy"]
-"""Columns of a profile table, in order."""
+COLUMNS = list(PROFILE_COLUMNS)
+"""Columns of a profile table, in order (`perseus.domain.kinds.PROFILE_COLUMNS`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,12 +1,16 @@
-"""The domain's names and constants, importable without numpy: instruction kinds, schedule
-names, the default blocking power."""
+"""The domain's names and constants, importable without numpy: instruction kinds, profile
+columns, schedule names, the default blocking power."""
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_P2P_POWER_W", "INSTRUCTIONS", "SCHEDULES"]
+__all__ = ["DEFAULT_P2P_POWER_W", "INSTRUCTIONS", "PROFILE_COLUMNS", "SCHEDULES"]
 
 INSTRUCTIONS = ("forward", "backward")
 """The instruction kinds a profile holds and a schedule orders, in profile order."""
+
+PROFILE_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+"""A profile table's columns, in order: one row per stage, instruction and frequency (time in
+s, energy in J). The short CSV form is this table."""
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 """The built-in pipeline schedules (`perseus.domain.schedule.make_schedule`)."""

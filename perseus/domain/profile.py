@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perseus.domain.kinds import INSTRUCTIONS
+from perseus.domain.kinds import INSTRUCTIONS, PROFILE_COLUMNS
 from perseus.domain.rows import ProfileRow
 from perseus.errors import PlanError, ProfileError
 
@@ -110,7 +110,7 @@ class InstructionProfile:
     @classmethod
     def from_frame(cls, frame: pd.DataFrame, *, source: str = "<frame>") -> InstructionProfile:
         """Build from a DataFrame with columns ``stage,instruction,frequency,time,energy``."""
-        needed = ["stage", "instruction", "frequency", "time", "energy"]
+        needed = list(PROFILE_COLUMNS)
         missing = [c for c in needed if c not in frame.columns]
         if missing:
             raise ProfileError(f"Profile {source} lacks column(s) {', '.join(missing)}")
@@ -187,7 +187,7 @@ class InstructionProfile:
             for (stage, instruction), o in sorted(self._options.items())
             for f, t, e in zip(o.freq_mhz, o.time_s, o.energy_j, strict=True)
         ]
-        return pd.DataFrame(rows, columns=["stage", "instruction", "frequency", "time", "energy"])
+        return pd.DataFrame(rows, columns=list(PROFILE_COLUMNS))
 
     def __repr__(self) -> str:
         return f"InstructionProfile(num_stages={self.num_stages}, source={self.source!r})"

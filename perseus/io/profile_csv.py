@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perseus.domain.kinds import INSTRUCTIONS
+from perseus.domain.kinds import INSTRUCTIONS, PROFILE_COLUMNS
 from perseus.domain.rows import ProfileRow
 from perseus.errors import ProfileError
 from perseus.io.atomic import atomic_write_text
@@ -50,7 +50,7 @@ CSV_COLUMNS = (
     "time",
     "energy",
 )
-SHORT_CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+SHORT_CSV_COLUMNS = PROFILE_COLUMNS
 _ID_COLUMNS = ("stage", "rank", "dp_rank", "pp_rank", "tp_rank")
 
 
