@@ -234,27 +234,15 @@ def solve_frontier(
     resolution_s: float | None = None,
     max_points: int | None = 500,
 ) -> Frontier:
-    """Compute the time–energy frontier of one pipeline (`perseus.solver.frontier`).
+    """Compute the time–energy frontier of one pipeline.
 
-    Args:
-        profile: Profiled time and energy of every (stage, instruction, frequency).
-        schedule: The pipeline schedule whose DAG is planned.
-        p2p_power_w: Power a GPU draws while blocked on P2P communication or idle.
-        progress: Called with the fraction done (0..1) as the sweep proceeds.
-        resolution_s: Time spacing of the plans built between LP breakpoints (and in
-            any wider hole of the Pareto set); default ``(T_slowest − T_fast) / 2000``.
-        max_points: Keep at most this many points (spread evenly in time, fastest and
-            slowest always kept); ``None`` keeps the whole Pareto set.
+    `profile` and `schedule` become the solver's problem (`PipelineProblem`); `p2p_power_w`
+    is the power a GPU draws while blocked on P2P communication or idle. `progress`,
+    `resolution_s` and `max_points` are `perseus.solver.compute_frontier`'s.
     """
     t0 = time.perf_counter()
-    if max_points is not None and max_points < 2:
-        raise SolverError(f"max_points must be at least 2 (or None for all), got {max_points!r}")
     check_frontier_memory(schedule.num_instructions, schedule.name)
-    if not np.isfinite(p2p_power_w) or p2p_power_w < 0:
-        raise SolverError(
-            f"The blocking (P2P) power must be a finite number of watts >= 0, got {p2p_power_w!r}"
-        )
-    try:
+    try:  # the solver checks the blocking power and max_points itself
         problem = PipelineProblem(profile, schedule, p2p_power_w)
     except ScheduleError as exc:
         raise SolverError(str(exc)) from exc
