@@ -176,7 +176,7 @@ def main() -> int:
     problem = pipeline.solver
     rounder = Rounder(problem)
     where = {
-        (ins.stage, ins.kind, ins.microbatch): k for k, ins in enumerate(pipeline.instructions)
+        (ins.rank, ins.kind, ins.microbatch): k for k, ins in enumerate(pipeline.instructions)
     }
 
     def options_of(s: int, kind: str) -> tuple[np.ndarray, np.ndarray, CostHull]:

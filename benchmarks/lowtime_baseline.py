@@ -58,9 +58,9 @@ def run_lowtime(
 
     logging.getLogger("lowtime").setLevel(logging.WARNING)
     start = time.perf_counter()
-    specs: dict[tuple[int, str, int], OperationSpec] = {}
+    specs: dict[tuple[int, int, str], OperationSpec] = {}
     for instr in schedule.instructions():
-        key = (instr.stage, instr.kind, instr.chunk)
+        key = (instr.rank, instr.stage, instr.kind)
         if key in specs:
             continue
         opts = schedule.options(profile, instr)
@@ -81,8 +81,8 @@ def run_lowtime(
     for node_id, instr in enumerate(schedule.instructions(), start=2):
         cls = Forward if instr.kind == "forward" else Backward
         op = cls(
-            spec=specs[instr.stage, instr.kind, instr.chunk],
-            stage_id=instr.stage,
+            spec=specs[instr.rank, instr.stage, instr.kind],
+            stage_id=instr.rank,
             micro_batch_id=instr.microbatch,
         )
         dag.add_node(node_id, op=op)

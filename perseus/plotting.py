@@ -24,6 +24,9 @@ from perseus.planning import timeline
 
 __all__ = ["plot_frontier", "plot_timeline"]
 
+_HATCH = {"forward": None, "backward": "//", "backward_input": "\\\\", "backward_weight": "xx"}
+"""How each instruction kind is drawn on a timeline."""
+
 
 def _save(fig: Figure, out_png: str | os.PathLike[str]) -> Path:
     out = Path(out_png)
@@ -103,31 +106,31 @@ def plot_timeline(
     for p in placed:
         instr = p.instruction
         ax.barh(
-            instr.stage,
+            instr.rank,
             p.finish_s - p.start_s,
             left=p.start_s,
             height=0.8,
             color=(color := cmap(norm(p.freq_mhz))),
             edgecolor="black",
             linewidth=0.3,
-            hatch="//" if instr.kind == "backward" else None,
+            hatch=_HATCH[instr.kind],
         )
         if (p.finish_s - p.start_s) / end > 0.012:
             r, g, b, _ = cmap(norm(p.freq_mhz))
             ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
             ax.text(
                 (p.start_s + p.finish_s) / 2,
-                instr.stage,
+                instr.rank,
                 str(instr.microbatch),
                 ha="center",
                 va="center",
                 fontsize=6,
                 color=ink,
                 bbox={"boxstyle": "square,pad=0.05", "fc": color, "ec": "none"}
-                if instr.kind == "backward"
+                if instr.kind != "forward"
                 else None,
             )
-    ax.set_yticks(range(schedule.num_stages), [f"stage {s}" for s in range(schedule.num_stages)])
+    ax.set_yticks(range(schedule.num_stages), [f"rank {s}" for s in range(schedule.num_stages)])
     ax.invert_yaxis()
     ax.set_xlim(0, end * 1.01)
     ax.set_xlabel("time (s)")
@@ -144,8 +147,8 @@ def plot_timeline(
     sm.set_label("SM frequency (MHz)")
     ax.legend(
         handles=[
-            Patch(facecolor="white", edgecolor="black", label="forward"),
-            Patch(facecolor="white", edgecolor="black", hatch="//", label="backward"),
+            Patch(facecolor="white", edgecolor="black", hatch=_HATCH[kind], label=kind)
+            for kind in schedule.instruction_kinds()
         ],
         loc="upper right",
         fontsize=7,

@@ -10,13 +10,23 @@ import asyncio
 import os
 import uuid
 from datetime import datetime
+from typing import Literal
 
-from pydantic import BaseModel, Field, RootModel, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    RootModel,
+    field_validator,
+    model_validator,
+)
 
 from perseus.domain.kinds import INSTRUCTIONS
 from perseus.domain.layout import ParallelLayout
 from perseus.domain.rows import ProfileRow
-from perseus.errors import ConfigurationError, ProfileError
+from perseus.domain.schedule import MAX_ACTIONS, PipelineSchedule
+from perseus.errors import ConfigurationError, ProfileError, ScheduleError
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
 from perseus.io.profile_csv import read_profile_rows, write_profile_rows
@@ -28,6 +38,7 @@ __all__ = [
     "JobRecord",
     "OfflineProfilingResult",
     "ParallelLayout",
+    "PipelineSpec",
     "ProfilingResult",
     "RankInfo",
     "load_prof",
@@ -46,6 +57,82 @@ STRAGGLER_URL = "/straggler/{job_id}"
 INFO_URL = "/info"
 
 
+InstructionKind = Literal["forward", "backward", "backward_input", "backward_weight"]
+
+
+class PipelineSpec(BaseModel):
+    """The pipeline a job runs, as it describes itself at registration.
+
+    Attributes:
+        schedule: The schedule's name as the job calls it (e.g. ``Schedule1F1B`` or
+            ``ScheduleInterleavedZeroBubble``); for messages and plan files.
+        num_stages: Pipeline (virtual) stages: the pieces the model is cut into.
+        num_microbatches: Microbatches per iteration.
+        num_chunks: Stages each pipeline rank holds.
+        orders: Per pipeline rank, its instructions of one iteration in execution order,
+            each ``[stage, kind, microbatch]``. The coordinator builds the iteration's DAG
+            from them; an order that misses, repeats or deadlocks on an instruction is
+            refused (422) with a message naming it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    schedule: str = Field(min_length=1, max_length=100)
+    num_stages: int = Field(ge=1)
+    num_microbatches: int = Field(ge=1)
+    num_chunks: int = Field(default=1, ge=1)
+    orders: list[list[tuple[int, InstructionKind, int]]] = Field(min_length=1)
+    _built: PipelineSchedule | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check_orders(self) -> PipelineSpec:
+        total = sum(len(o) for o in self.orders)
+        if total > MAX_ACTIONS:
+            raise ValueError(f"the orders hold {total:,} actions; at most {MAX_ACTIONS:,}")
+        try:
+            built = PipelineSchedule.from_orders(
+                self.schedule, self.orders, self.num_microbatches
+            )
+        except ScheduleError as exc:
+            raise ValueError(str(exc)) from None
+        if built.num_virtual_stages != self.num_stages:
+            raise ValueError(
+                f"num_stages is {self.num_stages} but the orders run "
+                f"{built.num_virtual_stages} stage(s)"
+            )
+        if built.num_chunks != self.num_chunks:
+            raise ValueError(
+                f"num_chunks is {self.num_chunks} but the orders give each rank "
+                f"{built.num_chunks} stage(s)"
+            )
+        self._built = built
+        return self
+
+    @property
+    def num_ranks(self) -> int:
+        """Pipeline ranks (the job's pp_degree)."""
+        return len(self.orders)
+
+    def build(self) -> PipelineSchedule:
+        """The schedule (and DAG) these orders describe (validated once)."""
+        if self._built is None:  # pragma: no cover - set by the validator
+            self._built = PipelineSchedule.from_orders(
+                self.schedule, self.orders, self.num_microbatches
+            )
+        return self._built
+
+    @classmethod
+    def of(cls, schedule: PipelineSchedule) -> PipelineSpec:
+        """The description of a schedule."""
+        return cls(
+            schedule=schedule.name,
+            num_stages=schedule.num_virtual_stages,
+            num_microbatches=schedule.num_microbatches,
+            num_chunks=schedule.num_chunks,
+            orders=schedule.actions(),  # type: ignore[arg-type]
+        )
+
+
 class JobInfo(BaseModel):
     """Training job information a client sends to register a job (``POST /register_job``).
 
@@ -58,6 +145,9 @@ class JobInfo(BaseModel):
         world_size: World size of the training job (= pp · dp · tp).
         job_metadata: An optional arbitrary string that describes the job. This will be
             appended to the job ID if given. Typically for logging purposes.
+        pipeline: The pipeline the job runs (its schedule's per-rank orders), or None for
+            the coordinator's default (its scheduler arguments ``num_microbatches``,
+            ``schedule``).
     """
 
     job_id: str = ""
@@ -66,6 +156,7 @@ class JobInfo(BaseModel):
     tp_degree: int = Field(ge=1)
     world_size: int = Field(ge=1)
     job_metadata: str | None = None
+    pipeline: PipelineSpec | None = None
 
     @field_validator("job_id")
     @classmethod
@@ -81,6 +172,11 @@ class JobInfo(BaseModel):
             self.layout.check_world_size(self.world_size)
         except ConfigurationError as exc:
             raise ValueError(str(exc)) from None
+        if self.pipeline is not None and self.pipeline.num_ranks != self.pp_degree:
+            raise ValueError(
+                f"the pipeline's orders are for {self.pipeline.num_ranks} pipeline rank(s) "
+                f"but pp_degree is {self.pp_degree}"
+            )
         return self
 
     @property
@@ -169,6 +265,9 @@ class OfflineProfilingResult(BaseModel):
         forward_energy: Frequency → average forward computation energy (J).
         backward_time: Frequency → average backward computation time (s).
         backward_energy: Frequency → average backward computation energy (J).
+        backward_input_time, backward_input_energy, backward_weight_time,
+        backward_weight_energy: The same for the halves of a split backward (empty when
+            the schedule runs full backwards).
     """
 
     rank: int = Field(ge=0)
@@ -177,8 +276,12 @@ class OfflineProfilingResult(BaseModel):
     tp_rank: int = Field(ge=0)
     forward_time: dict[int, float]
     forward_energy: dict[int, float]
-    backward_time: dict[int, float]
-    backward_energy: dict[int, float]
+    backward_time: dict[int, float] = Field(default_factory=dict)
+    backward_energy: dict[int, float] = Field(default_factory=dict)
+    backward_input_time: dict[int, float] = Field(default_factory=dict)
+    backward_input_energy: dict[int, float] = Field(default_factory=dict)
+    backward_weight_time: dict[int, float] = Field(default_factory=dict)
+    backward_weight_energy: dict[int, float] = Field(default_factory=dict)
 
 
 class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):

@@ -29,17 +29,23 @@ class SchedulerArgs(BaseModel):
 
 
 class PipelineArgs(SchedulerArgs):
-    """The pipeline a job runs."""
+    """The pipeline a job runs when the job does not describe it at registration
+    (`perseus.protocol.PipelineSpec`): defaults for clients that send none."""
 
-    num_microbatches: int = Field(
+    num_microbatches: int | None = Field(
+        default=None,
         ge=1,
         description=(
-            "the microbatches per iteration, which set each schedule's length: e.g. "
-            "PERSEUS_SCHEDULER_ARGS='{\"num_microbatches\": 8}'"
+            "the microbatches per iteration of jobs that do not describe their pipeline: "
+            "e.g. PERSEUS_SCHEDULER_ARGS='{\"num_microbatches\": 8}' (None: every job "
+            "must describe its pipeline)"
         ),
     )
     schedule: str = Field(
         default="1f1b", description=f"the pipeline schedule: {' | '.join(SCHEDULES)}"
+    )
+    num_chunks: int = Field(
+        default=2, ge=1, description="stages per rank of the interleaved schedule"
     )
 
     @field_validator("schedule")

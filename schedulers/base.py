@@ -66,6 +66,12 @@ class FrequencyScheduler(abc.ABC):
         """Ingest the results of the last round (one per rank)."""
 
     # ------------------------------------------------------------------ optional hooks
+    @classmethod
+    def check_job(cls, job_info: JobInfo, args: SchedulerArgs) -> None:
+        """Refuse, at registration, a job this scheduler cannot serve with `args`
+        (`ConfigurationError`); default: any job."""
+        return None
+
     def deployed_plan(self) -> Plan | None:
         """The plan chosen for the job, if the scheduler deploys one (persisted on dumps)."""
         return None

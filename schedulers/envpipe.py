@@ -41,7 +41,7 @@ def envpipe_frequencies(
     dur = problem.choices_to_arrays(choice)[0]
     busy = [0.0] * schedule.num_stages
     for instr, d in zip(instrs, dur.tolist(), strict=True):
-        busy[instr.stage] += d
+        busy[instr.rank] += d
     critical = max(range(schedule.num_stages), key=lambda s: (busy[s], s))
     n = len(instrs)
 

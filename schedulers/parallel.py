@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from perseus.errors import ConfigurationError, RankError
-from perseus.protocol import INSTRUCTIONS, FrequencySchedule, JobInfo, ProfilingResult, RankInfo
+from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 
 __all__ = ["Parallel3D", "RoundMeasurement", "StageMeasurement", "StagePlan"]
 
@@ -83,8 +84,15 @@ class Parallel3D:
     when the GPUs share no SM clock.
     """
 
-    def __init__(self, job_info: JobInfo, rank_infos: list[RankInfo]) -> None:
+    def __init__(
+        self,
+        job_info: JobInfo,
+        rank_infos: list[RankInfo],
+        kinds: Sequence[str] = ("forward", "backward"),
+    ) -> None:
         self.job_id = job_info.job_id
+        self.kinds = tuple(kinds)
+        """The instruction kinds every rank runs and reports."""
         self.rank_infos = rank_infos
         if len(rank_infos) != job_info.world_size:
             raise RankError(
@@ -139,7 +147,7 @@ class Parallel3D:
             times: dict[str, float] = {}
             energies: dict[str, float] = {}
             busy = energy = 0.0
-            for name in INSTRUCTIONS:
+            for name in self.kinds:
                 t = [x for it in res.time_breakdown.get(name, []) for x in it]
                 e = [x for it in res.energy_breakdown.get(name, []) for x in it]
                 if not t or len(t) != len(e):
@@ -160,9 +168,9 @@ class Parallel3D:
         busy_s: dict[tuple[int, int], float] = {}
         for stage, members in enumerate(self.stage_ranks):
             first = [m for m in members if m.dp_rank == first_dp]
-            times = {name: max(per_rank[m.rank][0][name] for m in members) for name in INSTRUCTIONS}
+            times = {name: max(per_rank[m.rank][0][name] for m in members) for name in self.kinds}
             energies = {
-                name: math.fsum(per_rank[m.rank][1][name] for m in first) for name in INSTRUCTIONS
+                name: math.fsum(per_rank[m.rank][1][name] for m in first) for name in self.kinds
             }
             for m in members:
                 key = (m.dp_rank, stage)

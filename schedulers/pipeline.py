@@ -15,8 +15,8 @@ import logging
 from typing import ClassVar
 
 from perseus.domain.plan import Plan
-from perseus.domain.schedule import PipelineSchedule, make_schedule
-from perseus.errors import PlanError
+from perseus.domain.schedule import PipelineSchedule, check_size, make_schedule
+from perseus.errors import ConfigurationError, PlanError
 from perseus.io.jobdir import JobDir
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
@@ -26,12 +26,30 @@ from schedulers.parallel import Parallel3D, RoundMeasurement, StageMeasurement, 
 
 __all__ = [
     "PipelineScheduler",
+    "job_pipeline",
     "RoundMeasurement",
     "StageMeasurement",
     "StagePlan",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def job_pipeline(job_info: JobInfo, args: PipelineArgs) -> PipelineSchedule:
+    """The pipeline a job runs: the one it described at registration, else the one the
+    coordinator's scheduler arguments give (`ConfigurationError` when neither does)."""
+    if job_info.pipeline is not None:
+        return job_info.pipeline.build()
+    if args.num_microbatches is None:
+        raise ConfigurationError(
+            f"Job {job_info.job_id or '(new)'} did not describe its pipeline and the "
+            "coordinator has no default one: register with a client that sends it "
+            "(perseus.integrations.pipelining.attach, or PerseusOptimizer(pipeline=...)), "
+            "or start the coordinator with PERSEUS_SCHEDULER_ARGS='{\"num_microbatches\": M}'"
+        )
+    return make_schedule(
+        args.schedule, job_info.pp_degree, args.num_microbatches, num_chunks=args.num_chunks
+    )
 
 
 class PipelineScheduler(FrequencyScheduler):
@@ -50,13 +68,20 @@ class PipelineScheduler(FrequencyScheduler):
         rank_infos: list[RankInfo],
         perseus_settings: PerseusSettings,
         args: PipelineArgs,
+        *,
+        pipeline: PipelineSchedule | None = None,
     ) -> None:
         super().__init__(job_info, rank_infos, perseus_settings, args)
-        self.parallel = Parallel3D(job_info, self.rank_infos)
-        """The 3D mapping: per-rank results → stages, stage plans → per-rank schedules."""
-        self.pipeline: PipelineSchedule = make_schedule(
-            args.schedule, job_info.pp_degree, args.num_microbatches
+        self.pipeline: PipelineSchedule = (
+            pipeline if pipeline is not None else job_pipeline(job_info, args)
         )
+        self.parallel = Parallel3D(job_info, self.rank_infos, self.pipeline.instruction_kinds())
+        """The 3D mapping: per-rank results → stages, stage plans → per-rank schedules."""
+        if self.pipeline.num_stages != job_info.pp_degree:
+            raise PlanError(
+                f"The {self.pipeline.name} schedule has {self.pipeline.num_stages} stage(s) but "
+                f"job {job_info.job_id} has pp_degree {job_info.pp_degree}"
+            )
         self.num_stages = job_info.pp_degree
         self.kinds = self.pipeline.kinds()
         self.stage_ranks = self.parallel.stage_ranks
@@ -65,6 +90,21 @@ class PipelineScheduler(FrequencyScheduler):
         self.max_freq_mhz = self.frequencies[0]
         self._issued = False
         self._observed = False
+
+    @classmethod
+    def check_job(cls, job_info: JobInfo, args: SchedulerArgs) -> None:
+        """A job must describe its pipeline unless the coordinator has a default one."""
+        assert isinstance(args, PipelineArgs)
+        if job_info.pipeline is None:
+            if args.num_microbatches is None:
+                job_pipeline(job_info, args)  # raises, saying what to do
+            else:
+                check_size(
+                    args.schedule,
+                    job_info.pp_degree,
+                    args.num_microbatches,
+                    num_chunks=args.num_chunks,
+                )
 
     # ------------------------------------------------------------------ subclass API
     @abc.abstractmethod
@@ -125,7 +165,7 @@ class PipelineScheduler(FrequencyScheduler):
             raise PlanError(
                 f"The plan is for {plan.schedule} with {plan.num_microbatches} microbatch(es), "
                 f"but the job runs {self.pipeline.name} with {self.pipeline.num_microbatches}; "
-                "set the scheduler's num_microbatches/schedule to match the plan"
+                "deploy a plan made for the job's pipeline"
             )
         for stage, entries in enumerate(plan.frequencies):
             for info in self.stage_ranks[stage]:

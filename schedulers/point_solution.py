@@ -10,7 +10,7 @@ from perseus.io.plan_file import load_plan
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.args import PipelineArgs, SchedulerArgs
-from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan, job_pipeline
 
 __all__ = ["PointSolution", "PointSolutionArgs"]
 
@@ -53,13 +53,28 @@ class PointSolution(PipelineScheduler):
                 f"Plan {args.solution_path!r} has {plan.num_microbatches} microbatch(es) but the "
                 f"scheduler was given num_microbatches={args.num_microbatches}"
             )
-        pipeline = PipelineArgs(
-            num_microbatches=plan.num_microbatches, schedule=args.schedule or plan.schedule
-        )
-        super().__init__(job_info, rank_infos, perseus_settings, pipeline)
+        if job_info.pipeline is not None:
+            schedule = job_info.pipeline.build()
+        elif plan.orders is not None or args.schedule is None:
+            schedule = plan.pipeline_schedule()
+        else:
+            schedule = job_pipeline(
+                job_info,
+                PipelineArgs(
+                    num_microbatches=plan.num_microbatches,
+                    schedule=args.schedule,
+                    num_chunks=plan.num_chunks,
+                ),
+            )
+        pipeline = PipelineArgs(num_microbatches=plan.num_microbatches, schedule="1f1b")
+        super().__init__(job_info, rank_infos, perseus_settings, pipeline, pipeline=schedule)
         self.args = args
         self.plan = plan
         self._stage_plan = self.check_plan(plan)
+
+    @classmethod
+    def check_job(cls, job_info: JobInfo, args: SchedulerArgs) -> None:
+        """Any job: the plan says the pipeline (checked when the ranks have registered)."""
 
     def plan_next(self) -> StagePlan:
         return self._stage_plan

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from perseus.domain.profile import InstructionProfile
 from perseus.errors import ConfigurationError, RankError
-from perseus.protocol import INSTRUCTIONS, InstructionProfilingResult, OfflineProfilingResult
+from perseus.protocol import InstructionProfilingResult, OfflineProfilingResult
 from schedulers.args import SweepArgs
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 
@@ -97,7 +97,7 @@ class InstructionSweep:
         self._metric = metric
         self.groups: dict[Hashable, list[tuple[int, str]]] = {}
         for stage in range(scheduler.num_stages):
-            for name in INSTRUCTIONS:
+            for name in scheduler.pipeline.instruction_kinds():
                 self.groups.setdefault(group(stage, name), []).append((stage, name))
         self.active: set[Hashable] = set(self.groups)
         self.history: dict[Hashable, list[tuple[int, float]]] = {g: [] for g in self.groups}
@@ -191,7 +191,7 @@ class InstructionSweep:
         for stage in range(self.scheduler.num_stages):
             first = min(self.scheduler.stage_ranks[stage], key=lambda r: (r.dp_rank, r.tp_rank))
             data = {}
-            for name in INSTRUCTIONS:
+            for name in self.scheduler.pipeline.instruction_kinds():
                 data[f"{name}_time"] = dict(self.time_s.get((stage, name), {}))
                 data[f"{name}_energy"] = dict(self.energy_j.get((stage, name), {}))
             entries.append(

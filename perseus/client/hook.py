@@ -57,7 +57,14 @@ from perseus.client.frequency import FrequencyController
 from perseus.client.schedule import ScheduleValidator
 from perseus.client.trace import Trace
 from perseus.errors import ConfigurationError, RankError
-from perseus.protocol import INSTRUCTIONS, FrequencySchedule, JobInfo, ProfilingResult, RankInfo
+from perseus.protocol import (
+    INSTRUCTIONS,
+    FrequencySchedule,
+    JobInfo,
+    PipelineSpec,
+    ProfilingResult,
+    RankInfo,
+)
 from zeus_power.device.base import GPU
 
 __all__ = ["PerseusOptimizer"]
@@ -123,7 +130,13 @@ class PerseusOptimizer:
             ``PERSEUS_EMULATE_*``).
         nominal_time_s: Instruction name → nominal time at the max clock (nominal emulation).
         expected_instructions: This stage's instruction names for one iteration, in
-            execution order; a schedule that differs is rejected as soon as it arrives.
+            execution order; a schedule that differs is rejected as soon as it arrives
+            (default: this rank's order in `pipeline`, if given).
+        pipeline: The pipeline the job runs (`PipelineSpec`: each pipeline rank's order of
+            ``(stage, kind, microbatch)``); rank 0 sends it when it registers the job, so
+            the coordinator plans for exactly this pipeline. Default: the coordinator's
+            own (its scheduler arguments). `perseus.integrations.pipelining.attach`
+            passes torch's schedule here.
         trace_dir: Write ``rank{R}.jsonl`` here (default: ``PERSEUS_TRACE_DIR``, if set).
         sync: Device synchronisation before each measurement (default: CUDA's, if any).
     """
@@ -151,6 +164,7 @@ class PerseusOptimizer:
         expected_instructions: Sequence[str] | None = None,
         trace_dir: str | os.PathLike[str] | None = None,
         sync: Callable[[], None] | None = None,
+        pipeline: PipelineSpec | None = None,
     ) -> None:
         self._state = _HookState.CLOSED  # until construction succeeds
         check_layout(rank, dp_rank, pp_rank, tp_rank, dp_degree, pp_degree, tp_degree, world_size)
@@ -167,6 +181,14 @@ class PerseusOptimizer:
         self.steps_per_round = steps_per_round
         self.timeout_s = float(timeout_s)
         self.round_timeout_s = float(round_timeout_s)
+        if pipeline is not None and pipeline.num_ranks != pp_degree:
+            raise ConfigurationError(
+                f"The pipeline's orders are for {pipeline.num_ranks} pipeline rank(s) but "
+                f"pp_degree is {pp_degree}"
+            )
+        if expected_instructions is None and pipeline is not None:
+            expected_instructions = [kind for _, kind, _ in pipeline.orders[pp_rank]]
+        self.pipeline = pipeline
         self.expected_instructions = (
             list(expected_instructions) if expected_instructions is not None else None
         )
@@ -205,6 +227,7 @@ class PerseusOptimizer:
                 tp_degree=tp_degree,
                 world_size=world_size,
                 job_metadata=job_metadata,
+                pipeline=pipeline,
             )
             return self._coordinator.register_job(job_info)
 
@@ -323,7 +346,8 @@ class PerseusOptimizer:
         self._step_start_s = time.perf_counter()
 
     def on_instruction_begin(self, name: str) -> None:
-        """Mark the beginning of instruction `name` ("forward"/"backward"); sets its clock."""
+        """Mark the beginning of instruction `name` (an instruction kind: "forward",
+        "backward", "backward_input" or "backward_weight"); sets its clock."""
         self._expect(_HookState.IN_STEP, call="on_instruction_begin")
         freq = self._schedule.begin(name, self.step)
         assert self._freq is not None

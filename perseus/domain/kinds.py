@@ -3,16 +3,21 @@ columns, schedule names, the default blocking power."""
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_P2P_POWER_W", "INSTRUCTIONS", "PROFILE_COLUMNS", "SCHEDULES"]
+__all__ = ["BACKWARD_SPLIT", "DEFAULT_P2P_POWER_W", "INSTRUCTIONS", "PROFILE_COLUMNS", "SCHEDULES"]
 
-INSTRUCTIONS = ("forward", "backward")
-"""The instruction kinds a profile holds and a schedule orders, in profile order."""
+INSTRUCTIONS = ("forward", "backward", "backward_input", "backward_weight")
+"""The instruction kinds a profile holds and a schedule orders, in profile order: the
+forward, the full backward, and the two halves of a split backward (input gradient, weight
+gradient) that zero-bubble schedules run."""
+
+BACKWARD_SPLIT = ("backward_input", "backward_weight")
+"""The kinds a split backward is made of."""
 
 PROFILE_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 """A profile table's columns, in order: one row per stage, instruction and frequency (time in
 s, energy in J). The short CSV form is this table."""
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb")
 """The built-in pipeline schedules (`perseus.domain.schedule.make_schedule`)."""
 
 DEFAULT_P2P_POWER_W = 70.38

@@ -11,7 +11,10 @@ Plan files are JSON, never code::
      "p2p_power": W, "iteration_time": T, "energy": E,
      "frequencies": [[["forward", 1410], ["forward", 1395], ["backward", 1380], ...], ...]}
 
-with one list per stage, in that stage's execution order (`FrequencySchedule.frequencies`).
+with one list per pipeline rank ("stage" here), in that rank's execution order
+(`FrequencySchedule.frequencies`). A plan for a schedule that is not built in (one a job
+described, e.g. torch's ``ScheduleInterleavedZeroBubble``) also carries ``"orders"``: each
+rank's ``[stage, kind, microbatch]`` actions, from which its DAG is rebuilt.
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perseus.domain.schedule import (
+    MAX_ACTIONS,
     Instruction,
     PipelineSchedule,
     instructions_per_stage,
     make_schedule,
     schedule_name,
 )
-from perseus.errors import PlanError
+from perseus.errors import PlanError, ScheduleError
 
 __all__ = [
     "Evaluation",
@@ -88,6 +92,7 @@ class Plan(BaseModel):
     iteration_time: float
     energy: float
     frequencies: list[list[tuple[str, int]]]
+    orders: list[list[tuple[int, str, int]]] | None = None
 
     @field_validator("version")
     @classmethod
@@ -120,10 +125,13 @@ class Plan(BaseModel):
                 [(i.kind, int(f)) for i, f in zip(order, freqs, strict=True)]
                 for order, freqs in zip(schedule.orders, frequencies, strict=True)
             ],
+            orders=None if schedule.builtin else schedule.actions(),
         )
 
     def pipeline_schedule(self) -> PipelineSchedule:
         """The schedule this plan is for; checks the plan's instruction names against it."""
+        if self.orders is not None:
+            return self._described_schedule()
         # Every schedule runs a forward and a backward of every microbatch (and chunk) on
         # every stage. Check the counts before laying the schedule out, so that a corrupt
         # num_microbatches cannot make it build a DAG of a billion nodes.
@@ -142,6 +150,27 @@ class Plan(BaseModel):
         schedule = make_schedule(
             self.schedule, self.num_stages, self.num_microbatches, num_chunks=self.num_chunks
         )
+        self._check_names(schedule)
+        return schedule
+
+    def _described_schedule(self) -> PipelineSchedule:
+        orders = self.orders or []
+        total = sum(len(o) for o in orders)
+        if total > MAX_ACTIONS:
+            raise PlanError(f"The plan's orders hold {total:,} actions; at most {MAX_ACTIONS:,}")
+        if len(orders) != self.num_stages or len(self.frequencies) != self.num_stages:
+            raise PlanError(
+                f"The plan lists {len(self.frequencies)} frequency list(s) and {len(orders)} "
+                f"order(s) but says num_stages={self.num_stages}"
+            )
+        try:
+            schedule = PipelineSchedule.from_orders(self.schedule, orders, self.num_microbatches)
+        except ScheduleError as exc:
+            raise PlanError(f"The plan's orders are not a valid schedule: {exc}") from None
+        self._check_names(schedule)
+        return schedule
+
+    def _check_names(self, schedule: PipelineSchedule) -> None:
         check_plan_shape(schedule, self.stage_frequencies())
         for stage, (order, entries) in enumerate(
             zip(schedule.orders, self.frequencies, strict=True)
@@ -152,7 +181,6 @@ class Plan(BaseModel):
                         f"Stage {stage}, instruction #{k}: the plan says {name!r} but the "
                         f"{schedule.name} schedule runs {instr.kind!r} there"
                     )
-        return schedule
 
     def stage_frequencies(self) -> list[list[int]]:
         """Just the frequencies, per stage."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perseus.domain.kinds import INSTRUCTIONS, PROFILE_COLUMNS
+from perseus.domain.kinds import BACKWARD_SPLIT, INSTRUCTIONS, PROFILE_COLUMNS
 from perseus.domain.rows import ProfileRow
 from perseus.errors import PlanError, ProfileError
 
@@ -66,12 +66,22 @@ class InstructionProfile:
             raise ProfileError(
                 f"Profile {source} is missing stage(s) {missing}: stages must be numbered 0..S-1"
             )
+        for (stage, instruction), opts in options.items():
+            if len(opts) == 0:
+                raise ProfileError(f"Profile {source} has no {instruction} rows for stage {stage}")
         for stage in stages:
-            for instruction in INSTRUCTIONS:
-                if (stage, instruction) not in options or len(options[stage, instruction]) == 0:
-                    raise ProfileError(
-                        f"Profile {source} has no {instruction} rows for stage {stage}"
-                    )
+            kinds = {k for s, k in options if s == stage}
+            if "forward" not in kinds:
+                raise ProfileError(f"Profile {source} has no forward rows for stage {stage}")
+            split = [k for k in BACKWARD_SPLIT if k in kinds]
+            if "backward" not in kinds and not split:
+                raise ProfileError(f"Profile {source} has no backward rows for stage {stage}")
+            if len(split) == 1:
+                other = next(k for k in BACKWARD_SPLIT if k not in kinds)
+                raise ProfileError(
+                    f"Profile {source} has {split[0]} rows for stage {stage} but no {other} "
+                    "rows: a split backward needs both halves"
+                )
         self._options = dict(options)
         self.num_stages = len(stages)
         self.source = source
@@ -92,13 +102,15 @@ class InstructionProfile:
         for r in rows:
             if r.dp_rank != first_dp:
                 continue
-            members.setdefault(r.pp_rank, set()).add(r.rank)
-            by_rank = per_stage.setdefault(r.pp_rank, {}).setdefault(r.instruction, {})
+            members.setdefault(r.stage, set()).add(r.rank)
+            by_rank = per_stage.setdefault(r.stage, {}).setdefault(r.instruction, {})
             by_rank.setdefault(r.rank, {})[r.frequency] = (r.time, r.energy)
         options: dict[tuple[int, str], InstructionOptions] = {}
         for stage, by_kind in per_stage.items():
             for instruction in INSTRUCTIONS:
-                by_rank = by_kind.get(instruction, {})
+                if instruction not in by_kind:
+                    continue
+                by_rank = by_kind[instruction]
                 measured = [by_rank.get(rank, {}) for rank in sorted(members[stage])]
                 common = set.intersection(*(set(m) for m in measured)) if measured else set()
                 freqs = np.array(sorted(common, reverse=True), dtype=np.int64)
@@ -130,7 +142,8 @@ class InstructionProfile:
         unknown = sorted(set(df["instruction"]) - set(INSTRUCTIONS))
         if unknown:
             raise ProfileError(
-                f"Profile {source}: unknown instruction(s) {unknown}; expected forward/backward"
+                f"Profile {source}: unknown instruction(s) {unknown}; expected one of "
+                f"{', '.join(INSTRUCTIONS)}"
             )
         repeated = df.duplicated(["stage", "instruction", "frequency"])
         if repeated.any():
@@ -151,14 +164,24 @@ class InstructionProfile:
         return cls(options, source=source)
 
     # ---------------------------------------------------------------- queries
+    def has(self, stage: int, instruction: str) -> bool:
+        """Whether the profile measured `instruction` on `stage`."""
+        return (stage, instruction) in self._options
+
+    def kinds(self) -> list[str]:
+        """The instruction kinds the profile holds, in `INSTRUCTIONS` order."""
+        held = {k for _, k in self._options}
+        return [k for k in INSTRUCTIONS if k in held]
+
     def options(self, stage: int, instruction: str) -> InstructionOptions:
-        """The profiled options of one stage's forward or backward."""
+        """The profiled options of one stage's instruction."""
         try:
             return self._options[stage, instruction]
         except KeyError:
             raise ProfileError(
                 f"Profile {self.source} has no {instruction!r} for stage {stage} "
-                f"(it has stages 0..{self.num_stages - 1}, instructions forward/backward)"
+                f"(it has stages 0..{self.num_stages - 1}, instructions "
+                f"{', '.join(self.kinds())})"
             ) from None
 
     def lookup(self, stage: int, instruction: str, freq_mhz: int) -> tuple[float, float]:

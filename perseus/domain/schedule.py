@@ -1,104 +1,289 @@
 """Pipeline schedules and the instruction DAG of one training iteration.
 
-A schedule gives, for every pipeline stage (one GPU, or one tensor-parallel group), the
-order in which it executes its instructions: the forward and backward of each microbatch
-(and, for interleaved 1F1B, of each of its model chunks). The DAG has one node per
-instruction and these edges:
+A schedule gives, for every pipeline rank (one GPU, or one tensor-parallel group), the
+order in which it executes its instructions. An instruction is one computation of one
+microbatch on one pipeline *stage*: the model is cut into stages ``0..N-1`` and each rank
+holds one stage (1F1B, GPipe) or several (interleaved 1F1B and looped BFS hold stages
+``r, r+S, r+2S, …``; ZBV holds a V: ``r`` and ``2S-1-r``). Instruction kinds:
 
-- same-stage order: consecutive instructions of a stage;
-- forward(s, j) → forward(s+1, j): activations flow down the pipeline;
-- backward(s+1, j) → backward(s, j): gradients flow back up;
-- forward(last, j) → backward(last, j): the loss turns around (also implied by the order).
+- ``forward`` (F); ``backward`` (B, the full backward);
+- ``backward_input`` (I) and ``backward_weight`` (W): a split backward, as zero-bubble
+  schedules run it. I computes the input gradient the previous stage waits for; W the
+  weight gradient nobody waits for.
 
-For interleaved 1F1B the "next stage" of chunk c on stage S-1 is chunk c+1 on stage 0: the
-model is cut into S·V pieces, piece k living on stage k mod S as chunk k div S.
+The DAG has one node per instruction and these edges:
 
-Schedules:
+- each rank's own order: consecutive instructions of a rank;
+- F(s, j) → F(s+1, j): activations flow down the pipeline;
+- G(s+1, j) → G(s, j), where G is the B or the I of a stage: gradients flow back up;
+- F(last, j) → G(last, j): the loss turns around;
+- I(s, j) → W(s, j): the weight gradient needs the input gradient's intermediate results.
 
-- ``1f1b`` (synchronous, DeepSpeed/Megatron order): stage s runs min(S−s−1, M) warm-up
+`PipelineSchedule.from_orders` builds a schedule from any per-rank order of
+``(stage, kind, microbatch)`` actions and refuses, naming the instruction, an order that
+misses, repeats or deadlocks on one. The built-in schedules (`make_schedule`) are orders
+produced for that same mechanism:
+
+- ``1f1b`` (synchronous, DeepSpeed/Megatron order): rank s runs min(S−s−1, M) warm-up
   forwards, then alternates forward/backward, then the remaining backwards.
 - ``gpipe``: all forwards, then all backwards, in microbatch order.
-- ``interleaved``: Megatron-LM's interleaved 1F1B with V chunks per stage (M a multiple of S).
+- ``interleaved``: Megatron-LM's interleaved 1F1B with V stages per rank (M a multiple of S).
+- ``zb``: ZB-H1 (Qi et al., 2024): 1F1B with every backward split into I and W, each rank
+  deferring its W's by its warm-up depth so that they fill the cool-down bubbles.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-import networkx as nx
-
-from perseus.domain.kinds import SCHEDULES
+from perseus.domain.kinds import INSTRUCTIONS, SCHEDULES
 from perseus.errors import ScheduleError
 from perseus.memory import memory_shortfall
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from perseus.domain.profile import InstructionOptions, InstructionProfile
 
 __all__ = [
+    "MAX_ACTIONS",
     "SCHEDULES",
     "Instruction",
     "PipelineSchedule",
+    "check_size",
     "instructions_per_stage",
     "make_schedule",
     "schedule_name",
 ]
 
-Kind = Literal["forward", "backward"]
+_LETTER = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W"}
+
+MAX_ACTIONS = 1 << 20
+"""The most instructions one iteration's schedule may hold (about 1.2 GB with its DAG)."""
+
+Action = tuple[int, str, int]
+"""One entry of a rank's order: (stage, kind, microbatch)."""
 
 
 @dataclass(frozen=True, order=True)
 class Instruction:
-    """One forward or backward of one microbatch (and model chunk) on one pipeline stage."""
+    """One computation of one microbatch on one pipeline stage, run by one pipeline rank.
 
-    stage: int
-    kind: Kind
+    `rank` is the pipeline rank (GPU) that runs it; `stage` the pipeline (virtual) stage,
+    which is the rank itself unless the rank holds several stages (default: the rank).
+    """
+
+    rank: int
+    kind: str
     microbatch: int
-    chunk: int = 0
+    stage: int = field(default=-1)
+
+    def __post_init__(self) -> None:
+        if self.stage < 0:
+            object.__setattr__(self, "stage", self.rank)
 
     def __str__(self) -> str:
-        letter = "F" if self.kind == "forward" else "B"
-        chunk = f".c{self.chunk}" if self.chunk else ""
-        return f"{letter}{self.microbatch}@s{self.stage}{chunk}"
+        where = f"s{self.stage}" if self.stage == self.rank else f"s{self.stage}/r{self.rank}"
+        return f"{_LETTER.get(self.kind, self.kind)}{self.microbatch}@{where}"
 
 
 @dataclass(frozen=True)
 class PipelineSchedule:
-    """Execution order of every stage for one iteration. Build with `make_schedule`."""
+    """Execution order of every pipeline rank for one iteration.
+
+    Build with `make_schedule` (built-in schedules) or `from_orders` (any order).
+    `num_stages` counts pipeline *ranks* (a plan has one frequency list per rank);
+    `num_virtual_stages` counts the model's stages (``num_stages · num_chunks``).
+    """
 
     name: str
     num_stages: int
     num_microbatches: int
     num_chunks: int
     orders: tuple[tuple[Instruction, ...], ...]
+    stage_ranks: tuple[int, ...] = ()
+    """Pipeline stage → the rank that holds it (default: stage s on rank s mod S)."""
+    builtin: bool = False
+    """Made by `make_schedule` (its name, stages, microbatches and chunks say it all)."""
 
+    def __post_init__(self) -> None:
+        if not self.stage_ranks:
+            n = self.num_stages * self.num_chunks
+            object.__setattr__(
+                self, "stage_ranks", tuple(s % self.num_stages for s in range(n))
+            )
+
+    @property
+    def num_virtual_stages(self) -> int:
+        return len(self.stage_ranks)
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def from_orders(
+        cls,
+        name: str,
+        orders: Sequence[Sequence[Action]],
+        num_microbatches: int,
+    ) -> PipelineSchedule:
+        """A schedule from each pipeline rank's order of ``(stage, kind, microbatch)``.
+
+        Raises `ScheduleError`, naming the instruction, when an order holds an unknown
+        kind, a stage held by two ranks, a repeated or missing instruction, or one that
+        can never run (the orders deadlock on it).
+        """
+        if not isinstance(num_microbatches, int) or num_microbatches < 1:
+            raise ScheduleError(
+                f"The number of microbatches must be at least 1, got {num_microbatches!r}"
+            )
+        if not orders:
+            raise ScheduleError(f"The {name} schedule has no pipeline rank")
+        total = sum(len(o) for o in orders)
+        if total > MAX_ACTIONS:
+            raise ScheduleError(
+                f"The {name} schedule has {total:,} instructions; at most {MAX_ACTIONS:,} "
+                "are supported"
+            )
+        _check_memory(name, total, f"{len(orders):,} rank(s) × {num_microbatches:,} microbatch(es)")
+        M = num_microbatches
+        stage_rank: dict[int, int] = {}
+        where: dict[Instruction, tuple[int, int]] = {}
+        built: list[tuple[Instruction, ...]] = []
+        for rank, order in enumerate(orders):
+            row: list[Instruction] = []
+            for pos, action in enumerate(order):
+                try:
+                    stage, kind, mb = action
+                except (TypeError, ValueError):
+                    raise ScheduleError(
+                        f"Rank {rank}, action #{pos}: {action!r} is not (stage, kind, microbatch)"
+                    ) from None
+                if kind not in INSTRUCTIONS:
+                    raise ScheduleError(
+                        f"Rank {rank}, action #{pos}: unknown instruction kind {kind!r}; "
+                        f"expected one of {', '.join(INSTRUCTIONS)}"
+                    )
+                if not isinstance(stage, int) or stage < 0:
+                    raise ScheduleError(f"Rank {rank}, action #{pos}: bad stage {stage!r}")
+                if not isinstance(mb, int) or not 0 <= mb < M:
+                    raise ScheduleError(
+                        f"Rank {rank}, action #{pos}: microbatch {mb!r} is outside 0..{M - 1}"
+                    )
+                instr = Instruction(rank, kind, mb, stage)
+                held = stage_rank.setdefault(stage, rank)
+                if held != rank:
+                    raise ScheduleError(
+                        f"Rank {rank}, action #{pos}: {instr} runs stage {stage}, which rank "
+                        f"{held} runs too; every stage belongs to one rank"
+                    )
+                if instr in where:
+                    r0, p0 = where[instr]
+                    raise ScheduleError(
+                        f"{instr} ({kind} of microbatch {mb} on stage {stage}) is repeated: "
+                        f"rank {r0} action #{p0} and rank {rank} action #{pos}"
+                    )
+                where[instr] = (rank, pos)
+                row.append(instr)
+            built.append(tuple(row))
+        S = len(built)
+        N = max(stage_rank) + 1
+        missing_stages = sorted(set(range(N)) - set(stage_rank))
+        if missing_stages:
+            raise ScheduleError(
+                f"The {name} schedule runs no instruction of stage(s) {missing_stages}; stages "
+                f"must be numbered 0..{N - 1}"
+            )
+        per_rank = [sum(1 for r in stage_rank.values() if r == rank) for rank in range(S)]
+        if len(set(per_rank)) != 1:
+            raise ScheduleError(
+                f"The {name} schedule gives the ranks different numbers of stages ({per_rank}); "
+                "every rank must hold as many stages as the others"
+            )
+        for s in range(N):
+            r = stage_rank[s]
+            for j in range(M):
+                f = Instruction(r, "forward", j, s)
+                if f not in where:
+                    raise ScheduleError(f"{f} (forward of microbatch {j} on stage {s}) is missing")
+                b = Instruction(r, "backward", j, s)
+                i = Instruction(r, "backward_input", j, s)
+                w = Instruction(r, "backward_weight", j, s)
+                if b in where and (i in where or w in where):
+                    extra = i if i in where else w
+                    raise ScheduleError(
+                        f"{extra} duplicates the backward {b}: a microbatch's backward on a "
+                        "stage is either one B or one I and one W"
+                    )
+                if b not in where:
+                    if i not in where:
+                        raise ScheduleError(
+                            f"{i if w in where else b} (backward of microbatch {j} on stage {s}) "
+                            "is missing"
+                        )
+                    if w not in where:
+                        raise ScheduleError(
+                            f"{w} (weight gradient of microbatch {j} on stage {s}) is missing"
+                        )
+        sched = cls(
+            name=name,
+            num_stages=S,
+            num_microbatches=M,
+            num_chunks=per_rank[0],
+            orders=tuple(built),
+            stage_ranks=tuple(stage_rank[s] for s in range(N)),
+        )
+        sched._check_acyclic()
+        return sched
+
+    # ------------------------------------------------------------ the DAG
     @cached_property
     def _dag(self) -> nx.DiGraph:
+        import networkx as nx  # here, so that the wire protocol (and every rank) stays light
+
         g = nx.DiGraph()
         for order in self.orders:
             g.add_nodes_from(order)
             g.add_edges_from(itertools.pairwise(order))
-        S, V = self.num_stages, self.num_chunks
-        last_piece = S * V - 1
+        ranks = self.stage_ranks
+        N = len(ranks)
+        present = g.nodes
         for j in range(self.num_microbatches):
-            for piece in range(last_piece):
-                here = (piece % S, piece // S)
-                there = ((piece + 1) % S, (piece + 1) // S)
-                g.add_edge(
-                    Instruction(here[0], "forward", j, here[1]),
-                    Instruction(there[0], "forward", j, there[1]),
-                )
-                g.add_edge(
-                    Instruction(there[0], "backward", j, there[1]),
-                    Instruction(here[0], "backward", j, here[1]),
-                )
-            s, c = last_piece % S, last_piece // S
-            g.add_edge(Instruction(s, "forward", j, c), Instruction(s, "backward", j, c))
-        if not nx.is_directed_acyclic_graph(g):  # pragma: no cover - an internal invariant
-            raise ScheduleError(f"{self.name} schedule produced a cyclic instruction graph")
+            for s in range(N):
+                here, r = s, ranks[s]
+                if s + 1 < N:
+                    nxt = ranks[s + 1]
+                    g.add_edge(
+                        Instruction(r, "forward", j, here), Instruction(nxt, "forward", j, s + 1)
+                    )
+                    up = _grad_node(present, nxt, j, s + 1)
+                    g.add_edge(up, _grad_node(present, r, j, here))
+                w = Instruction(r, "backward_weight", j, here)
+                if w in present:
+                    g.add_edge(Instruction(r, "backward_input", j, here), w)
+            last = N - 1
+            g.add_edge(
+                Instruction(ranks[last], "forward", j, last),
+                _grad_node(present, ranks[last], j, last),
+            )
         return g
+
+    def _check_acyclic(self) -> None:
+        import networkx as nx
+
+        g = self._dag
+        if nx.is_directed_acyclic_graph(g):
+            return
+        cycle = nx.find_cycle(g)
+        path = " → ".join(str(u) for u, _ in cycle) + f" → {cycle[0][0]}"
+        first = cycle[0][0]
+        raise ScheduleError(
+            f"The {self.name} schedule deadlocks: {first} can never run, because each of "
+            f"{path} waits for the next (a rank's own order or a pipeline dependency)"
+        )
 
     def dag(self) -> nx.DiGraph:
         """The instruction DAG (nodes are `Instruction`s). Do not mutate it; it is cached."""
@@ -106,6 +291,8 @@ class PipelineSchedule:
 
     @cached_property
     def _topological_order(self) -> tuple[Instruction, ...]:
+        import networkx as nx
+
         return tuple(nx.topological_sort(self._dag))
 
     def instructions(self) -> list[Instruction]:
@@ -117,61 +304,103 @@ class PipelineSchedule:
         return sum(len(o) for o in self.orders)
 
     def kinds(self) -> list[list[str]]:
-        """Per stage, the instruction names ("forward"/"backward") in execution order."""
+        """Per rank, the instruction kinds in execution order."""
         return [[i.kind for i in order] for order in self.orders]
+
+    def instruction_kinds(self) -> list[str]:
+        """The kinds this schedule runs, in `INSTRUCTIONS` order."""
+        used = {i.kind for order in self.orders for i in order}
+        return [k for k in INSTRUCTIONS if k in used]
+
+    def actions(self) -> list[list[Action]]:
+        """Per rank, its order as ``(stage, kind, microbatch)`` (what `from_orders` takes)."""
+        return [[(i.stage, i.kind, i.microbatch) for i in order] for order in self.orders]
 
     # ------------------------------------------------------------ profile mapping
     def check_profile(self, profile: InstructionProfile) -> None:
-        """Raise `ScheduleError` unless the profile's stage count fits this schedule."""
-        S, V = self.num_stages, self.num_chunks
-        allowed = {S, S * V} if self.name == "interleaved" else {S}
-        if profile.num_stages not in allowed:
-            want = f"{S} or {S * V}" if self.name == "interleaved" else f"{S}"
+        """Raise `ScheduleError` unless the profile has every (stage, kind) this schedule
+        runs: one profile stage per pipeline stage, or (with several stages per rank) one
+        per rank, split evenly among its stages."""
+        S, N = self.num_stages, self.num_virtual_stages
+        if profile.num_stages == N:
+            where = "stage"
+        elif N != S and profile.num_stages == S:
+            where = "rank"
+        else:
+            want = f"{N} or {S}" if N != S else f"{S}"
             raise ScheduleError(
                 f"The profile has {profile.num_stages} stage(s) but the {self.name} schedule "
-                f"has {S} stage(s): expected a profile with {want} stages (pass --stages "
-                f"{profile.num_stages} to use this profile as is)"
+                f"has {N} pipeline stage(s) on {S} rank(s): expected a profile with {want} "
+                f"stages (pass --stages {profile.num_stages} to use this profile as is)"
             )
+        needed = {(getattr(i, where), i.kind) for order in self.orders for i in order}
+        for key in sorted(needed):
+            if not profile.has(*key):
+                raise ScheduleError(
+                    f"The {self.name} schedule runs {key[1]} on stage {key[0]}, but the profile "
+                    f"{profile.source} has no {key[1]} rows for that stage"
+                )
 
     def options(self, profile: InstructionProfile, instruction: Instruction) -> InstructionOptions:
         """The profiled options that apply to `instruction`.
 
-        For interleaved 1F1B, a profile with S·V stages gives each model chunk its own
-        numbers; a profile with S stages is split evenly among a stage's V chunks.
+        A profile with one stage per pipeline stage gives each its own numbers; a profile
+        with one stage per rank is split evenly among the rank's `num_chunks` stages.
         """
-        if self.name == "interleaved" and self.num_chunks > 1:
-            if profile.num_stages == self.num_stages * self.num_chunks:
-                return profile.options(
-                    instruction.chunk * self.num_stages + instruction.stage, instruction.kind
-                )
-            return profile.options(instruction.stage, instruction.kind).scaled(
-                1.0 / self.num_chunks
-            )
-        return profile.options(instruction.stage, instruction.kind)
+        if profile.num_stages == self.num_virtual_stages:
+            return profile.options(instruction.stage, instruction.kind)
+        return profile.options(instruction.rank, instruction.kind).scaled(1.0 / self.num_chunks)
 
 
-def _one_f_one_b(S: int, M: int) -> list[list[Instruction]]:
+def _grad_node(present: Iterable[Instruction], rank: int, j: int, stage: int) -> Instruction:
+    b = Instruction(rank, "backward", j, stage)
+    return b if b in present else Instruction(rank, "backward_input", j, stage)
+
+
+# ---------------------------------------------------------------- built-in orders
+def _one_f_one_b(S: int, M: int) -> list[list[Action]]:
     orders = []
     for s in range(S):
         warmup = min(S - s - 1, M)
-        order = [Instruction(s, "forward", j) for j in range(warmup)]
+        order: list[Action] = [(s, "forward", j) for j in range(warmup)]
         for i in range(M - warmup):
-            order += [Instruction(s, "forward", warmup + i), Instruction(s, "backward", i)]
-        order += [Instruction(s, "backward", j) for j in range(M - warmup, M)]
+            order += [(s, "forward", warmup + i), (s, "backward", i)]
+        order += [(s, "backward", j) for j in range(M - warmup, M)]
         orders.append(order)
     return orders
 
 
-def _gpipe(S: int, M: int) -> list[list[Instruction]]:
+def _gpipe(S: int, M: int) -> list[list[Action]]:
     return [
-        [Instruction(s, "forward", j) for j in range(M)]
-        + [Instruction(s, "backward", j) for j in range(M)]
+        [(s, "forward", j) for j in range(M)] + [(s, "backward", j) for j in range(M)]
         for s in range(S)
     ]
 
 
-def _interleaved(S: int, M: int, V: int) -> list[list[Instruction]]:
-    """Megatron-LM's interleaved 1F1B (`forward_backward_pipelining_with_interleaving`)."""
+def _zero_bubble_h1(S: int, M: int) -> list[list[Action]]:
+    """ZB-H1: 1F1B's order with B split into I and W; rank s runs W(j) after I(j + d), d its
+    warm-up depth, so that its last d W's fill the cool-down, where it waits for I's."""
+    orders = []
+    for s, order_1f1b in enumerate(_one_f_one_b(S, M)):
+        delay = min(S - s - 1, M)
+        order: list[Action] = []
+        done_w = 0
+        for stage, kind, j in order_1f1b:
+            if kind == "forward":
+                order.append((stage, kind, j))
+                continue
+            order.append((stage, "backward_input", j))
+            if j >= delay:
+                order.append((stage, "backward_weight", done_w))
+                done_w += 1
+        order += [(s, "backward_weight", j) for j in range(done_w, M)]
+        orders.append(order)
+    return orders
+
+
+def _interleaved(S: int, M: int, V: int) -> list[list[Action]]:
+    """Megatron-LM's interleaved 1F1B (`forward_backward_pipelining_with_interleaving`):
+    rank s holds stages s, s+S, …, s+(V-1)S."""
     if M % S != 0:
         raise ScheduleError(
             f"Interleaved 1F1B needs the number of microbatches ({M}) to be a multiple of the "
@@ -189,9 +418,11 @@ def _interleaved(S: int, M: int, V: int) -> list[list[Instruction]]:
     orders = []
     for s in range(S):
         warmup = total if M == S else min((S - s - 1) * 2 + (V - 1) * S, total)
-        fwd = [Instruction(s, "forward", microbatch_of(k), chunk_of(k, True)) for k in range(total)]
-        bwd = [
-            Instruction(s, "backward", microbatch_of(k), chunk_of(k, False)) for k in range(total)
+        fwd: list[Action] = [
+            (chunk_of(k, True) * S + s, "forward", microbatch_of(k)) for k in range(total)
+        ]
+        bwd: list[Action] = [
+            (chunk_of(k, False) * S + s, "backward", microbatch_of(k)) for k in range(total)
         ]
         order = fwd[:warmup]
         for k in range(total - warmup):
@@ -202,10 +433,11 @@ def _interleaved(S: int, M: int, V: int) -> list[list[Instruction]]:
 
 
 def schedule_name(name: str) -> str:
-    """The canonical name (``"1f1b"``, ``"gpipe"`` or ``"interleaved"``) of a schedule name
-    as users write it (any case, with or without ``-``/``_``, ``interleaved-1f1b``)."""
+    """The canonical name (``"1f1b"``, ``"gpipe"``, ``"interleaved"`` or ``"zb"``) of a
+    schedule name as users write it (any case, with or without ``-``/``_``,
+    ``interleaved-1f1b``, ``zb-h1``)."""
     key = name.lower().replace("-", "").replace("_", "")
-    key = {"interleaved1f1b": "interleaved"}.get(key, key)
+    key = {"interleaved1f1b": "interleaved", "zbh1": "zb", "zerobubble": "zb"}.get(key, key)
     if key not in SCHEDULES:
         raise ScheduleError(
             f"Unknown pipeline schedule {name!r}; choose one of {', '.join(SCHEDULES)}"
@@ -214,22 +446,48 @@ def schedule_name(name: str) -> str:
 
 
 def instructions_per_stage(name: str, num_microbatches: int, num_chunks: int = 2) -> int:
-    """Instructions each stage runs: a forward and a backward of every microbatch, per
-    model chunk (``num_chunks`` counts for ``interleaved`` only)."""
-    chunks = num_chunks if schedule_name(name) == "interleaved" else 1
-    return 2 * num_microbatches * chunks
+    """Instructions each rank runs in a built-in schedule: a forward and a backward (an I
+    and a W for ``zb``) of every microbatch, per stage it holds (``num_chunks`` counts for
+    ``interleaved`` only)."""
+    key = schedule_name(name)
+    chunks = num_chunks if key == "interleaved" else 1
+    return (3 if key == "zb" else 2) * num_microbatches * chunks
 
 
 _BYTES_PER_INSTRUCTION = 1200
 """Memory of one instruction in a schedule (~160 B) plus its networkx DAG (~1 KB), measured."""
 
 
+def _check_memory(name: str, count: int, shape: str) -> None:
+    short = memory_shortfall(
+        count * _BYTES_PER_INSTRUCTION,
+        f"The {name} schedule of {shape} ({count:,} instructions, with its DAG)",
+    )
+    if short:
+        raise ScheduleError(f"{short}; use fewer stages or microbatches")
+
+
+def check_size(name: str, num_stages: int, num_microbatches: int, *, num_chunks: int = 2) -> None:
+    """Raise `ScheduleError` when a built-in schedule of this shape would be too big to
+    build (more than `MAX_ACTIONS` instructions, or more than the memory available)."""
+    key = schedule_name(name)
+    count = num_stages * instructions_per_stage(key, num_microbatches, num_chunks)
+    shape = f"{num_stages:,} stage(s) × {num_microbatches:,} microbatch(es)"
+    if count > MAX_ACTIONS:
+        raise ScheduleError(
+            f"The {key} schedule of {shape} has {count:,} instructions; at most "
+            f"{MAX_ACTIONS:,} are supported"
+        )
+    _check_memory(key, count, shape)
+
+
 def make_schedule(
     name: str, num_stages: int, num_microbatches: int, *, num_chunks: int = 2
 ) -> PipelineSchedule:
-    """Build a pipeline schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved"``.
+    """Build a built-in pipeline schedule: ``"1f1b"``, ``"gpipe"``, ``"interleaved"`` or
+    ``"zb"`` over `num_stages` pipeline ranks.
 
-    `num_chunks` (virtual stages per stage) is used by ``interleaved`` only.
+    `num_chunks` (stages per rank) is used by ``interleaved`` only.
     """
     key = schedule_name(name)
     if not isinstance(num_stages, int) or num_stages < 1:
@@ -240,28 +498,14 @@ def make_schedule(
         )
     if key == "interleaved" and num_chunks < 1:
         raise ScheduleError(f"The number of chunks must be at least 1, got {num_chunks!r}")
-    count = num_stages * instructions_per_stage(key, num_microbatches, num_chunks)
-    short = memory_shortfall(
-        count * _BYTES_PER_INSTRUCTION,
-        f"The {key} schedule of {num_stages:,} stage(s) × {num_microbatches:,} microbatch(es) "
-        f"({count:,} instructions, with its DAG)",
-    )
-    if short:
-        raise ScheduleError(f"{short}; use fewer stages or microbatches")
+    check_size(key, num_stages, num_microbatches, num_chunks=num_chunks)
     if key == "interleaved":
         orders = _interleaved(num_stages, num_microbatches, num_chunks)
-        chunks = num_chunks
+    elif key == "zb":
+        orders = _zero_bubble_h1(num_stages, num_microbatches)
+    elif key == "1f1b":
+        orders = _one_f_one_b(num_stages, num_microbatches)
     else:
-        orders = (
-            _one_f_one_b(num_stages, num_microbatches)
-            if key == "1f1b"
-            else _gpipe(num_stages, num_microbatches)
-        )
-        chunks = 1
-    return PipelineSchedule(
-        name=key,
-        num_stages=num_stages,
-        num_microbatches=num_microbatches,
-        num_chunks=chunks,
-        orders=tuple(tuple(o) for o in orders),
-    )
+        orders = _gpipe(num_stages, num_microbatches)
+    schedule = PipelineSchedule.from_orders(key, orders, num_microbatches)
+    return dataclasses.replace(schedule, builtin=True)

@@ -2,7 +2,7 @@
 
 `PipelineProblem` lays one (profile, schedule, blocking power) out as a
 `perseus.solver.SolverProblem`: the instructions are the nodes (numbered in the
-schedule's topological order), the DAG's edges are the edges, every (stage, kind, chunk)
+schedule's topological order), the DAG's edges are the edges, every (rank, stage, kind)
 is an option type whose options are the profiled frequencies (label = MHz), and the
 stages are the resources. It maps per-stage frequency lists to option indices and back.
 
@@ -59,12 +59,12 @@ class PipelineProblem:
         self.p2p_power_w = float(p2p_power_w)
         instructions = schedule.instructions()
         index = {instr: k for k, instr in enumerate(instructions)}
-        type_index: dict[tuple[int, str, int], int] = {}
+        type_index: dict[tuple[int, int, str], int] = {}
         type_kinds: list[str] = []
         options: list[OptionTable] = []
         type_of = np.empty(len(instructions), dtype=np.int64)
         for k, instr in enumerate(instructions):
-            key = (instr.stage, instr.kind, instr.chunk)
+            key = (instr.rank, instr.stage, instr.kind)
             if key not in type_index:
                 type_index[key] = len(options)
                 o = schedule.options(profile, instr)

@@ -12,9 +12,11 @@ import time
 from typing import Any
 
 from perseus.errors import (
+    ConfigurationError,
     CoordinatorError,
     InvalidJobError,
     JobNotFoundError,
+    ScheduleError,
 )
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
@@ -26,7 +28,7 @@ from perseus.protocol import (
 )
 from perseus.server.job import CoordinatedJob, JobPhase
 from perseus.settings import PerseusSettings
-from schedulers.base import build_scheduler
+from schedulers.base import build_scheduler, check_scheduler_args
 from schedulers.registry import resolve_scheduler, scheduler_ref
 
 __all__ = ["JobManager"]
@@ -80,6 +82,11 @@ class JobManager:
                 "segment and a folder name): use letters, digits and . _ - + only, "
                 "at most 64 characters"
             )
+        try:
+            checked = check_scheduler_args(self.scheduler_cls, self.settings.scheduler_args)
+            self.scheduler_cls.check_job(info, checked)
+        except (ConfigurationError, ScheduleError) as exc:
+            raise InvalidJobError(str(exc)) from None
         record = JobRecord.register(info, self.scheduler_cls.__name__)
         job = self._new_job(record, self.scheduler_cls, self.settings.scheduler_args)
         if job.dumping:

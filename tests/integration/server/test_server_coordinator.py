@@ -301,11 +301,25 @@ def _too_big_to_solve(stages: int) -> int:
 
 
 @pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # A default pipeline too big to build is refused before its schedule is built.
+        ({"num_microbatches": 10**10}, "40,000,000,000 instructions; at most 1,048,576"),
+        # No pipeline from the job and none by default: the job must describe it.
+        ({}, "did not describe its pipeline"),
+    ],
+)
+def test_a_job_whose_pipeline_cannot_be_built_is_refused_at_registration(args, message):
+    settings = PerseusSettings(scheduler="AllMaxFrequency", scheduler_args=args)
+    with running_server(settings) as url, httpx.Client(base_url=url, timeout=20) as c:
+        r = c.post("/register_job", json=job_info(2).model_dump())
+        assert r.status_code == 422 and message in r.text, r.text
+
+
+@pytest.mark.parametrize(
     ("scheduler", "args", "message"),
     [
         ("PointSolution", {"solution_path": "/nonexistent/plan.json"}, "/nonexistent/plan.json"),
-        # A pipeline too big for memory is refused before its schedule is built.
-        ("AllMaxFrequency", {"num_microbatches": 10**10}, "GiB of memory, but only"),
         # A frontier too big to solve is refused at registration, not after the sweep.
         pytest.param(
             "Perseus",

@@ -48,7 +48,7 @@ def test_create_app_reads_the_environment(monkeypatch):
 @pytest.mark.parametrize(
     ("name", "args", "message"),
     [
-        ("Perseus", {}, "needs num_microbatches"),
+        ("Perseus", {"num_chunks": 0}, "num_chunks: Input should be greater"),
         ("Perseus", {"num_microbatches": 0}, "num_microbatches: Input should be greater"),
         ("ZeusGlobal", {"num_microbatches": 2, "eta_knob": 2}, "eta_knob"),
         ("InstructionProfiler", {"num_microbatches": 2, "freq_stride": 2}, "It accepts:"),
@@ -68,8 +68,8 @@ def test_bad_scheduler_args_are_a_configuration_error(name, args, message):
 def test_create_app_checks_scheduler_args_up_front():
     with pytest.raises(ConfigurationError, match=r"Unknown scheduler 'Nope'\. Valid names"):
         create_app(PerseusSettings(scheduler="Nope"))
-    with pytest.raises(ConfigurationError, match="needs num_microbatches"):
-        create_app(PerseusSettings(scheduler="EnvPipe"))
+    with pytest.raises(ConfigurationError, match="Unknown pipeline schedule"):
+        create_app(PerseusSettings(scheduler="EnvPipe", scheduler_args={"schedule": "zigzag"}))
     with pytest.raises(ConfigurationError, match="round_timeout_s"):
         create_app(
             PerseusSettings(scheduler="AllMaxFrequency", scheduler_args={"num_microbatches": 1}),
@@ -81,7 +81,10 @@ def test_create_app_checks_scheduler_args_up_front():
     ("env", "message"),
     [
         ({"PERSEUS_SCHEDULER": "Nope"}, "Unknown scheduler 'Nope'"),
-        ({"PERSEUS_SCHEDULER": "Perseus"}, "needs num_microbatches"),
+        (
+            {"PERSEUS_SCHEDULER": "Perseus", "PERSEUS_SCHEDULER_ARGS": '{"num_microbatches": 0}'},
+            "num_microbatches",
+        ),
         ({"PERSEUS_SCHEDULER_ARGS": "{not json"}, "scheduler_args"),
         (
             {"PERSEUS_SCHEDULER": "AllMaxFrequency", "PERSEUS_SCHEDULER_ARGS": '{"x": 1}'},
