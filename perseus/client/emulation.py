@@ -68,7 +68,9 @@ class InstructionEmulator:
     Args:
         stand_in: The `GPU.stand_in` of this rank's GPU (an `EmulatedGPU` is its own).
         settings: The emulation mode.
-        nominal_time_s: Instruction name → time at the max clock, for nominal mode.
+        nominal_time_s: Instruction name → time at the max clock, for nominal mode. A key
+            ``"<name>@<stage>"`` (e.g. ``"forward@3"``) gives one pipeline stage its own
+            time (ranks that hold several stages); it wins over the plain name.
     """
 
     def __init__(
@@ -102,11 +104,14 @@ class InstructionEmulator:
         """Busy power × duration of the last finished instruction (what the counter gained)."""
         self._model_cache: dict[tuple[int, int], tuple[float, float]] = {}
 
-    def target_time_s(self, name: str, elapsed_s: float, freq_mhz: int) -> float:
+    def target_time_s(
+        self, name: str, elapsed_s: float, freq_mhz: int, *, stage: int | None = None
+    ) -> float:
         """How long the instruction should last at `freq_mhz`, having computed `elapsed_s`."""
         if self.settings.nominal:
             try:
-                base_s = self.nominal_time_s[name]
+                key = f"{name}@{stage}"
+                base_s = self.nominal_time_s[key if key in self.nominal_time_s else name]
             except KeyError:
                 raise ConfigurationError(
                     f"No nominal time for instruction {name!r}; known: "
@@ -135,7 +140,13 @@ class InstructionEmulator:
         return hit
 
     def finish(
-        self, name: str, start_s: float, freq_mhz: int, *, compute_end_s: float | None = None
+        self,
+        name: str,
+        start_s: float,
+        freq_mhz: int,
+        *,
+        compute_end_s: float | None = None,
+        stage: int | None = None,
     ) -> float:
         """End an instruction that began at `start_s` (`time.perf_counter`) at `freq_mhz`.
 
@@ -147,7 +158,7 @@ class InstructionEmulator:
         end_s = time.perf_counter() if compute_end_s is None else compute_end_s
         elapsed_s = end_s - start_s
         self.last_compute_s = elapsed_s
-        target_s = self.target_time_s(name, elapsed_s, freq_mhz)
+        target_s = self.target_time_s(name, elapsed_s, freq_mhz, stage=stage)
         deadline = start_s + target_s
         remaining = deadline - time.perf_counter()
         while remaining > 0:

@@ -260,6 +260,8 @@ class PerseusOptimizer:
         self._step_in_round = 0
         self._instr_start_s = 0.0
         self._instr_start_mj = 0.0
+        self._instr_stage: int | None = None
+        self._instr_microbatch: int | None = None
         self._step_start_s = 0.0
         self._step_start_mj = 0.0
         self._iter_time: list[float] = []
@@ -345,9 +347,16 @@ class PerseusOptimizer:
         self._step_start_mj = self._energy_mj()
         self._step_start_s = time.perf_counter()
 
-    def on_instruction_begin(self, name: str) -> None:
+    def on_instruction_begin(
+        self, name: str, *, stage: int | None = None, microbatch: int | None = None
+    ) -> None:
         """Mark the beginning of instruction `name` (an instruction kind: "forward",
-        "backward", "backward_input" or "backward_weight"); sets its clock."""
+        "backward", "backward_input" or "backward_weight"); sets its clock.
+
+        `stage` and `microbatch` (optional) say which pipeline stage and microbatch it
+        computes: they go to the trace, and `stage` picks a stage's own nominal time in
+        nominal emulation.
+        """
         self._expect(_HookState.IN_STEP, call="on_instruction_begin")
         freq = self._schedule.begin(name, self.step)
         assert self._freq is not None
@@ -356,10 +365,16 @@ class PerseusOptimizer:
         self._sync()
         if self.emulator is None:
             self._instr_start_mj = self._energy_mj()
+        self._instr_stage, self._instr_microbatch = stage, microbatch
         self._instr_start_s = time.perf_counter()
 
-    def on_instruction_end(self, name: str) -> None:
-        """Mark the end of instruction `name`: measure (and, emulated, stretch) it."""
+    def on_instruction_end(
+        self, name: str, *, stage: int | None = None, microbatch: int | None = None
+    ) -> None:
+        """Mark the end of instruction `name`: measure (and, emulated, stretch) it.
+
+        `stage`/`microbatch` default to those given to `on_instruction_begin`.
+        """
         self._expect(_HookState.IN_INSTRUCTION, call="on_instruction_end")
         freq = self._schedule.end(name, self.step)
         self._sync()
@@ -369,7 +384,11 @@ class PerseusOptimizer:
             self._freq.wait_applied()
             freq = self._stand_in.current_sm_clock_mhz()
             duration_s = self.emulator.finish(
-                name, self._instr_start_s, freq, compute_end_s=compute_end_s
+                name,
+                self._instr_start_s,
+                freq,
+                compute_end_s=compute_end_s,
+                stage=stage if stage is not None else self._instr_stage,
             )
             # Exactly what the emulated GPU's counter gained for this instruction (reading
             # the counter around it would add the idle power of the host's late wake-up).
@@ -386,6 +405,8 @@ class PerseusOptimizer:
                 "step": self.step,
                 "index": self._schedule.index,
                 "instruction": name,
+                "stage": stage if stage is not None else self._instr_stage,
+                "microbatch": microbatch if microbatch is not None else self._instr_microbatch,
                 "freq_mhz": freq,
                 "time_s": duration_s,
                 "energy_j": energy_j,
