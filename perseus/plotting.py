@@ -84,10 +84,16 @@ def plot_timeline(
     *,
     title: str | None = None,
 ) -> Path:
-    """A per-stage Gantt chart of one iteration under `plan`, coloured by SM frequency.
+    """A per-rank Gantt chart of one iteration under `plan`, coloured by SM frequency.
 
-    Forwards are drawn plain, backwards hatched; each box is labelled by its microbatch.
+    One row per pipeline rank (an interleaved rank's stages share its row); forwards are
+    drawn plain, each backward kind with its own hatch (`_HATCH`); each box is labelled by
+    its microbatch.
     """
+    return _save(_timeline_figure(profile, plan, title=title), out_png)
+
+
+def _timeline_figure(profile: InstructionProfile, plan: Plan, *, title: str | None) -> Figure:
     schedule = plan.pipeline_schedule()
     placed = timeline(profile, schedule, plan.stage_frequencies())
     freqs = [p.freq_mhz for p in placed]
@@ -154,4 +160,4 @@ def plot_timeline(
         fontsize=7,
         framealpha=0.8,
     )
-    return _save(fig, out_png)
+    return fig

@@ -28,8 +28,8 @@ produced for that same mechanism:
   forwards, then alternates forward/backward, then the remaining backwards.
 - ``gpipe``: all forwards, then all backwards, in microbatch order.
 - ``interleaved``: Megatron-LM's interleaved 1F1B with V stages per rank (M a multiple of S).
-- ``zb``: ZB-H1 (Qi et al., 2024): 1F1B with every backward split into I and W, each rank
-  deferring its W's by its warm-up depth so that they fill the cool-down bubbles.
+- ``zb``: ZB-H1 (Qi et al., 2024): 1F1B with every backward split into I and W, rank s
+  deferring its W's by s microbatches so that they fill its bubbles (torch's order).
 """
 
 from __future__ import annotations
@@ -378,11 +378,16 @@ def _gpipe(S: int, M: int) -> list[list[Action]]:
 
 
 def _zero_bubble_h1(S: int, M: int) -> list[list[Action]]:
-    """ZB-H1: 1F1B's order with B split into I and W; rank s runs W(j) after I(j + d), d its
-    warm-up depth, so that its last d W's fill the cool-down, where it waits for I's."""
+    """ZB-H1: 1F1B's order with B split into I and W; rank s runs W(j) after I(j + s).
+
+    The input gradients then run back up the pipeline without waiting for the W's, which
+    fill each rank's idle time instead: on the ZB paper's uniform profile (T_F = T_I = T_W)
+    the bubble shrinks from 1F1B's (S−1)(T_F+T_I+T_W) to (S−1)(T_F+T_I−T_W). Deferring by
+    s keeps every rank's live activations at most S, 1F1B's peak (rank 0's). This is
+    torch's ``ScheduleInterleavedZeroBubble`` order with one stage per rank."""
     orders = []
     for s, order_1f1b in enumerate(_one_f_one_b(S, M)):
-        delay = min(S - s - 1, M)
+        delay = min(s, M)
         order: list[Action] = []
         done_w = 0
         for stage, kind, j in order_1f1b:

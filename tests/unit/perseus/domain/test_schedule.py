@@ -46,12 +46,40 @@ def test_interleaved_orders_by_hand() -> None:
 
 def test_zero_bubble_h1_orders_by_hand() -> None:
     s = make_schedule("zb", 3, 4)
-    # 1F1B with B split into I and W; rank s defers its W's by its warm-up depth S-s-1.
+    # 1F1B with B split into I and W; rank s defers its W's by s (torch's order).
     assert [_names(o) for o in s.orders] == [
-        "F0 F1 F2 I0 F3 I1 I2 W0 I3 W1 W2 W3",
+        "F0 F1 F2 I0 W0 F3 I1 W1 I2 W2 I3 W3",
         "F0 F1 I0 F2 I1 W0 F3 I2 W1 I3 W2 W3",
-        "F0 I0 W0 F1 I1 W1 F2 I2 W2 F3 I3 W3",
+        "F0 I0 F1 I1 F2 I2 W0 F3 I3 W1 W2 W3",
     ]
+
+
+def _makespan(schedule: PipelineSchedule, duration: dict[str, float]) -> float:
+    """The DAG's longest path with every instruction of a kind taking `duration[kind]`."""
+    g = schedule.dag()
+    finish: dict[Instruction, float] = {}
+    for node in nx.topological_sort(g):
+        start = max((finish[u] for u in g.predecessors(node)), default=0.0)
+        finish[node] = start + duration[node.kind]
+    return max(finish.values())
+
+
+@pytest.mark.parametrize(("S", "M"), [(4, 8), (8, 16)])
+def test_zero_bubble_h1_has_the_papers_bubble_and_1f1b_peak_memory(S: int, M: int) -> None:
+    # The ZB paper's uniform case T_F = T_I = T_W = 1 (B = 2): 1F1B's bubble is
+    # (S-1)(T_F+T_I+T_W), ZB-H1's (S-1)(T_F+T_I-T_W), on every rank's 3M of work.
+    units = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
+    assert _makespan(make_schedule("1f1b", S, M), units) == 3 * M + 3 * (S - 1)
+    zb = make_schedule("zb", S, M)
+    assert _makespan(zb, units) == 3 * M + (S - 1)
+    # Activations live from a microbatch's F to its W (B in 1F1B): no rank holds more than
+    # 1F1B's peak, S.
+    for order in zb.orders:
+        live = peak = 0
+        for instr in order:
+            live += {"forward": 1, "backward_weight": -1}.get(instr.kind, 0)
+            peak = max(peak, live)
+        assert peak <= S
 
 
 def test_dag_edges() -> None:
