@@ -34,6 +34,7 @@ NEED_SCHEDULE --on_step_begin (fetches the schedule)--> IN_STEP
 BETWEEN_STEPS --on_step_begin--> IN_STEP
 IN_STEP --on_instruction_begin--> IN_INSTRUCTION --on_instruction_end--> IN_STEP
 IN_STEP --on_step_end--> BETWEEN_STEPS, or NEED_SCHEDULE after the round's last step (reports)
+IN_STEP, IN_INSTRUCTION --abort_step (the training step failed)--> BETWEEN_STEPS
 any --close--> CLOSED
 ```
 """
@@ -260,6 +261,7 @@ class PerseusOptimizer:
         self._step_in_round = 0
         self._instr_start_s = 0.0
         self._instr_start_mj = 0.0
+        self._instr_where: dict[str, int] = {}
         self._step_start_s = 0.0
         self._step_start_mj = 0.0
         self._iter_time: list[float] = []
@@ -345,11 +347,22 @@ class PerseusOptimizer:
         self._step_start_mj = self._energy_mj()
         self._step_start_s = time.perf_counter()
 
-    def on_instruction_begin(self, name: str) -> None:
+    def on_instruction_begin(
+        self, name: str, *, stage: int | None = None, microbatch: int | None = None
+    ) -> None:
         """Mark the beginning of instruction `name` (an instruction kind: "forward",
-        "backward", "backward_input" or "backward_weight"); sets its clock."""
+        "backward", "backward_input" or "backward_weight"); sets its clock.
+
+        `stage` (the pipeline's virtual stage) and `microbatch`, when given, go into the
+        instruction's trace record.
+        """
         self._expect(_HookState.IN_STEP, call="on_instruction_begin")
         freq = self._schedule.begin(name, self.step)
+        self._instr_where = {
+            key: value
+            for key, value in (("stage", stage), ("microbatch", microbatch))
+            if value is not None
+        }
         assert self._freq is not None
         self._freq.request(freq)
         self._state = _HookState.IN_INSTRUCTION
@@ -389,6 +402,7 @@ class PerseusOptimizer:
                 "freq_mhz": freq,
                 "time_s": duration_s,
                 "energy_j": energy_j,
+                **self._instr_where,
             }
             if self.emulator is not None:
                 record["compute_s"] = self.emulator.last_compute_s
@@ -431,6 +445,19 @@ class PerseusOptimizer:
         # next on_step_begin collects the schedule (and any error) from it.
         self._reported.clear()
         self._pending = _Exchange(self._exchange, result, name=f"perseus-round-rank{self.rank}")
+
+    def abort_step(self) -> None:
+        """Forget the step in progress after the training step failed: its instructions'
+        measurements are dropped and the next `on_step_begin` starts the step again (same
+        schedule, same round). Does nothing between steps."""
+        if self._state not in (_HookState.IN_STEP, _HookState.IN_INSTRUCTION):
+            return
+        for name in INSTRUCTIONS:
+            self._time_breakdown[name].pop()
+            self._energy_breakdown[name].pop()
+        self._schedule.start_step()
+        self._state = _HookState.BETWEEN_STEPS
+        logger.warning("Rank %d: step %d failed; its measurements are dropped", self.rank, self.step)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
