@@ -457,7 +457,9 @@ class PerseusOptimizer:
             self._energy_breakdown[name].pop()
         self._schedule.start_step()
         self._state = _HookState.BETWEEN_STEPS
-        logger.warning("Rank %d: step %d failed; its measurements are dropped", self.rank, self.step)
+        logger.warning(
+            "Rank %d: step %d failed; its measurements are dropped", self.rank, self.step
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

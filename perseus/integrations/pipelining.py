@@ -53,9 +53,10 @@ Older releases fail in `attach` with an error that names the missing piece.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
@@ -155,7 +156,7 @@ def renumber_single_stage(orders: list[list[Action]], num_microbatches: int) -> 
             for key, mbs in by_kind.items()
             if len(mbs) == num_microbatches
             and mbs != list(range(num_microbatches))
-            and all(a < b for a, b in zip(mbs, mbs[1:]))
+            and all(a < b for a, b in itertools.pairwise(mbs))
         }
         seen: dict[tuple[int, str], int] = {}
         out = []
@@ -251,9 +252,7 @@ class PipelineAttachment:
         self.order: list[Action] = [
             (int(s), str(k), int(m)) for s, k, m in spec.orders[hook.pp_rank]
         ]
-        self._stages = (
-            [schedule._stage] if hasattr(schedule, "_stage") else list(schedule._stages)
-        )
+        self._stages = [schedule._stage] if hasattr(schedule, "_stage") else list(schedule._stages)
         self._next = 0
         self._measuring = False
         self._closed = False
@@ -297,8 +296,10 @@ class PipelineAttachment:
     def _backward(self, stage: int, original: Callable[..., Any]) -> Callable[..., Any]:
         def backward_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
             # torch's signature: (bwd_chunk_id, loss=None, full_backward=True, last_backward=False)
-            full = kwargs["full_backward"] if "full_backward" in kwargs else (
-                args[1] if len(args) > 1 else True
+            full = (
+                kwargs["full_backward"]
+                if "full_backward" in kwargs
+                else (args[1] if len(args) > 1 else True)
             )
             kind = "backward" if full else "backward_input"
             with self._instruction((stage, kind, int(bwd_chunk_id))):
@@ -313,7 +314,7 @@ class PipelineAttachment:
 
         return backward_weight_one_chunk
 
-    @contextmanager
+    @contextlib.contextmanager
     def _instruction(self, action: Action) -> Iterator[None]:
         if not self._measuring:  # eval(), a step without backward, or after close()
             yield
@@ -395,10 +396,8 @@ class PipelineAttachment:
         if exc is None:
             self.close()
             return
-        try:
+        with contextlib.suppress(Exception):  # never mask the original error
             self.close()
-        except Exception:  # never mask the original error
-            pass
 
 
 def pipeline_spec(schedule: Any) -> PipelineSpec:

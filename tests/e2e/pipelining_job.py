@@ -73,7 +73,7 @@ def main() -> int:
             schedule.step(x, target=y)
             optimizer.step()
         if args.eval:
-            schedule.eval(x)
+            schedule.eval(x, target=y)
         steps = perseus.hook.step
     dist.barrier()
     dist.destroy_process_group()
