@@ -267,8 +267,6 @@ class PipelineAttachment:
         setattr(obj, attr, wrapper)
 
     def _wrap(self) -> None:
-        if getattr(getattr(self.schedule, "step", None), _WRAPPED, False):
-            raise ConfigurationError("Perseus is already attached to this schedule")
         for stage in self._stages:
             index = int(stage.stage_index)
             forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
@@ -458,6 +456,8 @@ def attach(
             raise ConfigurationError(
                 f"attach() sets {reserved} itself from the schedule; do not pass it"
             )
+    if getattr(getattr(schedule, "step", None), _WRAPPED, False):
+        raise ConfigurationError("Perseus is already attached to this schedule; close() it first")
     spec = pipeline_spec(schedule)
     stages = _local_stages(schedule)
     rank, world_size = _process_group()
