@@ -42,13 +42,17 @@ no ``loss_fn``) are refused, since Perseus plans training iterations; ``schedule
 (and any step run without backward) passes through unmeasured and does not count as an
 iteration. A schedule class without a ``pipeline_order`` is refused with a clear error.
 
-torch versions: verified on torch 2.13 (the only one installable here). The oldest release
-it should support is torch 2.8, inferred from torch's history: the single-stage schedules
-(`ScheduleGPipe`, `Schedule1F1B`) expose their order (``pipeline_order``) since mid-2025
-(pytorch#155935, first released in 2.8); ``backward_weight_one_chunk`` (2.5),
-`ScheduleInterleavedZeroBubble` (2.5), `_PipelineScheduleRuntime` and
-`ScheduleZBVZeroBubble` (2.6) are older; `ScheduleDualPipeV` and ``OVERLAP_F_B`` need 2.9.
-Older releases fail in `attach` with an error that names the missing piece.
+torch versions: verified on torch 2.13 only (the only one installable here). The oldest
+release it should support is torch 2.8; that is inferred from torch's history, not run:
+the single-stage schedules (`ScheduleGPipe`, `Schedule1F1B`) got their ``pipeline_order``
+in June 2025 (pytorch#155935, as ``get_pipeline_order()``, which `attach` also reads; 2.8
+if it made that branch cut, else 2.9); ``backward_weight_one_chunk`` and
+`ScheduleInterleavedZeroBubble` (2024, 2.5), `ScheduleZBVZeroBubble` and the
+`_PipelineScheduleRuntime` (Dec 2024, 2.6) are older; `ScheduleDualPipeV` and
+``OVERLAP_F_B`` (Aug 2025) need 2.9. On a release without a schedule's
+``pipeline_order``, `attach` fails with an error that says so. torch 2.13's
+`Schedule1F1B` numbers its last rank's forwards from 1 in ``pipeline_order`` (it runs
+them from 0): see `renumber_single_stage`.
 """
 
 from __future__ import annotations
@@ -451,7 +455,15 @@ def attach(
         A `PipelineAttachment`: ``close()`` it (or use it as a context manager) when
         training ends.
     """
-    for reserved in ("pipeline", "expected_instructions", "rank", "pp_rank", "world_size"):
+    reserved_names = (
+        "pipeline",
+        "expected_instructions",
+        "rank",
+        "pp_rank",
+        "pp_degree",
+        "world_size",
+    )
+    for reserved in reserved_names:
         if reserved in hook_options:
             raise ConfigurationError(
                 f"attach() sets {reserved} itself from the schedule; do not pass it"
