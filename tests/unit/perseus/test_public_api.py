@@ -11,6 +11,8 @@ import pytest
     "package",
     [
         "perseus",
+        "perseus.integrations",
+        "perseus.integrations.pipelining",
         "perseus.planning",
         "perseus.solver",
         "schedulers",
