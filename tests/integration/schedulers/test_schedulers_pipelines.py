@@ -169,3 +169,33 @@ def test_a_job_without_a_pipeline_needs_a_coordinator_default(tmp_path):
             if job is old
             else {"forward", "backward_input", "backward_weight"}
         )
+
+
+@pytest.mark.parametrize("scheduler", ["EnvPipe", "ZeusGlobal", "ZeusPerStage"])
+@pytest.mark.parametrize("name", ["zb", "interleaved"])
+def test_the_baselines_plan_a_described_pipeline(tmp_path, scheduler, name):
+    schedule = PIPELINES[name]()
+    truth = GroundTruth(TRUTH[: schedule.num_virtual_stages])
+    args = {"warmup_rounds": 1, "freq_step": 3}
+    with running_server(settings(tmp_path, scheduler, **args)) as url:
+        job = SimulatedJob(url, truth, schedule=schedule)
+        history = job.run_sync(9)
+    deployed = history[-1]
+    assert deployed == history[-2], "the plan stays deployed"
+    plan = load_plan(tmp_path / job.job_id / "deployed_plan.json")
+    assert plan.pipeline_schedule().actions() == schedule.actions()
+    dp_of = {i.rank: i.dp_rank for i in job.infos}
+    all_max_energy, all_max_time = pipeline_energy_and_time(job.results[0], dp_of)
+    energy, time_s = pipeline_energy_and_time(job.results[-1], dp_of)
+    assert plan.iteration_time == pytest.approx(time_s, rel=1e-9)
+    if scheduler == "EnvPipe":  # bubbles only: never slower, and some energy saved
+        assert time_s <= all_max_time * (1 + 1e-9)
+        assert energy < all_max_energy
+        busy = [sum(truth.time_s(i.stage, i.kind, FREQS[0]) for i in o) for o in schedule.orders]
+        critical = max(range(schedule.num_stages), key=lambda r: (busy[r], r))
+        assert set(stage_freqs(deployed, critical)) == {FREQS[0]}  # all its stages stay max
+    else:  # one frequency per job, or per pipeline rank (all the stages it holds)
+        per_rank = [set(stage_freqs(deployed, r)) for r in range(schedule.num_stages)]
+        assert all(len(f) == 1 for f in per_rank)
+        if scheduler == "ZeusGlobal":
+            assert len(set.union(*per_rank)) == 1
