@@ -14,9 +14,9 @@ when both are 1, with one stage per rank):
   first data-parallel pipeline. Energies therefore describe *one* pipeline, the unit the
   profile, the solver and the plan accounting use; all pipelines run the same plan, so
   summing over dp would only scale every option by dp.
-- a stage plan (per stage, the ``(instruction, freq_mhz)`` list of one iteration in
-  execution order) → one `FrequencySchedule` per rank: every rank of a stage gets the
-  stage's list; a data-parallel pipeline may get its own plan (stragglers).
+- a stage plan (per pipeline rank, the ``(instruction, freq_mhz)`` list of one iteration
+  in execution order) → one `FrequencySchedule` per rank: every copy of a pipeline rank
+  gets its list; a data-parallel pipeline may get its own plan (stragglers).
 """
 
 from __future__ import annotations
