@@ -261,6 +261,9 @@ class OfflineProfilingResult(BaseModel):
     Attributes:
         rank: Global rank of the reporting client.
         dp_rank, pp_rank, tp_rank: Parallel ranks of the reporting process.
+        stage: The pipeline (virtual) stage these numbers are for, when the pipeline rank
+            holds several (interleaved, ZBV); None means the stage is `pp_rank` (and a
+            stage equal to `pp_rank` is stored as None, so that both spellings compare equal).
         forward_time: Frequency → average forward computation time (s).
         forward_energy: Frequency → average forward computation energy (J).
         backward_time: Frequency → average backward computation time (s).
@@ -274,6 +277,7 @@ class OfflineProfilingResult(BaseModel):
     dp_rank: int = Field(ge=0)
     pp_rank: int = Field(ge=0)
     tp_rank: int = Field(ge=0)
+    stage: int | None = Field(default=None, ge=0)
     forward_time: dict[int, float]
     forward_energy: dict[int, float]
     backward_time: dict[int, float] = Field(default_factory=dict)
@@ -283,12 +287,24 @@ class OfflineProfilingResult(BaseModel):
     backward_weight_time: dict[int, float] = Field(default_factory=dict)
     backward_weight_energy: dict[int, float] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _normalise_stage(self) -> OfflineProfilingResult:
+        if self.stage == self.pp_rank:
+            self.stage = None
+        return self
+
+    @property
+    def pipeline_stage(self) -> int:
+        """The pipeline (virtual) stage: `stage`, or `pp_rank` when that is None."""
+        return self.pp_rank if self.stage is None else self.stage
+
 
 class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
     """Time and energy profiling results for each instruction in each stage."""
 
     def rows(self) -> list[ProfileRow]:
-        """One row per rank, instruction and frequency (frequencies descending)."""
+        """One row per entry (rank and stage), instruction and frequency (frequencies
+        descending); the row's stage is the entry's `pipeline_stage`."""
         rows: list[ProfileRow] = []
         for res in self.root:
             for instruction in INSTRUCTIONS:
@@ -297,7 +313,8 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
                 for freq in sorted(times, reverse=True):
                     if freq not in energies:
                         raise ProfileError(
-                            f"rank {res.rank}: {instruction} at {freq} MHz has a time but no energy"
+                            f"rank {res.rank} stage {res.pipeline_stage}: {instruction} at "
+                            f"{freq} MHz has a time but no energy"
                         )
                     rows.append(
                         ProfileRow(
@@ -305,7 +322,7 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
                             res.dp_rank,
                             res.pp_rank,
                             res.tp_rank,
-                            res.pp_rank,
+                            res.pipeline_stage,
                             instruction,
                             freq,
                             times[freq],
@@ -321,9 +338,11 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
 
         Notes:
             - `rank` is the global rank of the process.
-            - `pp_rank` and `stage` are always the same, for backwards compatibility.
+            - `stage` is the pipeline (virtual) stage: `pp_rank` unless the pipeline rank
+              holds several stages (interleaved, ZBV), then one of those.
             - All ranks and `stage` are zero-indexed.
-            - `instruction` is either "forward" or "backward".
+            - `instruction` is one of "forward", "backward", "backward_input",
+              "backward_weight".
             - `time` and `energy` are already averaged over profiling iterations.
         """
         write_profile_rows(filepath, self.rows())
@@ -331,19 +350,20 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
     @classmethod
     def from_csv(cls, filepath: str | os.PathLike[str]) -> InstructionProfilingResult:
         """Read a profile CSV, in the long form `to_csv` writes or the short
-        ``stage,instruction,frequency,time,energy`` form (then rank = pp_rank = stage)."""
-        by_rank: dict[tuple[int, int, int, int], dict[str, dict[int, float]]] = {}
+        ``stage,instruction,frequency,time,energy`` form (then rank = pp_rank = stage).
+        One entry per (rank, dp_rank, pp_rank, tp_rank, stage)."""
+        by_rank: dict[tuple[int, int, int, int, int], dict[str, dict[int, float]]] = {}
         for row in read_profile_rows(filepath):
             entry = by_rank.setdefault(
-                (row.rank, row.dp_rank, row.pp_rank, row.tp_rank),
+                (row.rank, row.dp_rank, row.pp_rank, row.tp_rank, row.stage),
                 {f"{i}_{q}": {} for i in INSTRUCTIONS for q in ("time", "energy")},
             )
             entry[f"{row.instruction}_time"][row.frequency] = row.time
             entry[f"{row.instruction}_energy"][row.frequency] = row.energy
         return cls(
             [
-                OfflineProfilingResult(rank=r, dp_rank=d, pp_rank=p, tp_rank=t, **data)
-                for (r, d, p, t), data in sorted(by_rank.items())
+                OfflineProfilingResult(rank=r, dp_rank=d, pp_rank=p, tp_rank=t, stage=s, **data)
+                for (r, d, p, t, s), data in sorted(by_rank.items())
             ]
         )
 

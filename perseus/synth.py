@@ -1,6 +1,7 @@
 """Synthetic instruction profiles from the emulator's DVFS model.
 
-A profile lists, for every pipeline stage, instruction (forward/backward) and supported SM
+A profile lists, for every pipeline stage, instruction (forward/backward, and with
+`backward_split` the backward's halves backward_input/backward_weight) and supported SM
 clock, the time (s) and energy (J) of one instruction on one microbatch on one GPU: the
 same ``stage,instruction,frequency,time,energy`` table that real profiling writes. The
 numbers come from `zeus_power.device.emulated.DVFSModel`, the very equations the emulated
@@ -173,8 +174,12 @@ def synthesize_profile(
     preset: str = "generic",
     min_freq_mhz: int | None = None,
     power_limit_w: float | None = None,
+    backward_split: float | None = None,
 ) -> pd.DataFrame:
     """The profile table of `stage_workloads` on `gpu_type`.
+
+    The stages are pipeline (virtual) stages: for an interleaved or V-shaped schedule give
+    one workload per stage of the model (ranks × stages per rank).
 
     Args:
         gpu_type: An emulated GPU type, e.g. "A40" (see `zeus_power.device.specs`).
@@ -185,6 +190,12 @@ def synthesize_profile(
         preset: Model preset for work factors (see `MODEL_PRESETS`).
         min_freq_mhz: Leave out clocks below this (default: every supported clock).
         power_limit_w: Power limit during "profiling" (default: the GPU's default limit).
+        backward_split: Also write a split backward for zero-bubble schedules: at every
+            clock ``backward_input`` takes this fraction of the (noisy) backward's time and
+            energy and ``backward_weight`` the rest, so I + W = B exactly. 0.5 is the
+            zero-bubble paper's assumption (T_F ≈ T_I ≈ T_W with a backward of twice the
+            forward's work). None (default): forward and backward rows only. The backward
+            rows stay either way, so one profile serves 1F1B and ZB alike.
 
     Returns:
         Columns `COLUMNS`; one row per stage, frequency (descending) and instruction.
@@ -207,6 +218,13 @@ def synthesize_profile(
         )
     if not (np.isfinite(noise) and noise >= 0):
         raise ConfigurationError(f"noise={noise} must be a non-negative number")
+    if backward_split is not None and not (
+        np.isfinite(backward_split) and 0.0 < backward_split < 1.0
+    ):
+        raise ConfigurationError(
+            f"backward_split={backward_split} must be in (0, 1): the share of the backward's "
+            "time and energy that its input-gradient half takes"
+        )
     model = DVFSModel(spec)
     clocks = np.array(model.supported_sm_clocks_mhz())
     if min_freq_mhz is not None:
@@ -220,6 +238,13 @@ def synthesize_profile(
     rng = np.random.default_rng(seed)
     columns: dict[str, list] = {name: [] for name in COLUMNS}
     sweeps = [[model.sweep(w, clocks, limit_w) for w in pair] for pair in pairs]
+    def add(stage: int, instruction: str, freq: int, time_s: float, energy_j: float) -> None:
+        columns["stage"].append(stage)
+        columns["instruction"].append(instruction)
+        columns["frequency"].append(freq)
+        columns["time"].append(time_s)
+        columns["energy"].append(energy_j)
+
     for stage, (fwd, bwd) in enumerate(sweeps):
         for i, freq in enumerate(clocks):
             for instruction, sweep in (("forward", fwd), ("backward", bwd)):
@@ -228,11 +253,13 @@ def synthesize_profile(
                 if noise:
                     time_s *= float(np.exp(rng.normal(0.0, noise)))
                     power_w *= float(np.exp(rng.normal(0.0, noise)))
-                columns["stage"].append(stage)
-                columns["instruction"].append(instruction)
-                columns["frequency"].append(int(freq))
-                columns["time"].append(time_s)
-                columns["energy"].append(power_w * time_s)
+                add(stage, instruction, int(freq), time_s, power_w * time_s)
+                if instruction == "backward" and backward_split is not None:
+                    for half, share in (
+                        ("backward_input", backward_split),
+                        ("backward_weight", 1.0 - backward_split),
+                    ):
+                        add(stage, half, int(freq), share * time_s, share * power_w * time_s)
     return pd.DataFrame(columns, columns=COLUMNS)
 
 

@@ -25,8 +25,8 @@ def envpipe_frequencies(
 ) -> list[list[int]]:
     """EnvPipe's plan: slow down instructions in pipeline bubbles, never the iteration.
 
-    The critical stage — the one with the most computation at max frequency (the last
-    stage on ties) — stays at max frequency. Every other instruction, greedily in order of
+    The critical pipeline rank — the one with the most computation at max frequency (the
+    last on ties), all the stages it holds — stays at max frequency. Every other instruction, greedily in order of
     decreasing slack, gets the option with the lowest ``e − P_block·t`` (the change in the
     pipeline's energy when its time changes but T does not) among those that fit in its
     current total float (latest finish − earliest finish), so the all-max iteration time
@@ -54,7 +54,7 @@ def envpipe_frequencies(
 
     slack, t0 = float_of()
     eps = 1e-12 * max(t0, 1.0)
-    candidates = [i for i in range(n) if instrs[i].stage != critical]
+    candidates = [i for i in range(n) if instrs[i].rank != critical]
     changed = True
     while changed:
         changed = False

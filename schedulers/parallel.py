@@ -1,17 +1,22 @@
 """3D parallelism as a wrapper around pipeline-stage schedulers.
 
-Schedulers think in pipeline stages; `Parallel3D` maps between stages and ranks whenever
-dp·tp > 1 (and is the identity when both are 1):
+Schedulers think in pipeline ranks (plans) and pipeline (virtual) stages (profiles);
+`Parallel3D` maps between them and the job's ranks whenever dp·tp > 1 (and is the identity
+when both are 1, with one stage per rank):
 
-- results → one `StageMeasurement` per pipeline stage: an instruction's time is the
+- results → one `StageMeasurement` per pipeline rank and one `VirtualStageMeasurement` per
+  pipeline (virtual) stage. A rank's ``time_breakdown[kind][iteration]`` lists are in
+  execution order, so occurrence k of `kind` on pipeline rank r is the k-th instruction of
+  that kind in r's order (`PipelineSchedule.orders[r]`): that is how a rank holding several
+  stages (interleaved, looped BFS, ZBV) is split into its stages. An instruction's time is the
   **max** over all the stage's ranks (every tensor- and data-parallel copy: the slowest GPU
   sets the pace), its energy the **sum** over the stage's tensor-parallel ranks of the
   first data-parallel pipeline. Energies therefore describe *one* pipeline, the unit the
   profile, the solver and the plan accounting use; all pipelines run the same plan, so
   summing over dp would only scale every option by dp.
-- a stage plan (per stage, the ``(instruction, freq_mhz)`` list of one iteration in
-  execution order) → one `FrequencySchedule` per rank: every rank of a stage gets the
-  stage's list; a data-parallel pipeline may get its own plan (stragglers).
+- a stage plan (per pipeline rank, the ``(instruction, freq_mhz)`` list of one iteration
+  in execution order) → one `FrequencySchedule` per rank: every copy of a pipeline rank
+  gets its list; a data-parallel pipeline may get its own plan (stragglers).
 """
 
 from __future__ import annotations
@@ -19,27 +24,34 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from perseus.errors import ConfigurationError, RankError
+from perseus.domain.schedule import PipelineSchedule
+from perseus.errors import ConfigurationError, PlanError, RankError
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 
-__all__ = ["Parallel3D", "RoundMeasurement", "StageMeasurement", "StagePlan"]
+__all__ = [
+    "Parallel3D",
+    "RoundMeasurement",
+    "StageMeasurement",
+    "StagePlan",
+    "VirtualStageMeasurement",
+]
 
 logger = logging.getLogger(__name__)
 
 StagePlan = list[list[tuple[str, int]]]
-"""Per pipeline stage, the (instruction, freq_mhz) list of one iteration in execution order."""
+"""Per pipeline rank, the (instruction, freq_mhz) list of one iteration in execution order."""
 
 
 @dataclass(frozen=True)
 class StageMeasurement:
-    """One round's numbers for one pipeline stage (see the module docstring for the 3D rule).
+    """One round's numbers for one pipeline rank (see the module docstring for the 3D rule).
 
-    `time_s`/`energy_j`: per instruction name, the mean over the window's iterations and
-    occurrences. `busy_s`/`compute_energy_j`: per iteration, the stage's total instruction
-    time (busiest rank) and energy (tp ranks of the first pipeline).
+    `time_s`/`energy_j`: per instruction kind, the mean over the window's iterations and
+    the kind's occurrences on the rank (all its stages). `busy_s`/`compute_energy_j`: per
+    iteration, the rank's total instruction time (busiest copy) and energy (tp ranks of the
+    first pipeline).
     """
 
     time_s: dict[str, float]
@@ -50,11 +62,24 @@ class StageMeasurement:
 
 
 @dataclass(frozen=True)
+class VirtualStageMeasurement:
+    """One round's numbers for one pipeline (virtual) stage: per kind the stage runs, the
+    mean over the window's iterations and the kind's occurrences on that stage (time: max
+    over the stage's copies; energy: sum over the tp ranks of the first pipeline)."""
+
+    rank: int
+    """The pipeline rank that holds the stage."""
+    time_s: dict[str, float]
+    energy_j: dict[str, float]
+
+
+@dataclass(frozen=True)
 class RoundMeasurement:
     """One complete round (every rank reported), aggregated.
 
     Attributes:
-        stages: One entry per pipeline stage.
+        stages: One entry per pipeline rank.
+        virtual_stages: One entry per pipeline (virtual) stage, the profile's unit.
         iteration_time_s: Mean iteration time, max over all ranks.
         pipeline_energy_j: Mean iteration energy of one pipeline (first dp pipeline, all
             its GPUs).
@@ -66,6 +91,7 @@ class RoundMeasurement:
     """
 
     stages: list[StageMeasurement]
+    virtual_stages: list[VirtualStageMeasurement]
     iteration_time_s: float
     pipeline_energy_j: float
     job_energy_j: float
@@ -78,21 +104,26 @@ def _mean(values: list[float]) -> float:
 
 
 class Parallel3D:
-    """The job's ranks grouped by pipeline stage, and the two mappings of the module docstring.
+    """The job's ranks grouped by pipeline rank, and the mappings of the module docstring.
 
-    Raises `RankError` unless every rank of the job registered, and `ConfigurationError`
-    when the GPUs share no SM clock.
+    Raises `RankError` unless every rank of the job registered, `ConfigurationError` when
+    the GPUs share no SM clock, and `PlanError` when the schedule's pipeline ranks are not
+    the job's pp_degree.
     """
 
     def __init__(
-        self,
-        job_info: JobInfo,
-        rank_infos: list[RankInfo],
-        kinds: Sequence[str] = ("forward", "backward"),
+        self, job_info: JobInfo, rank_infos: list[RankInfo], schedule: PipelineSchedule
     ) -> None:
         self.job_id = job_info.job_id
-        self.kinds = tuple(kinds)
-        """The instruction kinds every rank runs and reports."""
+        self.schedule = schedule
+        """The pipeline the job runs (its orders say which stage each occurrence is)."""
+        if schedule.num_stages != job_info.pp_degree:
+            raise PlanError(
+                f"The {schedule.name} schedule has {schedule.num_stages} stage(s) but job "
+                f"{job_info.job_id} has pp_degree {job_info.pp_degree}"
+            )
+        self.kinds = tuple(schedule.instruction_kinds())
+        """The instruction kinds the job runs (every rank reports those it runs)."""
         self.rank_infos = rank_infos
         if len(rank_infos) != job_info.world_size:
             raise RankError(
@@ -100,6 +131,7 @@ class Parallel3D:
                 f"world_size is {job_info.world_size}"
             )
         self.stage_ranks: list[list[RankInfo]] = [[] for _ in range(job_info.pp_degree)]
+        """Per pipeline rank, the job's ranks that run it (its dp and tp copies)."""
         for info in rank_infos:
             self.stage_ranks[info.pp_rank].append(info)
         common = set.intersection(*(set(r.available_frequencies) for r in rank_infos))
@@ -110,11 +142,18 @@ class Parallel3D:
             )
         self.frequencies: list[int] = sorted(common, reverse=True)
         """SM frequencies (MHz) every GPU of the job supports, descending."""
+        self._occurrences: list[dict[str, list[int]]] = []
+        """Per pipeline rank: kind → the stage of each occurrence, in execution order."""
+        for order in schedule.orders:
+            occ: dict[str, list[int]] = {}
+            for instr in order:
+                occ.setdefault(instr.kind, []).append(instr.stage)
+            self._occurrences.append(occ)
 
     def schedules_for(
         self, plan: StagePlan, overrides: dict[int, StagePlan] | None = None
     ) -> list[FrequencySchedule]:
-        """One `FrequencySchedule` per rank: every rank of a stage gets the stage's list."""
+        """One `FrequencySchedule` per rank: every copy of a pipeline rank gets its list."""
         overrides = overrides or {}
         cache: dict[tuple[int, int], FrequencySchedule] = {}
         out = []
@@ -126,69 +165,137 @@ class Parallel3D:
             out.append(cache[key].model_copy(update={"rank": info.rank}))
         return out
 
+    def _rank_numbers(self, info: RankInfo, res: ProfilingResult) -> _RankNumbers:
+        """One rank's means per kind and per (stage, kind), checked against its order."""
+        if not res.iter_time or len(res.iter_time) != len(res.iter_energy):
+            raise RankError(
+                f"Rank {info.rank} reported {len(res.iter_time)} iteration time(s) and "
+                f"{len(res.iter_energy)} energies; report one of each per iteration"
+            )
+        iters = len(res.iter_time)
+        occ = self._occurrences[info.pp_rank]
+        where = f"pipeline rank {info.pp_rank} of the {self.schedule.name} schedule"
+        numbers = _RankNumbers()
+        for name in [*self.kinds, *sorted(set(res.time_breakdown) - set(self.kinds))]:
+            t_iters = res.time_breakdown.get(name, [])
+            e_iters = res.energy_breakdown.get(name, [])
+            stages = occ.get(name, [])
+            if not stages:
+                if any(t_iters) or any(e_iters):
+                    n = sum(len(x) for x in t_iters)
+                    raise RankError(
+                        f"Rank {info.rank} reported {n} {name!r} duration(s), but {where} "
+                        f"runs no {name}"
+                    )
+                continue
+            if len(t_iters) != iters or len(e_iters) != iters:
+                raise RankError(
+                    f"Rank {info.rank} reported {len(t_iters)} {name!r} duration list(s) and "
+                    f"{len(e_iters)} energy list(s) for {iters} iteration(s); time_breakdown "
+                    f"and energy_breakdown need one list per iteration, each with one entry "
+                    f"per executed {name}"
+                )
+            for it, (ts, es) in enumerate(zip(t_iters, e_iters, strict=True)):
+                if len(ts) != len(stages) or len(es) != len(stages):
+                    raise RankError(
+                        f"Rank {info.rank} reported {len(ts)} {name!r} duration(s) and "
+                        f"{len(es)} energies in iteration {it}, but {where} runs "
+                        f"{len(stages)} {name} per iteration; report one entry per executed "
+                        f"{name}, in execution order"
+                    )
+            t_all = [x for ts in t_iters for x in ts]
+            e_all = [x for es in e_iters for x in es]
+            numbers.time_s[name], numbers.energy_j[name] = _mean(t_all), _mean(e_all)
+            numbers.busy_s += math.fsum(t_all) / iters
+            numbers.energy += math.fsum(e_all) / iters
+            per_stage: dict[int, tuple[list[float], list[float]]] = {}
+            for ts, es in zip(t_iters, e_iters, strict=True):
+                for stage, t, e in zip(stages, ts, es, strict=True):
+                    acc = per_stage.setdefault(stage, ([], []))
+                    acc[0].append(t)
+                    acc[1].append(e)
+            for stage, (ts, es) in per_stage.items():
+                numbers.stage_time_s[stage, name] = _mean(ts)
+                numbers.stage_energy_j[stage, name] = _mean(es)
+        return numbers
+
     def measure(self, results: list[ProfilingResult]) -> RoundMeasurement | None:
-        """Aggregate one round's results (None when a rank did not report)."""
+        """Aggregate one round's results (None when a rank did not report).
+
+        Raises `RankError`, naming the rank and the kind, when a rank's breakdowns do not
+        hold one entry per instruction of that kind in its order, per iteration.
+        """
         by_rank = {r.rank: r for r in results}
         missing = [info.rank for info in self.rank_infos if info.rank not in by_rank]
         if missing:
             logger.warning("Job %s: no result from rank(s) %s this round", self.job_id, missing)
             return None
         first_dp = min(info.dp_rank for info in self.rank_infos)
-        per_rank: dict[int, tuple[dict[str, float], dict[str, float], float, float]] = {}
+        per_rank: dict[int, _RankNumbers] = {}
         p2p: list[float] = []
         for info in self.rank_infos:
             res = by_rank[info.rank]
-            if not res.iter_time or len(res.iter_time) != len(res.iter_energy):
-                raise RankError(
-                    f"Rank {info.rank} reported {len(res.iter_time)} iteration time(s) and "
-                    f"{len(res.iter_energy)} energies; report one of each per iteration"
-                )
-            iters = len(res.iter_time)
-            times: dict[str, float] = {}
-            energies: dict[str, float] = {}
-            busy = energy = 0.0
-            for name in self.kinds:
-                t = [x for it in res.time_breakdown.get(name, []) for x in it]
-                e = [x for it in res.energy_breakdown.get(name, []) for x in it]
-                if not t or len(t) != len(e):
-                    raise RankError(
-                        f"Rank {info.rank} reported {len(t)} {name!r} duration(s) and {len(e)} "
-                        f"energies; time_breakdown and energy_breakdown need one entry per "
-                        f"executed {name} (iteration × occurrence)"
-                    )
-                times[name], energies[name] = _mean(t), _mean(e)
-                busy += math.fsum(t) / iters
-                energy += math.fsum(e) / iters
+            numbers = self._rank_numbers(info, res)
+            per_rank[info.rank] = numbers
             iter_time, iter_energy = _mean(res.iter_time), _mean(res.iter_energy)
-            per_rank[info.rank] = (times, energies, busy, energy)
-            idle = iter_time - busy
+            idle = iter_time - numbers.busy_s
             if idle > 1e-6 * max(iter_time, 1e-12):
-                p2p.append(max(0.0, (iter_energy - energy) / idle))
+                p2p.append(max(0.0, (iter_energy - numbers.energy) / idle))
         stages = []
         busy_s: dict[tuple[int, int], float] = {}
-        for stage, members in enumerate(self.stage_ranks):
+        for pp, members in enumerate(self.stage_ranks):
             first = [m for m in members if m.dp_rank == first_dp]
-            times = {name: max(per_rank[m.rank][0][name] for m in members) for name in self.kinds}
-            energies = {
-                name: math.fsum(per_rank[m.rank][1][name] for m in first) for name in self.kinds
-            }
+            kinds = list(self._occurrences[pp])
+            times = {k: max(per_rank[m.rank].time_s[k] for m in members) for k in kinds}
+            energies = {k: math.fsum(per_rank[m.rank].energy_j[k] for m in first) for k in kinds}
             for m in members:
-                key = (m.dp_rank, stage)
-                busy_s[key] = max(busy_s.get(key, 0.0), per_rank[m.rank][2])
+                key = (m.dp_rank, pp)
+                busy_s[key] = max(busy_s.get(key, 0.0), per_rank[m.rank].busy_s)
             stages.append(
                 StageMeasurement(
                     time_s=times,
                     energy_j=energies,
-                    busy_s=max(per_rank[m.rank][2] for m in members),
-                    compute_energy_j=math.fsum(per_rank[m.rank][3] for m in first),
+                    busy_s=max(per_rank[m.rank].busy_s for m in members),
+                    compute_energy_j=math.fsum(per_rank[m.rank].energy for m in first),
                     iteration_energy_j=math.fsum(_mean(by_rank[m.rank].iter_energy) for m in first),
+                )
+            )
+        virtual = []
+        for stage, pp in enumerate(self.schedule.stage_ranks):
+            members = self.stage_ranks[pp]
+            first = [m for m in members if m.dp_rank == first_dp]
+            kinds = [k for k in self.kinds if stage in self._occurrences[pp].get(k, ())]
+            virtual.append(
+                VirtualStageMeasurement(
+                    rank=pp,
+                    time_s={
+                        k: max(per_rank[m.rank].stage_time_s[stage, k] for m in members)
+                        for k in kinds
+                    },
+                    energy_j={
+                        k: math.fsum(per_rank[m.rank].stage_energy_j[stage, k] for m in first)
+                        for k in kinds
+                    },
                 )
             )
         return RoundMeasurement(
             stages=stages,
+            virtual_stages=virtual,
             iteration_time_s=max(_mean(r.iter_time) for r in results),
             pipeline_energy_j=math.fsum(s.iteration_energy_j for s in stages),
             job_energy_j=math.fsum(_mean(r.iter_energy) for r in results),
             busy_s=busy_s,
             p2p_power_w=statistics.median(p2p) if p2p else None,
         )
+
+
+@dataclass
+class _RankNumbers:
+    """One rank's round, reduced: means per kind and per (stage, kind), per-iteration sums."""
+
+    time_s: dict[str, float] = field(default_factory=dict)
+    energy_j: dict[str, float] = field(default_factory=dict)
+    stage_time_s: dict[tuple[int, str], float] = field(default_factory=dict)
+    stage_energy_j: dict[tuple[int, str], float] = field(default_factory=dict)
+    busy_s: float = 0.0
+    energy: float = 0.0

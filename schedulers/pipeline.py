@@ -1,7 +1,11 @@
 """The base of every shipped scheduler: stage-level plans, round bookkeeping, plan checks.
 
-Subclasses think in pipeline stages; `schedulers.parallel.Parallel3D` wraps them for 3D
-parallelism (per-rank results → per-stage measurements, stage plans → per-rank schedules).
+Subclasses plan per pipeline rank (a `StagePlan`: per rank, its (kind, MHz) list in
+execution order) and measure per pipeline rank and per pipeline (virtual) stage;
+`schedulers.parallel.Parallel3D` wraps them for 3D parallelism (per-rank results → per-rank
+and per-stage measurements, stage plans → per-rank schedules). The pipeline is the one the
+job described at registration (any order: interleaved, zero-bubble, ...), else the
+coordinator's default (`job_pipeline`).
 
 Round protocol: `next_schedule()` issues round k; `observe()` gets round k's results before
 round k+1 is issued. A round that got no `observe()` (no rank reported) is handed to the
@@ -22,7 +26,13 @@ from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankIn
 from perseus.settings import PerseusSettings
 from schedulers.args import PipelineArgs, SchedulerArgs
 from schedulers.base import FrequencyScheduler
-from schedulers.parallel import Parallel3D, RoundMeasurement, StageMeasurement, StagePlan
+from schedulers.parallel import (
+    Parallel3D,
+    RoundMeasurement,
+    StageMeasurement,
+    StagePlan,
+    VirtualStageMeasurement,
+)
 
 __all__ = [
     "PipelineScheduler",
@@ -30,6 +40,7 @@ __all__ = [
     "RoundMeasurement",
     "StageMeasurement",
     "StagePlan",
+    "VirtualStageMeasurement",
 ]
 
 logger = logging.getLogger(__name__)
@@ -75,14 +86,12 @@ class PipelineScheduler(FrequencyScheduler):
         self.pipeline: PipelineSchedule = (
             pipeline if pipeline is not None else job_pipeline(job_info, args)
         )
-        self.parallel = Parallel3D(job_info, self.rank_infos, self.pipeline.instruction_kinds())
-        """The 3D mapping: per-rank results → stages, stage plans → per-rank schedules."""
-        if self.pipeline.num_stages != job_info.pp_degree:
-            raise PlanError(
-                f"The {self.pipeline.name} schedule has {self.pipeline.num_stages} stage(s) but "
-                f"job {job_info.job_id} has pp_degree {job_info.pp_degree}"
-            )
+        self.parallel = Parallel3D(job_info, self.rank_infos, self.pipeline)
+        """The 3D mapping: per-rank results → pipeline ranks and (virtual) stages, stage
+        plans → per-rank schedules."""
         self.num_stages = job_info.pp_degree
+        """Pipeline ranks: a plan has one list per rank (a profile one stage per
+        `pipeline.num_virtual_stages`)."""
         self.kinds = self.pipeline.kinds()
         self.stage_ranks = self.parallel.stage_ranks
         self.frequencies = self.parallel.frequencies
@@ -161,7 +170,7 @@ class PipelineScheduler(FrequencyScheduler):
                 f"pp_degree {self.num_stages}"
             )
         schedule = plan.pipeline_schedule()
-        if schedule.kinds() != self.kinds:
+        if schedule.actions() != self.pipeline.actions():
             raise PlanError(
                 f"The plan is for {plan.schedule} with {plan.num_microbatches} microbatch(es), "
                 f"but the job runs {self.pipeline.name} with {self.pipeline.num_microbatches}; "

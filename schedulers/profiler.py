@@ -18,19 +18,23 @@ class ProfilerArgs(PipelineArgs, SweepArgs):
 class InstructionProfiler(PipelineScheduler):
     """Sweep SM frequencies high → low over rounds, then keep the job at max frequency.
 
-    Each sweep round runs every still-active (stage, instruction) at one frequency; the
+    Each sweep round runs every still-active (stage, instruction) at one frequency, for
+    every pipeline (virtual) stage and every kind the job's schedule runs (forward,
+    backward, or a split backward's backward_input and backward_weight); the
     per-instruction numbers are the mean over the window's iterations and occurrences,
     aggregated per stage (time = max over the stage's ranks, energy = sum over the stage's
-    tp ranks of the first dp pipeline; see `schedulers.pipeline`). Early stop and warm-up:
+    tp ranks of the first dp pipeline; see `schedulers.parallel`). Early stop and warm-up:
     `schedulers.sweep`. When the sweep is done the `InstructionProfilingResult` (long-form
-    CSV, one row group per stage) is written to ``dump_dir/<job_id>/instruction_profile.csv``
+    CSV, one row group per pipeline stage, its `stage` column the virtual stage) is
+    written to ``dump_dir/<job_id>/instruction_profile.csv``
     (whether or not `dump_data` is on: the profile is a product) and every later round runs
     at max frequency. A job restored by a restarted coordinator whose profile file exists
     runs at max frequency straight away.
 
     Args (``PERSEUS_SCHEDULER_ARGS``):
-        num_microbatches: Microbatches per iteration.
-        schedule: Pipeline schedule (default ``"1f1b"``).
+        num_microbatches: Microbatches per iteration of jobs that do not describe their
+            pipeline (None: every job must).
+        schedule: Their pipeline schedule (default ``"1f1b"``).
         warmup_rounds: Rounds at max frequency before measuring (default 1).
         freq_step: Profile every `freq_step`-th available frequency (default 1: all).
         min_frequency: Lowest frequency to profile, MHz (default: the lowest available).

@@ -9,6 +9,9 @@ SWEEP  ──(step k: every active instruction at levels[k], high → low)──
 DONE   (terminal: the profile is complete)
 ```
 
+The swept unit is one (pipeline stage, instruction kind) the schedule runs, where the stage
+is the pipeline's *virtual* stage (a rank holding several stages, as in interleaved or ZBV
+schedules, is profiled per stage) and the kinds include the split backward's I and W.
 Instructions are grouped for early stopping (default: one group per (stage, instruction)):
 a group stops after `early_stop_after` consecutive rounds in which its metric (default: the
 instruction's energy) rose, or when the levels run out. An instruction whose group stopped
@@ -26,6 +29,7 @@ import statistics
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
+from perseus.domain.kinds import INSTRUCTIONS
 from perseus.domain.profile import InstructionProfile
 from perseus.errors import ConfigurationError, RankError
 from perseus.protocol import InstructionProfilingResult, OfflineProfilingResult
@@ -53,7 +57,7 @@ def _default_group(stage: int, instruction: str) -> Hashable:
 
 def _default_metric(group: Hashable, m: RoundMeasurement) -> float:
     stage, instruction = group  # type: ignore[misc]
-    return m.stages[stage].energy_j[instruction]
+    return m.virtual_stages[stage].energy_j[instruction]
 
 
 class InstructionSweep:
@@ -63,7 +67,8 @@ class InstructionSweep:
         scheduler: The pipeline scheduler whose job is profiled.
         args: The sweep's arguments (`schedulers.args.SweepArgs`: warm-up rounds, frequency
             step, lowest frequency, early stop), validated already.
-        group: (stage, instruction) → early-stop group.
+        group: (pipeline stage, instruction) → early-stop group (the stage is the virtual
+            stage; `scheduler.pipeline.stage_ranks` maps it to its pipeline rank).
         metric: (group, measurement) → the value whose rises stop the group.
         max_missing_rounds: Incomplete rounds in a row tolerated before giving up.
     """
@@ -95,10 +100,14 @@ class InstructionSweep:
         self.max_missing_rounds = max_missing_rounds
         self._group = group
         self._metric = metric
+        used = {(i.stage, i.kind) for order in scheduler.pipeline.orders for i in order}
+        self.units: list[tuple[int, str]] = sorted(
+            used, key=lambda u: (u[0], INSTRUCTIONS.index(u[1]))
+        )
+        """Every (pipeline stage, kind) the schedule runs, by stage then kind."""
         self.groups: dict[Hashable, list[tuple[int, str]]] = {}
-        for stage in range(scheduler.num_stages):
-            for name in scheduler.pipeline.instruction_kinds():
-                self.groups.setdefault(group(stage, name), []).append((stage, name))
+        for stage, name in self.units:
+            self.groups.setdefault(group(stage, name), []).append((stage, name))
         self.active: set[Hashable] = set(self.groups)
         self.history: dict[Hashable, list[tuple[int, float]]] = {g: [] for g in self.groups}
         """Group → [(freq_mhz, metric)] in sweep order."""
@@ -121,10 +130,11 @@ class InstructionSweep:
         return self.levels[0]
 
     def current_plan(self) -> StagePlan:
-        """The plan of the round being issued (all max during warm-up and once done)."""
+        """The plan of the round being issued (all max during warm-up and once done): per
+        pipeline rank, each instruction at its (stage, kind)'s frequency."""
         return [
-            [(name, self._freq_of(stage, name)) for name in kinds]
-            for stage, kinds in enumerate(self.scheduler.kinds)
+            [(i.kind, self._freq_of(i.stage, i.kind)) for i in order]
+            for order in self.scheduler.pipeline.orders
         ]
 
     def observe(self, m: RoundMeasurement | None) -> None:
@@ -160,8 +170,9 @@ class InstructionSweep:
             self.p2p_samples.append(m.p2p_power_w)
         for g in list(self.active):
             for stage, name in self.groups[g]:
-                self.time_s.setdefault((stage, name), {})[freq] = m.stages[stage].time_s[name]
-                self.energy_j.setdefault((stage, name), {})[freq] = m.stages[stage].energy_j[name]
+                vs = m.virtual_stages[stage]
+                self.time_s.setdefault((stage, name), {})[freq] = vs.time_s[name]
+                self.energy_j.setdefault((stage, name), {})[freq] = vs.energy_j[name]
             value = self._metric(g, m)
             hist = self.history[g]
             self._rises[g] = self._rises[g] + 1 if hist and value > hist[-1][1] else 0
@@ -186,21 +197,26 @@ class InstructionSweep:
         return statistics.median(self.p2p_samples) if self.p2p_samples else None
 
     def result(self) -> InstructionProfilingResult:
-        """The per-stage profile: one entry per stage (rank = the stage's first rank)."""
+        """The profile: one entry per pipeline (virtual) stage, with every kind the stage
+        runs (rank = the first rank of the pipeline rank that holds it)."""
+        pipeline = self.scheduler.pipeline
+        data: dict[int, dict[str, dict[int, float]]] = {}
+        for stage, name in self.units:
+            entry = data.setdefault(stage, {})
+            entry[f"{name}_time"] = dict(self.time_s.get((stage, name), {}))
+            entry[f"{name}_energy"] = dict(self.energy_j.get((stage, name), {}))
         entries = []
-        for stage in range(self.scheduler.num_stages):
-            first = min(self.scheduler.stage_ranks[stage], key=lambda r: (r.dp_rank, r.tp_rank))
-            data = {}
-            for name in self.scheduler.pipeline.instruction_kinds():
-                data[f"{name}_time"] = dict(self.time_s.get((stage, name), {}))
-                data[f"{name}_energy"] = dict(self.energy_j.get((stage, name), {}))
+        for stage, fields in sorted(data.items()):
+            pp = pipeline.stage_ranks[stage]
+            first = min(self.scheduler.stage_ranks[pp], key=lambda r: (r.dp_rank, r.tp_rank))
             entries.append(
                 OfflineProfilingResult(
                     rank=first.rank,
                     dp_rank=first.dp_rank,
-                    pp_rank=stage,
+                    pp_rank=pp,
                     tp_rank=first.tp_rank,
-                    **data,
+                    stage=stage,
+                    **fields,
                 )
             )
         return InstructionProfilingResult(entries)

@@ -55,17 +55,19 @@ class _ZeusFrequency(PipelineScheduler):
         self.eta_knob = args.eta_knob
         self.max_power_per_gpu_w = args.max_power_w
         self._max_power: dict[Hashable, float] = {}
+        ranks = self.pipeline.stage_ranks  # pipeline (virtual) stage → its pipeline rank
         self.sweep = InstructionSweep(
             self,
             args,
-            group=(lambda stage, name: stage) if self.per_stage else (lambda stage, name: "all"),
+            group=(lambda stage, name: ranks[stage]) if self.per_stage else (lambda s, n: "all"),
             metric=self.cost,
         )
         self.chosen: Plan | None = None
         self._chosen_plan: StagePlan | None = None
 
     def cost(self, group: Hashable, m: RoundMeasurement) -> float:
-        """Zeus's cost of one round for a group (the job, or one stage)."""
+        """Zeus's cost of one round for a group (the job, or one pipeline rank: all the
+        stages it holds)."""
         if self.per_stage:
             stage = m.stages[group]  # type: ignore[index]
             time_s, energy_j = stage.busy_s, stage.compute_energy_j
@@ -143,7 +145,8 @@ class ZeusGlobal(_ZeusFrequency):
 
 
 class ZeusPerStage(_ZeusFrequency):
-    """`ZeusGlobal`'s choice made for each pipeline stage independently.
+    """`ZeusGlobal`'s choice made for each pipeline rank (a "stage": every pipeline stage
+    it holds) independently.
 
     Each stage is costed as if it ran alone: T = its per-iteration computation time, E =
     its computation energy (tp GPUs of one pipeline), MaxPower = `max_power_w` × tp_degree

@@ -1,7 +1,9 @@
 """Helpers for the coordinator and scheduler tests: a real uvicorn server on loopback and a
 simulated pipeline job whose ranks compute their `ProfilingResult`s from a DVFS-like model.
 
-The model (`GroundTruth`): an instruction that takes ``t0`` at the max frequency takes
+The model (`GroundTruth`): per pipeline (virtual) stage, a forward takes ``t0`` at the max
+frequency, a full backward ``2·t0`` and each half of a split backward (I, W) ``t0``. An
+instruction that takes ``t0`` at the max frequency takes
 ``t0·(0.3 + 0.7·f_max/f)`` at f (30 % memory-bound), drawing ``60 W + 200 W·(f/f_max)^2.5``
 while busy, and a GPU blocked on P2P / idle draws `p2p_power_w`. Energy per instruction is
 U-shaped in f. The iteration's timing is the instruction DAG's longest path, per
@@ -28,7 +30,7 @@ import uvicorn
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule, make_schedule
 from perseus.io.profile_csv import save_profile
-from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
+from perseus.protocol import FrequencySchedule, JobInfo, PipelineSpec, ProfilingResult, RankInfo
 from perseus.server import create_app
 from perseus.settings import PerseusSettings
 
@@ -79,8 +81,12 @@ def single_rank_layout(**overrides: object) -> dict[str, object]:
     return kwargs
 
 
-def job_info(pp: int, dp: int = 1, tp: int = 1) -> JobInfo:
-    return JobInfo(pp_degree=pp, dp_degree=dp, tp_degree=tp, world_size=pp * dp * tp)
+def job_info(
+    pp: int, dp: int = 1, tp: int = 1, *, pipeline: PipelineSpec | None = None
+) -> JobInfo:
+    return JobInfo(
+        pp_degree=pp, dp_degree=dp, tp_degree=tp, world_size=pp * dp * tp, pipeline=pipeline
+    )
 
 
 def rank_infos(pp: int, dp: int = 1, tp: int = 1, freqs: list[int] | None = None) -> list[RankInfo]:
@@ -106,7 +112,8 @@ class GroundTruth:
     """The simulated GPUs and model (see the module docstring)."""
 
     forward_s: list[float]
-    """Per stage, the forward time at max frequency (backward = 2×)."""
+    """Per pipeline (virtual) stage, the forward time at max frequency (backward = 2×,
+    backward_input = backward_weight = 1×)."""
     p2p_power_w: float = 70.0
     memory_fraction: list[float] | None = None
     """Per stage, the frequency-insensitive share of the time (default 0.3)."""
@@ -114,7 +121,7 @@ class GroundTruth:
     """dp_rank → factor on that pipeline's instruction times (a straggler)."""
 
     def time_s(self, stage: int, kind: str, freq: int) -> float:
-        t0 = self.forward_s[stage] * (1.0 if kind == "forward" else 2.0)
+        t0 = self.forward_s[stage] * (2.0 if kind == "backward" else 1.0)
         m = 0.3 if self.memory_fraction is None else self.memory_fraction[stage]
         return t0 * (m + (1.0 - m) * F_MAX / freq)
 
@@ -146,10 +153,13 @@ def simulate(
     num_microbatches: int,
     *,
     iterations: int = 1,
+    schedule: PipelineSchedule | None = None,
 ) -> list[ProfilingResult]:
-    """Every rank's `ProfilingResult` for running its schedule for `iterations` iterations."""
+    """Every rank's `ProfilingResult` for running its schedule for `iterations` iterations
+    of `schedule` (default: 1F1B over the pipeline ranks)."""
     pp = max(i.pp_rank for i in infos) + 1
-    schedule = make_schedule("1f1b", pp, num_microbatches)
+    if schedule is None:
+        schedule = make_schedule("1f1b", pp, num_microbatches)
     by_dp: dict[int, list[RankInfo]] = {}
     for info in infos:
         by_dp.setdefault(info.dp_rank, []).append(info)
@@ -161,9 +171,12 @@ def simulate(
         for info in members:
             if info.tp_rank != 0:
                 continue
+            order = schedule.orders[info.pp_rank]
+            entries = schedules[info.rank].frequencies
+            assert [k for k, _ in entries] == [i.kind for i in order], "plan ≠ the rank's order"
             per_stage[info.pp_rank] = [
-                truth.time_s(info.pp_rank, kind, f) * factor
-                for kind, f in schedules[info.rank].frequencies
+                truth.time_s(instr.stage, kind, f) * factor
+                for instr, (kind, f) in zip(order, entries, strict=True)
             ]
         for info in members:
             durations[info.rank] = per_stage[info.pp_rank]
@@ -176,13 +189,12 @@ def simulate(
         es = [truth.power_w(f) * t for (_, f), t in zip(entries, ts, strict=True)]
         busy = math.fsum(ts)
         energy = math.fsum(es) + truth.p2p_power_w * (iter_time - busy)
+        kinds = sorted({kind for kind, _ in entries})
         tb = {
-            k: [t for (kind, _), t in zip(entries, ts, strict=True) if kind == k]
-            for k in ("forward", "backward")
+            k: [t for (kind, _), t in zip(entries, ts, strict=True) if kind == k] for k in kinds
         }
         eb = {
-            k: [e for (kind, _), e in zip(entries, es, strict=True) if kind == k]
-            for k in ("forward", "backward")
+            k: [e for (kind, _), e in zip(entries, es, strict=True) if kind == k] for k in kinds
         }
         results.append(
             ProfilingResult(
@@ -204,14 +216,23 @@ class SimulatedJob:
         base_url: str,
         truth: GroundTruth,
         *,
-        pp: int,
+        pp: int | None = None,
         dp: int = 1,
         tp: int = 1,
-        num_microbatches: int,
+        num_microbatches: int | None = None,
+        schedule: PipelineSchedule | None = None,
     ) -> None:
+        """A job of `pp` pipeline ranks running 1F1B over `num_microbatches` that describes
+        no pipeline (an old client), or one that describes `schedule` at registration."""
         self.base_url = base_url
         self.truth = truth
-        self.info = job_info(pp, dp, tp)
+        spec = None
+        if schedule is not None:
+            spec = PipelineSpec.of(schedule)
+            pp, num_microbatches = schedule.num_stages, schedule.num_microbatches
+        assert pp is not None and num_microbatches is not None
+        self.schedule = schedule
+        self.info = job_info(pp, dp, tp, pipeline=spec)
         self.infos = rank_infos(pp, dp, tp)
         self.num_microbatches = num_microbatches
         self.job_id: str | None = None
@@ -245,7 +266,9 @@ class SimulatedJob:
         return schedules
 
     def results_for(self, schedules: dict[int, FrequencySchedule]) -> list[ProfilingResult]:
-        return simulate(self.truth, self.infos, schedules, self.num_microbatches)
+        return simulate(
+            self.truth, self.infos, schedules, self.num_microbatches, schedule=self.schedule
+        )
 
     async def report(
         self, client: httpx.AsyncClient, schedules: dict[int, FrequencySchedule]

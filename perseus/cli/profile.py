@@ -73,6 +73,14 @@ def synth(
         float, typer.Option(help="Relative std of log-normal noise on time and power.")
     ] = 0.0,
     seed: Annotated[int | None, typer.Option(help="Seed of the noise.")] = None,
+    split_backward: Annotated[
+        float | None,
+        typer.Option(
+            help="Also write backward_input / backward_weight rows (zero-bubble schedules): "
+            "I takes this share of B's time and energy at every clock, W the rest "
+            "(0.5: T_F ≈ T_I ≈ T_W, the ZB paper's assumption)."
+        ),
+    ] = None,
 ) -> None:
     """Synthesize a profile, e.g. `perseus profile synth --gpu A40 --work 1,1,1,0.6 --out p.csv`."""
     from perseus.io.profile_csv import write_profile_frame
@@ -101,7 +109,14 @@ def synth(
         activity=preset.activity if activity is None else activity,
         backward_ratio=preset.backward_ratio if backward_ratio is None else backward_ratio,
     )
-    frame = synthesize_profile(gpu, workloads, seed=seed, noise=noise, min_freq_mhz=min_freq)
+    frame = synthesize_profile(
+        gpu,
+        workloads,
+        seed=seed,
+        noise=noise,
+        min_freq_mhz=min_freq,
+        backward_split=split_backward,
+    )
     write_profile_frame(frame, out, float_format="%.8g")
     freqs = frame["frequency"]
     console.print(

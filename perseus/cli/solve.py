@@ -35,14 +35,29 @@ def solve(
         str, typer.Option(help=f"Pipeline schedule: {' | '.join(SCHEDULES)}.")
     ] = "1f1b",
     chunks: Annotated[int, typer.Option(help="Model chunks per stage (interleaved only).")] = 2,
+    split_backward: Annotated[
+        float | None,
+        typer.Option(
+            help="For zb: derive backward_input / backward_weight from a profile's backward "
+            "rows, I taking this share of B's time and energy at every clock, W the rest "
+            "(0.5: T_F ≈ T_I ≈ T_W, the ZB paper's assumption); stages with I/W rows keep them."
+        ),
+    ] = None,
     p2p_power_w: Annotated[
         float,
         typer.Option("--p2p-power", help="GPU power (W) while blocked on P2P / idle in bubbles."),
     ] = DEFAULT_P2P_POWER_W,
     plots: Annotated[bool, typer.Option(help="Also write frontier.png and timeline PNGs.")] = True,
 ) -> None:
-    """Compute the whole iteration-time vs energy frontier and write one plan per point."""
+    """Compute the whole iteration-time vs energy frontier and write one plan per point.
+
+    `--stages` counts pipeline ranks. A profile may hold one stage per rank, or, for a
+    schedule with several stages per rank (interleaved), one per pipeline (virtual) stage:
+    e.g. an 8-stage profile with `--schedule interleaved --chunks 2 --stages 4`.
+    """
+    from perseus.domain.kinds import BACKWARD_SPLIT
     from perseus.domain.schedule import instructions_per_stage, make_schedule, schedule_name
+    from perseus.errors import ScheduleError
     from perseus.io.plan_file import load_plan
     from perseus.io.profile_csv import load_profile
 
@@ -53,6 +68,8 @@ def solve(
             f"--out {str(out)!r} is a file; give a directory for frontier.csv and plans/"
         )
     prof = load_profile(resolve_profile_path(profile))
+    if split_backward is not None:
+        prof = prof.split_backward(split_backward)
     num_stages = stages if stages is not None else prof.num_stages
     from perseus.planning import check_frontier_memory, evaluate, max_frequencies, solve_frontier
 
@@ -61,7 +78,16 @@ def solve(
         per_stage = instructions_per_stage(schedule, microbatches, chunks)
         check_frontier_memory(num_stages * per_stage, schedule_name(schedule))
     sched = make_schedule(schedule, num_stages, microbatches, num_chunks=chunks)
-    sched.check_profile(prof)
+    try:
+        sched.check_profile(prof)
+    except ScheduleError as exc:
+        split = set(BACKWARD_SPLIT)
+        if split <= set(sched.instruction_kinds()) and not split <= set(prof.kinds()):
+            raise PerseusError(
+                f"{exc}. Pass --split-backward 0.5 to derive the input- and weight-gradient "
+                "halves from the backward rows, or profile the split backward"
+            ) from None
+        raise
 
     with fraction_progress("solving") as progress:
         task = progress.add_task(
@@ -77,7 +103,9 @@ def solve(
     base = evaluate(prof, sched, max_frequencies(prof, sched), p2p_power_w)
     points = frontier.points
     table = Table(
-        title=f"Frontier of {prof.source} — {sched.name}, S={sched.num_stages}, M={sched.num_microbatches}"
+        title=f"Frontier of {prof.source} — {sched.name}, S={sched.num_stages}"
+        + (f" ({sched.num_virtual_stages} stages)" if sched.num_chunks > 1 else "")
+        + f", M={sched.num_microbatches}"
     )
     table.add_column("plan", no_wrap=True)
     table.add_column("time (s)", justify="right")

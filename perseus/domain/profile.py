@@ -163,6 +163,28 @@ class InstructionProfile:
             )
         return cls(options, source=source)
 
+    def split_backward(self, input_fraction: float = 0.5) -> InstructionProfile:
+        """This profile with every full backward also split into its halves: at every
+        clock, ``backward_input`` takes `input_fraction` of the backward's time and energy
+        and ``backward_weight`` the rest (stages that already have split rows keep them).
+
+        The default 0.5 is the zero-bubble paper's assumption (Qi et al., 2024) that the
+        input- and weight-gradient halves each take about a forward's time, the full
+        backward about two. Raises `ProfileError` for a fraction outside (0, 1).
+        """
+        f = float(input_fraction)
+        if not (np.isfinite(f) and 0.0 < f < 1.0):
+            raise ProfileError(
+                f"The backward's input-gradient fraction must be in (0, 1), got {input_fraction!r}"
+            )
+        options = dict(self._options)
+        for (stage, kind), o in self._options.items():
+            if kind != "backward" or any(self.has(stage, k) for k in BACKWARD_SPLIT):
+                continue
+            options[stage, "backward_input"] = o.scaled(f)
+            options[stage, "backward_weight"] = o.scaled(1.0 - f)
+        return InstructionProfile(options, source=self.source)
+
     # ---------------------------------------------------------------- queries
     def has(self, stage: int, instruction: str) -> bool:
         """Whether the profile measured `instruction` on `stage`."""

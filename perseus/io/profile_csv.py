@@ -3,10 +3,12 @@
 Two forms are read: the long form Perseus's profiler writes
 (``rank,dp_rank,pp_rank,tp_rank,stage,instruction,frequency,time,energy``, one row per
 rank, instruction and frequency) and the short form ``stage,instruction,frequency,time,energy``
-(then rank = pp_rank = stage, dp_rank = tp_rank = 0). Every row is validated where it enters:
-integers for ids, a known instruction kind, a finite positive time (s), a finite non-negative
-energy (J), no second row for the same rank, instruction and frequency. Errors name the file
-and line.
+(then rank = pp_rank = stage, dp_rank = tp_rank = 0). The stage is the pipeline (virtual)
+stage: in the long form a rank that holds several stages (interleaved, ZBV) has rows for
+each. Every row is validated where it enters: integers for ids, a known instruction kind
+(forward, backward, backward_input, backward_weight), a finite positive time (s), a finite
+non-negative energy (J), no second row for the same rank, stage, instruction and frequency.
+Errors name the file and line.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def read_profile_rows(path: str | os.PathLike[str]) -> list[ProfileRow]:
             f"{','.join(SHORT_CSV_COLUMNS)} (or the long form {','.join(CSV_COLUMNS)})"
         )
     rows: list[ProfileRow] = []
-    seen: set[tuple[int, int, int, int, str, int]] = set()
+    seen: set[tuple[int, int, int, int, int, str, int]] = set()
     for lineno, raw in enumerate(raw_rows, start=2):
         row = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
         try:
@@ -117,7 +119,7 @@ def read_profile_rows(path: str | os.PathLike[str]) -> list[ProfileRow]:
             raise ProfileError(
                 f"{path}:{lineno}: energy must be a non-negative number, got {row['energy']!r}"
             )
-        key = (rank, dp_rank, pp_rank, tp_rank, instruction, freq)
+        key = (rank, dp_rank, pp_rank, tp_rank, stage, instruction, freq)
         if key in seen:
             raise ProfileError(
                 f"{path}:{lineno}: a second row for {instruction} at {freq} MHz of stage "

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from perseus.errors import ConfigurationError, ProfileError
-from perseus.io.profile_csv import CSV_COLUMNS
+from perseus.io.profile_csv import CSV_COLUMNS, read_profile_rows
 from perseus.protocol import (
     FrequencySchedule,
     InstructionProfilingResult,
@@ -73,6 +73,40 @@ def test_instruction_profiling_result_csv_round_trip(tmp_path: Path) -> None:
     result.to_csv(path)
     assert path.read_text().splitlines()[0] == ",".join(CSV_COLUMNS)
     assert InstructionProfilingResult.from_csv(path) == result
+
+
+def test_virtual_stages_and_split_backwards_round_trip_through_csv(tmp_path: Path) -> None:
+    """Interleaved/ZBV: one pipeline rank holds several stages, each its own entry; the CSV
+    stage column is the virtual stage and every kind (I and W too) is kept."""
+    halves = {
+        f"backward_{h}_{q}": {1410: 0.1 + i, 1395: 0.12 + i}
+        for i, h in enumerate(("input", "weight"))
+        for q in ("time", "energy")
+    }
+    entries = [
+        _result(0, 0).model_copy(update={"stage": 2}),
+        OfflineProfilingResult(
+            rank=0, dp_rank=0, pp_rank=0, tp_rank=0, stage=0,
+            forward_time={1410: 0.1, 1395: 0.11}, forward_energy={1410: 2.0, 1395: 1.9},
+            **halves,
+        ),
+        _result(1, 1).model_copy(update={"stage": 3}),
+        _result(1, 1),
+    ]  # fmt: skip
+    result = InstructionProfilingResult(entries)
+    assert [e.pipeline_stage for e in result.root] == [2, 0, 3, 1]
+    assert entries[1].stage is None  # stage == pp_rank is the backward-compatible None
+    path = tmp_path / "prof.csv"
+    result.to_csv(path)
+    rows = read_profile_rows(path)
+    assert {(r.rank, r.pp_rank, r.stage) for r in rows} == {(0, 0, 2), (0, 0, 0), (1, 1, 3), (1, 1, 1)}
+    assert {r.instruction for r in rows if r.stage == 0} == {
+        "forward", "backward_input", "backward_weight"
+    }  # fmt: skip
+    back = InstructionProfilingResult.from_csv(path)
+    key = lambda e: (e.rank, e.pipeline_stage)  # noqa: E731
+    assert sorted(back.root, key=key) == sorted(result.root, key=key)
+    assert sorted(back.rows()) == sorted(result.rows())
 
 
 def test_to_csv_refuses_other_suffix(tmp_path: Path) -> None:

@@ -222,3 +222,35 @@ def test_shipped_profiles_have_the_stated_imbalance():
     np.testing.assert_allclose(t5 / t5[0], [1.0, 1.6, 0.7, 1.3])
     gpt = forward_top("gpt3-xl_a100_4stage")
     assert len(gpt) == 4 and 1.0 < gpt.max() / gpt.min() < 1.2
+
+
+def test_backward_split_writes_both_halves_summing_to_the_backward():
+    plain = synthesize_profile("A40", [1.0, 1.5], noise=0.02, seed=3)
+    split = synthesize_profile("A40", [1.0, 1.5], noise=0.02, seed=3, backward_split=0.4)
+    by = {k: g.set_index(["stage", "frequency"]) for k, g in split.groupby("instruction")}
+    assert set(by) == {"forward", "backward", "backward_input", "backward_weight"}
+    kept = split[split["instruction"].isin(["forward", "backward"])].reset_index(drop=True)
+    pd.testing.assert_frame_equal(kept, plain)  # same noise draws: the split adds rows only
+    for col in ("time", "energy"):
+        b = by["backward"][col]
+        np.testing.assert_allclose(by["backward_input"][col], 0.4 * b, rtol=1e-12)
+        np.testing.assert_allclose(by["backward_weight"][col], 0.6 * b, rtol=1e-12)
+    profile = InstructionProfile.from_frame(split)
+    assert profile.kinds() == ["forward", "backward", "backward_input", "backward_weight"]
+    for bad in (0.0, 1.0, -0.5, float("nan")):
+        with pytest.raises(ConfigurationError, match="backward_split"):
+            synthesize_profile("A40", [1.0], backward_split=bad)
+
+
+def test_cli_split_backward_rows_serve_a_zero_bubble_solve(tmp_path):
+    out = tmp_path / "zb.csv"
+    result = runner.invoke(
+        app, ["synth", "--gpu", "A40", "--work", "1,1.3", "--split-backward", "0.5",
+              "--min-freq", "1500", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    profile = load_profile(out)
+    for stage in (0, 1):
+        b = profile.options(stage, "backward")
+        for half in ("backward_input", "backward_weight"):
+            np.testing.assert_allclose(profile.options(stage, half).time_s, b.time_s / 2, rtol=1e-6)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.errors import ConfigurationError, RankError
+from perseus.domain.schedule import make_schedule
+from perseus.errors import ConfigurationError, PlanError, RankError
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from schedulers.parallel import Parallel3D
+
+ONE_F_ONE_B = make_schedule("1f1b", 2, 1)  # one forward and one backward per rank
 
 # dp=2, pp=2, tp=2: rank = dp·4 + pp·2 + tp
 LAYOUT = [(r // 4, (r // 2) % 2, r % 2) for r in range(8)]
@@ -40,7 +43,7 @@ def _result(rank: int, fwd_s: float, fwd_j: float) -> ProfilingResult:
 
 
 def test_stage_plans_fan_out_to_every_rank_of_the_stage() -> None:
-    par = Parallel3D(_job(), _ranks())
+    par = Parallel3D(_job(), _ranks(), ONE_F_ONE_B)
     plan = [[("forward", 1410), ("backward", 1200)], [("forward", 900), ("backward", 900)]]
     slow = [[("forward", 900), ("backward", 900)]] * 2
     schedules = par.schedules_for(plan, {1: slow})
@@ -50,7 +53,7 @@ def test_stage_plans_fan_out_to_every_rank_of_the_stage() -> None:
 
 
 def test_results_fold_into_stages_max_time_and_first_pipeline_tp_energy() -> None:
-    par = Parallel3D(_job(), _ranks())
+    par = Parallel3D(_job(), _ranks(), ONE_F_ONE_B)
     results = [_result(r, fwd_s=0.1 + 0.01 * r, fwd_j=10.0 + r) for r in range(8)]
     m = par.measure(results)
     assert m is not None
@@ -64,6 +67,97 @@ def test_results_fold_into_stages_max_time_and_first_pipeline_tp_energy() -> Non
 
 def test_missing_ranks_and_disjoint_clocks_are_refused() -> None:
     with pytest.raises(RankError, match="7 rank"):
-        Parallel3D(_job(), _ranks()[:7])
+        Parallel3D(_job(), _ranks()[:7], ONE_F_ONE_B)
     with pytest.raises(ConfigurationError, match="share no available frequency"):
-        Parallel3D(_job(), _ranks({0: [1500]}))
+        Parallel3D(_job(), _ranks({0: [1500]}), ONE_F_ONE_B)
+    with pytest.raises(PlanError, match="3 stage"):
+        Parallel3D(_job(), _ranks(), make_schedule("1f1b", 3, 1))
+
+
+def _pipeline_job(pp: int) -> tuple[JobInfo, list[RankInfo]]:
+    infos = [
+        RankInfo(rank=r, dp_rank=0, pp_rank=r, tp_rank=0, available_frequencies=[1410])
+        for r in range(pp)
+    ]
+    return JobInfo(pp_degree=pp, dp_degree=1, tp_degree=1, world_size=pp), infos
+
+
+def _executed(schedule, rank: int, duration) -> ProfilingResult:
+    """Rank `rank`'s result for two iterations of its order, each instruction taking
+    duration(instruction, iteration) seconds (and as many joules × 10)."""
+    tb: dict[str, list[list[float]]] = {}
+    eb: dict[str, list[list[float]]] = {}
+    for it in range(2):
+        for kind in ("forward", "backward", "backward_input", "backward_weight"):
+            tb.setdefault(kind, []).append([])
+            eb.setdefault(kind, []).append([])
+        for instr in schedule.orders[rank]:
+            tb[instr.kind][-1].append(duration(instr, it))
+            eb[instr.kind][-1].append(10 * duration(instr, it))
+    return ProfilingResult(
+        rank=rank,
+        iter_time=[5.0, 5.0],
+        iter_energy=[500.0, 500.0],
+        time_breakdown=tb,
+        energy_breakdown=eb,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "chunks"), [("interleaved", 2), ("interleaved", 3), ("zb", 1), ("gpipe", 1)]
+)
+def test_occurrences_fold_into_their_virtual_stage_and_kind(name: str, chunks: int) -> None:
+    schedule = make_schedule(name, 2, 4, num_chunks=chunks)
+    job, infos = _pipeline_job(2)
+    par = Parallel3D(job, infos, schedule)
+
+    base = {"forward": 1, "backward": 2, "backward_input": 3, "backward_weight": 4}
+
+    def value(stage: int, kind: str) -> float:  # a distinct value per (stage, kind)
+        return 0.1 * stage + 0.01 * base[kind]
+
+    def duration(instr, it):  # ... that varies with the microbatch and the iteration
+        return value(instr.stage, instr.kind) + 0.001 * instr.microbatch * it
+
+    m = par.measure([_executed(schedule, r, duration) for r in range(2)])
+    assert m is not None
+    assert len(m.virtual_stages) == schedule.num_virtual_stages
+    mean_jitter = 0.001 * 1.5 * 0.5  # mean microbatch 1.5, mean iteration factor 0.5
+    for stage, vs in enumerate(m.virtual_stages):
+        assert vs.rank == schedule.stage_ranks[stage]
+        kinds = {i.kind for o in schedule.orders for i in o if i.stage == stage}
+        assert set(vs.time_s) == kinds == set(vs.energy_j)
+        for kind in kinds:
+            expected = value(stage, kind)
+            assert vs.time_s[kind] == pytest.approx(expected + mean_jitter)
+            assert vs.energy_j[kind] == pytest.approx(10 * (expected + mean_jitter))
+    # Per pipeline rank: the mean over all the rank's stages, as before.
+    for rank, st in enumerate(m.stages):
+        fwd = [s for s, r in enumerate(schedule.stage_ranks) if r == rank]
+        assert st.time_s["forward"] == pytest.approx(
+            sum(0.1 * s + 0.01 for s in fwd) / len(fwd) + mean_jitter
+        )
+
+
+def test_occurrence_counts_must_match_the_rank_order_naming_rank_and_kind() -> None:
+    schedule = make_schedule("zb", 2, 3)
+    job, infos = _pipeline_job(2)
+    par = Parallel3D(job, infos, schedule)
+    good = [_executed(schedule, r, lambda i, it: 0.01) for r in range(2)]
+    assert par.measure(good) is not None
+    short = good[1].model_copy(deep=True)
+    short.time_breakdown["backward_weight"][1].pop()
+    with pytest.raises(
+        RankError,
+        match=r"Rank 1 reported 2 'backward_weight' duration\(s\).*"
+        r"iteration 1.*runs 3 backward_weight",
+    ):
+        par.measure([good[0], short])
+    extra = good[0].model_copy(deep=True)
+    extra.time_breakdown["backward"][0].append(0.01)
+    with pytest.raises(RankError, match=r"Rank 0 reported 1 'backward'.*runs no backward"):
+        par.measure([extra, good[1]])
+    fewer_iterations = good[0].model_copy(deep=True)
+    del fewer_iterations.energy_breakdown["forward"][1]
+    with pytest.raises(RankError, match=r"Rank 0 .*'forward'.*one list per iteration"):
+        par.measure([fewer_iterations, good[1]])

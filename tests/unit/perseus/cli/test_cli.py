@@ -256,3 +256,49 @@ def test_polish_rejects_a_plan_the_profile_cannot_run(tmp_path: Path) -> None:
     code, out = _run("polish", _profile(tmp_path), path, "--out", tmp_path / "p.json")
     assert code == 2 and "999 MHz" in out and "Traceback" not in out
     assert not (tmp_path / "p.json").exists()
+
+
+def test_solve_plans_zero_bubble_from_split_rows_or_with_split_backward(tmp_path: Path) -> None:
+    plain = _profile(tmp_path)
+    code, out = _run("solve", plain, "-m", "3", "--schedule", "zb", "--out", tmp_path / "a")
+    assert code == 2 and "--split-backward 0.5" in " ".join(out.split())
+    code, out = _run(
+        "solve", plain, "-m", "3", "--schedule", "zb", "--split-backward", "0.5",
+        "--out", tmp_path / "b", "--no-plots",
+    )  # fmt: skip
+    assert code == 0, out
+    halves = "".join(
+        f"{s},{k},{f},{t / 2},{e / 2}\n"
+        for s, f, t, e in ((0, 1000, 2.0, 20), (0, 500, 4.0, 12), (1, 1000, 4.0, 40), (1, 500, 8.0, 24))
+        for k in ("backward_input", "backward_weight")
+    )
+    split = tmp_path / "split.csv"
+    split.write_text(GOOD + halves)
+    code, out = _run("solve", split, "-m", "3", "--schedule", "zb", "--out", tmp_path / "c", "--no-plots")
+    assert code == 0, out
+    assert (tmp_path / "b" / "frontier.csv").read_text() == (
+        tmp_path / "c" / "frontier.csv"
+    ).read_text()
+    plan = json.loads((tmp_path / "c" / "plans" / "plan_00000.json").read_text())
+    kinds = {name for stage in plan["frequencies"] for name, _ in stage}
+    assert kinds == {"forward", "backward_input", "backward_weight"}
+    code, out = _run("solve", plain, "-m", "3", "--split-backward", "1.5", "--out", tmp_path / "d")
+    assert code == 2 and "must be in (0, 1)" in out
+
+
+def test_solve_interleaved_from_a_profile_with_one_stage_per_virtual_stage(tmp_path: Path) -> None:
+    rows = "".join(
+        f"{s},{k},{f},{(1 + s) * m * x},{(10 + s) * m * y}\n"
+        for s in range(4)
+        for k, m in (("forward", 1.0), ("backward", 2.0))
+        for f, x, y in ((1000, 1.0, 1.0), (500, 2.0, 0.6))
+    )
+    profile = _profile(tmp_path, "stage,instruction,frequency,time,energy\n" + rows)
+    code, out = _run(
+        "solve", profile, "-m", "4", "--schedule", "interleaved", "--chunks", "2",
+        "--stages", "2", "--out", tmp_path / "f", "--no-plots",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "S=2 (4 stages)" in out
+    plan = json.loads((tmp_path / "f" / "plans" / "plan_00000.json").read_text())
+    assert plan["num_stages"] == 2 and plan["num_chunks"] == 2
