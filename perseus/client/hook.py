@@ -34,6 +34,7 @@ NEED_SCHEDULE --on_step_begin (fetches the schedule)--> IN_STEP
 BETWEEN_STEPS --on_step_begin--> IN_STEP
 IN_STEP --on_instruction_begin--> IN_INSTRUCTION --on_instruction_end--> IN_STEP
 IN_STEP --on_step_end--> BETWEEN_STEPS, or NEED_SCHEDULE after the round's last step (reports)
+IN_STEP, IN_INSTRUCTION --abort_step (the training step failed)--> BETWEEN_STEPS
 any --close--> CLOSED
 ```
 """
@@ -452,6 +453,21 @@ class PerseusOptimizer:
         # next on_step_begin collects the schedule (and any error) from it.
         self._reported.clear()
         self._pending = _Exchange(self._exchange, result, name=f"perseus-round-rank{self.rank}")
+
+    def abort_step(self) -> None:
+        """Forget the step in progress after the training step failed: its instructions'
+        measurements are dropped and the next `on_step_begin` starts the step again (same
+        schedule, same round). Does nothing between steps."""
+        if self._state not in (_HookState.IN_STEP, _HookState.IN_INSTRUCTION):
+            return
+        for name in INSTRUCTIONS:
+            self._time_breakdown[name].pop()
+            self._energy_breakdown[name].pop()
+        self._schedule.start_step()
+        self._state = _HookState.BETWEEN_STEPS
+        logger.warning(
+            "Rank %d: step %d failed; its measurements are dropped", self.rank, self.step
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -1,7 +1,8 @@
 """Per-rank traces: one JSON object a line in ``{trace_dir}/rank{R}.jsonl``.
 
 Records, in order: ``job`` (the job id), then per round a ``schedule``, per instruction an
-``instruction`` (time, energy, clock; with emulation also ``compute_s``) and per iteration a
+``instruction`` (time, energy, clock; ``stage`` and ``microbatch`` when the
+caller names them; with emulation also ``compute_s``) and per iteration a
 ``step``. `perseus.demo.read_traces` reads them back.
 """
 

@@ -1,0 +1,15 @@
+"""Perseus inside other training frameworks, one call each.
+
+- `pipelining`: `attach(schedule, server_url=...)` for a `torch.distributed.pipelining`
+  schedule: registers the job with the schedule's own action order and wraps every
+  stage's forward / backward computation as a Perseus instruction.
+
+An integration is a client like any user's: it builds on `perseus.client`,
+`perseus.protocol`, `perseus.domain` and `perseus.errors` only (never on the coordinator,
+the schedulers, the planner or the solver). Nothing here is imported by ``import
+perseus``; torch is imported only when an integration is used.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

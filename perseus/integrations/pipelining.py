@@ -1,0 +1,489 @@
+"""Perseus inside `torch.distributed.pipelining`: one call, unchanged training code.
+
+```python
+from perseus.integrations.pipelining import attach
+
+schedule = ScheduleInterleavedZeroBubble(stages, n_microbatches=8, loss_fn=loss_fn)
+perseus = attach(schedule, server_url="http://coordinator:7787")  # registers, wraps
+for x, y in loader:
+    schedule.step(x, target=y)        # unchanged user code; each call is one iteration
+perseus.close()                       # also a context manager; restores GPU clocks
+```
+
+`attach` reads the schedule's local stages, its microbatch count and torch's own action
+order (``schedule.pipeline_order``: per pipeline rank, its compute actions F, B, I, W with
+their stage and microbatch; bubbles and UNSHARD / RESHARD / REDUCE_GRAD / SEND / RECV
+actions are left out), registers the job with that order (a `PipelineSpec`, so the
+coordinator plans for exactly the pipeline torch runs) and wraps, on this rank's stage
+objects only (instance attributes, no class is patched):
+
+- ``forward_one_chunk`` as instruction ``forward``,
+- ``backward_one_chunk`` as ``backward`` (``full_backward=True``) or ``backward_input``
+  (``full_backward=False``, the zero-bubble schedules' I),
+- ``backward_weight_one_chunk`` as ``backward_weight`` (W),
+- ``schedule.step`` as one iteration.
+
+In torch 2.13 the schedules wait for their point-to-point receives *before* calling these
+methods and start their sends *after* them, so each instruction's window holds its
+computation only (a data-parallel gradient all-reduce that torch starts inside the last
+backward of a stage stays in that backward). Every wrapped call is checked against this
+rank's order: executing anything else than the next action of ``pipeline_order`` is a
+`ScheduleError` naming both actions, and a step that ends with actions left over is one too.
+
+Schedules: every schedule class of torch 2.13 works: `ScheduleGPipe`, `Schedule1F1B`,
+`ScheduleInterleaved1F1B`, `ScheduleLoopedBFS`, `ScheduleInterleavedZeroBubble`,
+`ScheduleZBVZeroBubble`, and `ScheduleDualPipeV` as torch runs it by default: its
+``OVERLAP_F_B`` actions are run by torch's runtime one sub-action after the other, so they
+are flattened into their forward and backward. A schedule with a custom function
+registered for ``OVERLAP_F_B`` (a real overlap of a forward and a backward) is refused: two
+computations that run at the same time on one GPU cannot each get their own clock, nor
+their own time and energy measurement. Forward-only schedules (`_ScheduleForwardOnly`, or
+no ``loss_fn``) are refused, since Perseus plans training iterations; ``schedule.eval(...)``
+(and any step run without backward) passes through unmeasured and does not count as an
+iteration. A schedule class without a ``pipeline_order`` is refused with a clear error.
+
+torch versions: verified on torch 2.13 (the only one installable here). The oldest release
+it should support is torch 2.8, inferred from torch's history: the single-stage schedules
+(`ScheduleGPipe`, `Schedule1F1B`) expose their order (``pipeline_order``) since mid-2025
+(pytorch#155935, first released in 2.8); ``backward_weight_one_chunk`` (2.5),
+`ScheduleInterleavedZeroBubble` (2.5), `_PipelineScheduleRuntime` and
+`ScheduleZBVZeroBubble` (2.6) are older; `ScheduleDualPipeV` and ``OVERLAP_F_B`` need 2.9.
+Older releases fail in `attach` with an error that names the missing piece.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+from perseus.client.hook import PerseusOptimizer
+from perseus.errors import ConfigurationError, ScheduleError
+from perseus.protocol import PipelineSpec
+
+__all__ = [
+    "PipelineAttachment",
+    "attach",
+    "compute_orders",
+    "pipeline_spec",
+    "renumber_single_stage",
+]
+
+Action = tuple[int, str, int]
+"""(virtual stage, instruction kind, microbatch)."""
+
+_KINDS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
+_LETTERS = {kind: letter for letter, kind in _KINDS.items()}
+_IGNORED = {"UNSHARD", "RESHARD", "REDUCE_GRAD", "SEND_F", "RECV_F", "SEND_B", "RECV_B"}
+_WRAPPED = "__perseus_wrapped__"
+
+
+def _name(action: Action) -> str:
+    stage, kind, mb = action
+    return f"{kind} of stage {stage}, microbatch {mb} (torch: {stage}{_LETTERS[kind]}{mb})"
+
+
+def _type_value(action: Any) -> str:
+    computation = action.computation_type
+    return str(getattr(computation, "value", computation))
+
+
+def _flatten(action: Any, *, rank: int, where: str) -> list[Action]:
+    """The compute actions of one of torch's `_Action`s (OVERLAP_F_B: its sub-actions)."""
+    value = _type_value(action)
+    if value == "OVERLAP_F_B":
+        subs = action.sub_actions or ()
+        return [a for sub in subs for a in _flatten(sub, rank=rank, where=where)]
+    if value in _IGNORED:
+        return []
+    kind = _KINDS.get(value)
+    if kind is None:
+        raise ConfigurationError(
+            f"{where}: rank {rank}'s pipeline_order holds action {action!r} of type {value!r}, "
+            f"which Perseus does not know (it measures {', '.join(_KINDS)})"
+        )
+    if action.microbatch_index is None:
+        raise ConfigurationError(f"{where}: rank {rank}'s action {action!r} has no microbatch")
+    return [(int(action.stage_index), kind, int(action.microbatch_index))]
+
+
+def compute_orders(
+    pipeline_order: dict[int, Sequence[Any]], num_ranks: int, *, where: str = "the schedule"
+) -> list[list[Action]]:
+    """Each pipeline rank's compute actions, in order, from torch's ``pipeline_order``.
+
+    Bubbles (None) and non-compute actions are dropped; ``OVERLAP_F_B`` actions become their
+    sub-actions (torch's runtime runs them one after the other when no custom function is
+    registered for them).
+    """
+    if sorted(pipeline_order) != list(range(num_ranks)):
+        raise ConfigurationError(
+            f"{where}: pipeline_order has ranks {sorted(pipeline_order)} but the pipeline "
+            f"group has {num_ranks} rank(s)"
+        )
+    return [
+        [
+            a
+            for action in pipeline_order[rank]
+            if action is not None
+            for a in _flatten(action, rank=rank, where=where)
+        ]
+        for rank in range(num_ranks)
+    ]
+
+
+def renumber_single_stage(orders: list[list[Action]], num_microbatches: int) -> list[list[Action]]:
+    """Orders of a single-stage schedule with each kind's microbatches numbered 0, 1, ...
+
+    torch's single-stage schedules (`ScheduleGPipe`, `Schedule1F1B`) run each kind's
+    microbatches in ascending order from 0, but their ``pipeline_order`` is built separately
+    from the loop that runs them, and torch 2.13's `Schedule1F1B` numbers the last rank's
+    forwards from 1 (``F1 .. FM``, an off-by-one: it executes ``F0 .. F(M-1)``). A rank whose
+    actions of one kind are ``num_microbatches`` strictly ascending numbers gets them
+    renumbered ``0 .. M-1``; anything else is left as is (and the run-time check of every
+    executed action still compares against the result).
+    """
+    fixed = []
+    for order in orders:
+        by_kind: dict[tuple[int, str], list[int]] = {}
+        for stage, kind, mb in order:
+            by_kind.setdefault((stage, kind), []).append(mb)
+        renumber = {
+            key
+            for key, mbs in by_kind.items()
+            if len(mbs) == num_microbatches
+            and mbs != list(range(num_microbatches))
+            and all(a < b for a, b in itertools.pairwise(mbs))
+        }
+        seen: dict[tuple[int, str], int] = {}
+        out = []
+        for stage, kind, mb in order:
+            if (stage, kind) in renumber:
+                mb = seen.get((stage, kind), 0)
+                seen[(stage, kind)] = mb + 1
+            out.append((stage, kind, mb))
+        fixed.append(out)
+    return fixed
+
+
+def _local_stages(schedule: Any) -> list[Any]:
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    name = type(schedule).__name__
+    if isinstance(schedule, torch_schedules._ScheduleForwardOnly):
+        raise ConfigurationError(
+            f"{name} is forward-only: Perseus plans training iterations (forward and "
+            "backward); run inference without attach()"
+        )
+    if isinstance(schedule, torch_schedules.PipelineScheduleSingle):
+        stages = [schedule._stage]
+    elif isinstance(schedule, torch_schedules.PipelineScheduleMulti):
+        stages = list(schedule._stages)
+    else:
+        raise ConfigurationError(
+            f"attach() needs a torch.distributed.pipelining schedule (a PipelineScheduleSingle "
+            f"or PipelineScheduleMulti), got {type(schedule).__module__}.{name}"
+        )
+    if not stages:
+        raise ConfigurationError(f"{name} holds no stage on this rank")
+    if getattr(schedule, "_loss_fn", None) is None:
+        raise ConfigurationError(
+            f"{name} has no loss_fn, so its steps run forward only: Perseus plans training "
+            "iterations (forward and backward); pass loss_fn=... to the schedule"
+        )
+    return stages
+
+
+def _pipeline_order(schedule: Any) -> dict[int, list[Any]]:
+    name = type(schedule).__name__
+    order = getattr(schedule, "pipeline_order", None)
+    if not order:
+        getter = getattr(schedule, "_get_pipeline_order", None) or getattr(
+            schedule, "get_pipeline_order", None
+        )
+        order = getter() if callable(getter) else None
+    if not order:
+        raise ConfigurationError(
+            f"{name} has no pipeline_order (torch's per-rank list of actions), so Perseus "
+            "cannot tell which instructions each rank runs, in which order: give the class a "
+            "pipeline_order (subclasses of PipelineScheduleSingle: implement "
+            "_get_pipeline_order(); torch's own single-stage schedules have one since torch 2.8)"
+        )
+    functions = getattr(schedule, "_comp_type_to_function_map", None) or {}
+    if any(str(getattr(t, "value", t)) == "OVERLAP_F_B" for t in functions):
+        raise ConfigurationError(
+            f"{name} has a custom function registered for OVERLAP_F_B, which runs a forward "
+            "and a backward at the same time on one GPU: they cannot each get their own "
+            "clock, nor their own time and energy measurement, so Perseus cannot plan them. "
+            "Without the custom function torch runs them one after the other, which Perseus "
+            "supports"
+        )
+    return dict(order)
+
+
+def _process_group() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigurationError(
+            "attach() needs an initialised torch.distributed process group: call "
+            "torch.distributed.init_process_group(...) before building the schedule"
+        )
+    return dist.get_rank(), dist.get_world_size()
+
+
+class PipelineAttachment:
+    """Perseus attached to one rank's `torch.distributed.pipelining` schedule (see `attach`).
+
+    Attributes:
+        schedule: The wrapped schedule.
+        hook: This rank's `PerseusOptimizer`.
+        spec: The pipeline the job registered (torch's order, compute actions only).
+        order: This rank's compute actions of one iteration, ``(stage, kind, microbatch)``.
+    """
+
+    def __init__(self, schedule: Any, hook: PerseusOptimizer, spec: PipelineSpec) -> None:
+        self.schedule = schedule
+        self.hook = hook
+        self.spec = spec
+        self.order: list[Action] = [
+            (int(s), str(k), int(m)) for s, k, m in spec.orders[hook.pp_rank]
+        ]
+        self._stages = [schedule._stage] if hasattr(schedule, "_stage") else list(schedule._stages)
+        self._next = 0
+        self._measuring = False
+        self._closed = False
+        self._saved: list[tuple[Any, str, bool, Any]] = []
+        self._wrap()
+
+    # ------------------------------------------------------------------ wrapping
+    def _set(self, obj: Any, attr: str, wrapper: Callable[..., Any]) -> None:
+        had = attr in vars(obj)
+        self._saved.append((obj, attr, had, vars(obj).get(attr)))
+        setattr(wrapper, _WRAPPED, True)
+        setattr(obj, attr, wrapper)
+
+    def _wrap(self) -> None:
+        if getattr(getattr(self.schedule, "step", None), _WRAPPED, False):
+            raise ConfigurationError("Perseus is already attached to this schedule")
+        for stage in self._stages:
+            index = int(stage.stage_index)
+            forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+            weight = stage.backward_weight_one_chunk
+            self._set(stage, "forward_one_chunk", self._forward(index, forward))
+            self._set(stage, "backward_one_chunk", self._backward(index, backward))
+            self._set(stage, "backward_weight_one_chunk", self._weight(index, weight))
+        self._set(self.schedule, "step", self._step(self.schedule.step))
+
+    def _unwrap(self) -> None:
+        saved, self._saved = self._saved, []
+        for obj, attr, had, value in reversed(saved):
+            if had:
+                setattr(obj, attr, value)
+            else:
+                vars(obj).pop(attr, None)
+
+    def _forward(self, stage: int, original: Callable[..., Any]) -> Callable[..., Any]:
+        def forward_one_chunk(fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            with self._instruction((stage, "forward", int(fwd_chunk_id))):
+                return original(fwd_chunk_id, *args, **kwargs)
+
+        return forward_one_chunk
+
+    def _backward(self, stage: int, original: Callable[..., Any]) -> Callable[..., Any]:
+        def backward_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            # torch's signature: (bwd_chunk_id, loss=None, full_backward=True, last_backward=False)
+            full = (
+                kwargs["full_backward"]
+                if "full_backward" in kwargs
+                else (args[1] if len(args) > 1 else True)
+            )
+            kind = "backward" if full else "backward_input"
+            with self._instruction((stage, kind, int(bwd_chunk_id))):
+                return original(bwd_chunk_id, *args, **kwargs)
+
+        return backward_one_chunk
+
+    def _weight(self, stage: int, original: Callable[..., Any]) -> Callable[..., Any]:
+        def backward_weight_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            with self._instruction((stage, "backward_weight", int(bwd_chunk_id))):
+                return original(bwd_chunk_id, *args, **kwargs)
+
+        return backward_weight_one_chunk
+
+    @contextlib.contextmanager
+    def _instruction(self, action: Action) -> Iterator[None]:
+        if not self._measuring:  # eval(), a step without backward, or after close()
+            yield
+            return
+        k = self._next
+        if k >= len(self.order) or self.order[k] != action:
+            due = _name(self.order[k]) if k < len(self.order) else "nothing more"
+            raise ScheduleError(
+                f"Rank {self.hook.rank} (pipeline rank {self.hook.pp_rank}), step "
+                f"{self.hook.step}: {type(self.schedule).__name__} executed {_name(action)} "
+                f"as action #{k}, but its pipeline_order says {due}"
+            )
+        stage, kind, mb = action
+        self.hook.on_instruction_begin(kind, stage=stage, microbatch=mb)
+        yield
+        self.hook.on_instruction_end(kind)
+        self._next += 1
+
+    def _step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if self._closed or not self._trains():
+                return original(*args, **kwargs)
+            self.hook.on_step_begin()
+            self._next, self._measuring = 0, True
+            try:
+                out = original(*args, **kwargs)
+                if self._next != len(self.order):
+                    raise ScheduleError(
+                        f"Rank {self.hook.rank} (pipeline rank {self.hook.pp_rank}), step "
+                        f"{self.hook.step}: {type(self.schedule).__name__}.step() ran "
+                        f"{self._next} of the {len(self.order)} compute actions of its "
+                        f"pipeline_order; the first one missing is {_name(self.order[self._next])} "
+                        "(a custom function registered for a compute action may bypass the "
+                        "stage's *_one_chunk methods)"
+                    )
+            except BaseException:
+                self._measuring = False
+                self.hook.abort_step()
+                raise
+            self._measuring = False
+            self.hook.on_step_end()
+            return out
+
+        return step
+
+    def _trains(self) -> bool:
+        """Whether this step runs backward (eval() and no-grad steps pass through)."""
+        import torch
+
+        if not getattr(self.schedule, "_has_backward", True):
+            return False
+        needs_grad = getattr(self.schedule, "_backward_requires_autograd", True)
+        # A training step under no_grad: torch refuses it itself; the hook stays untouched.
+        return torch.is_grad_enabled() or not needs_grad
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Unwrap the schedule and its stages, close the hook (restores the GPU's clocks).
+
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._measuring = False
+        try:
+            self._unwrap()
+        finally:
+            self.hook.close()
+
+    def __enter__(self) -> PipelineAttachment:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        with contextlib.suppress(Exception):  # never mask the original error
+            self.close()
+
+
+def pipeline_spec(schedule: Any) -> PipelineSpec:
+    """The `PipelineSpec` of a torch schedule: its class name, stages, microbatches, chunks
+    per rank and each pipeline rank's compute actions from ``pipeline_order``."""
+    stages = _local_stages(schedule)
+    name = type(schedule).__name__
+    num_ranks = int(stages[0].group_size)
+    orders = compute_orders(_pipeline_order(schedule), num_ranks, where=name)
+    if len(stages) == 1 and not hasattr(schedule, "_stages"):  # a PipelineScheduleSingle
+        orders = renumber_single_stage(orders, int(schedule._n_microbatches))
+    try:
+        return PipelineSpec(
+            schedule=name,
+            num_stages=int(stages[0].num_stages),
+            num_microbatches=int(schedule._n_microbatches),
+            num_chunks=len(stages),
+            orders=orders,  # type: ignore[arg-type]
+        )
+    except ValueError as exc:  # pydantic's ValidationError: a bad order from torch
+        raise ScheduleError(f"{name}'s pipeline_order cannot be planned: {exc}") from None
+
+
+def attach(
+    schedule: Any,
+    *,
+    server_url: str,
+    dp_rank: int = 0,
+    dp_degree: int = 1,
+    tp_rank: int = 0,
+    tp_degree: int = 1,
+    device_id: int | None = None,
+    job_metadata: str | None = None,
+    **hook_options: Any,
+) -> PipelineAttachment:
+    """Attach Perseus to a `torch.distributed.pipelining` schedule (call it on every rank).
+
+    Registers the job with the schedule's own action order and wraps this rank's stages and
+    ``schedule.step`` (see the module's documentation). Needs an initialised
+    ``torch.distributed`` process group; the pipeline rank and degree come from the
+    schedule's stages, the global rank and world size from ``torch.distributed``.
+
+    Args:
+        schedule: The schedule object (any schedule class of torch 2.13, with a ``loss_fn``).
+        server_url: The coordinator, e.g. ``http://coordinator:7787``.
+        dp_rank, dp_degree, tp_rank, tp_degree: This rank's data- and tensor-parallel place.
+        device_id: This rank's GPU index (default: ``LOCAL_RANK``, else 0).
+        job_metadata: Free text appended to the job id.
+        **hook_options: Passed to `PerseusOptimizer` (``steps_per_round``, ``trace_dir``,
+            ``gpu``, ``emulation``, ``timeout_s``, ...).
+
+    Returns:
+        A `PipelineAttachment`: ``close()`` it (or use it as a context manager) when
+        training ends.
+    """
+    for reserved in ("pipeline", "expected_instructions", "rank", "pp_rank", "world_size"):
+        if reserved in hook_options:
+            raise ConfigurationError(
+                f"attach() sets {reserved} itself from the schedule; do not pass it"
+            )
+    spec = pipeline_spec(schedule)
+    stages = _local_stages(schedule)
+    rank, world_size = _process_group()
+    if device_id is None:
+        local = os.environ.get("LOCAL_RANK", "0")
+        try:
+            device_id = int(local)
+        except ValueError:
+            raise ConfigurationError(f"LOCAL_RANK={local!r} is not an integer") from None
+    hook = PerseusOptimizer(
+        rank=rank,
+        dp_rank=dp_rank,
+        pp_rank=int(stages[0].group_rank),
+        tp_rank=tp_rank,
+        device_id=device_id,
+        dp_degree=dp_degree,
+        pp_degree=int(stages[0].group_size),
+        tp_degree=tp_degree,
+        world_size=world_size,
+        server_url=server_url,
+        job_metadata=job_metadata,
+        pipeline=spec,
+        **hook_options,
+    )
+    try:
+        return PipelineAttachment(schedule, hook, spec)
+    except BaseException:
+        hook.close()
+        raise

@@ -1,0 +1,113 @@
+"""End to end: `attach` inside real `torch.distributed.pipelining` schedules.
+
+For every schedule class of torch 2.13, a real ``torchrun --nproc-per-node 4`` job (gloo,
+emulated GPUs, `tests/e2e/pipelining_job.py`) trains a tiny model with Perseus attached to a
+real coordinator on loopback (AllMaxFrequency). Every rank's executed instructions (stage,
+kind, microbatch, from the hook's traces) must equal torch's own ``pipeline_order`` compute
+actions, in order, in every step, and the job must finish.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e_fixtures import Coordinator, read_traces, require_torch
+
+require_torch()
+from torch.distributed.pipelining import schedules as ts  # noqa: E402
+from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops  # noqa: E402
+
+RANKS = 4
+STEPS = 2
+JOB = Path(__file__).with_name("pipelining_job.py")
+KINDS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
+
+# (schedule class, stages per rank, microbatches, also run schedule.eval()).
+CASES = [
+    ("ScheduleGPipe", 1, 4, True),
+    ("Schedule1F1B", 1, 4, False),
+    # Microbatches == ranks and 4 chunks per rank, in one run.
+    ("ScheduleInterleaved1F1B", 4, 4, False),
+    ("ScheduleLoopedBFS", 2, 4, False),
+    ("ScheduleInterleavedZeroBubble", 2, 8, True),
+    ("ScheduleZBVZeroBubble", 2, 8, False),
+    # OVERLAP_F_B actions, run by torch one sub-action after the other.
+    ("ScheduleDualPipeV", 2, 8, False),
+]
+
+
+def torch_compute_order(name: str, chunks: int, microbatches: int) -> list[list[tuple]]:
+    """Each rank's (stage, kind, microbatch) from torch's own pipeline_order."""
+    ops = get_schedule_ops(getattr(ts, name), RANKS, microbatches, num_stages_per_rank=chunks)
+
+    def flat(action):  # type: ignore[no-untyped-def]
+        if action is None:
+            return []
+        if action.sub_actions:
+            return [a for sub in action.sub_actions for a in flat(sub)]
+        kind = KINDS.get(action.computation_type.value)
+        return [] if kind is None else [(action.stage_index, kind, action.microbatch_index)]
+
+    orders = [[a for action in row for a in flat(action)] for row in ops]
+    if name == "Schedule1F1B":
+        # torch 2.13's Schedule1F1B._get_pipeline_order numbers the last rank's forwards
+        # F1..FM (an off-by-one); its step runs F0..F(M-1), which attach registers.
+        last = orders[-1]
+        assert [m for _, k, m in last if k == "forward"] == list(range(1, microbatches + 1))
+        orders[-1] = [(s, k, m - 1 if k == "forward" else m) for s, k, m in last]
+    return orders
+
+
+@pytest.fixture(scope="module")
+def coordinator(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pipelining-coordinator")
+    with Coordinator(
+        scheduler="AllMaxFrequency",
+        scheduler_args={},  # every job describes its own pipeline
+        dump_dir=tmp / "dump",
+        log_path=tmp / "coordinator.log",
+    ) as c:
+        yield c
+
+
+@pytest.mark.parametrize(("name", "chunks", "microbatches", "with_eval"), CASES)
+def test_executed_order_is_torchs_pipeline_order(
+    tmp_path, coordinator, name, chunks, microbatches, with_eval
+):
+    trace_dir = tmp_path / "trace"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "ZEUS_"))}
+    env.update(
+        ZEUS_GPU_BACKEND="emulated",
+        PERSEUS_EMULATE_STRETCH="0",  # measure only: the order is under test, not clocks
+        PERSEUS_TRACE_DIR=str(trace_dir),
+        OMP_NUM_THREADS="1",
+    )
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(RANKS), "--max-restarts", "0", str(JOB),
+        "--schedule", name, "--chunks", str(chunks), "--microbatches", str(microbatches),
+        "--steps", str(STEPS), "--server-url", coordinator.url,
+    ]  # fmt: skip
+    if with_eval:
+        cmd.append("--eval")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    log = (done.stdout + done.stderr)[-6000:]
+    assert done.returncode == 0, log
+
+    expected = torch_compute_order(name, chunks, microbatches)
+    traces = read_traces(trace_dir)
+    assert sorted(traces) == list(range(RANKS))
+    for rank, records in traces.items():
+        steps = [r for r in records if r["kind"] == "step"]
+        assert len(steps) == STEPS, (rank, log)  # eval() is not an iteration
+        for step in range(STEPS):
+            executed = [
+                (r["stage"], r["instruction"], r["microbatch"])
+                for r in records
+                if r["kind"] == "instruction" and r["step"] == step
+            ]
+            assert executed == expected[rank], (name, rank, step)
