@@ -244,7 +244,14 @@ def _run(args: argparse.Namespace) -> None:
         from perseus.train.trainer import PipelinedTrainer
 
         trainer = PipelinedTrainer(
-            config, layout, topo, args.microbatches, seed=args.seed, lr=args.lr, device=device
+            config,
+            layout,
+            topo,
+            args.microbatches,
+            seed=args.seed,
+            lr=args.lr,
+            device=device,
+            timeout=datetime.timedelta(seconds=args.pg_timeout),
         )
         # Untimed first steps: torch's shape inference and first-call costs.
         for step in range(args.warmup_steps):

@@ -12,6 +12,7 @@ import torch._dynamo: 2 s per process).
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import torch
@@ -46,6 +47,7 @@ class PipelinedTrainer:
         seed: int = 0,
         lr: float = 0.5,
         device: torch.device | None = None,
+        timeout: datetime.timedelta | None = None,
     ) -> None:
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining import schedules as torch_schedules
@@ -58,16 +60,18 @@ class PipelinedTrainer:
         self.seed = seed
         self.lr = lr
         pp, dp = topology.pp_degree, topology.dp_degree
-        # new_group is collective: every rank creates every group, in the same order.
+        # new_group is collective: every rank creates every group, in the same order. Its
+        # timeout (how long a receive from a hung peer waits) defaults to torch's 30 min,
+        # not the default group's: pass the job's own.
         self.pp_group: Any = None
         for d in range(dp):
-            group = dist.new_group([topology.rank_of(d, p) for p in range(pp)])
+            group = dist.new_group([topology.rank_of(d, p) for p in range(pp)], timeout=timeout)
             if d == topology.dp_rank:
                 self.pp_group = group
         self.dp_group: Any = None
         if dp > 1:
             for p in range(pp):
-                group = dist.new_group([topology.rank_of(d, p) for d in range(dp)])
+                group = dist.new_group([topology.rank_of(d, p) for d in range(dp)], timeout=timeout)
                 if p == topology.pp_rank:
                     self.dp_group = group
         self.stage_indices = layout.stages_of(topology.pp_rank)
