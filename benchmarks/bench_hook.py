@@ -80,8 +80,9 @@ def main() -> int:
 
     from perseus.client import EmulationSettings, PerseusOptimizer
     from perseus.demo import Coordinator, free_port
+    from perseus.train.layout import Topology
+    from perseus.train.manual import NullHook, PipelineTrainer
     from perseus.train.model import GPTConfig
-    from perseus.train.pipeline import NullHook, PipelineTrainer, Topology
     from zeus_power.device.emulated import EmulatedGPU
 
     torch.set_num_threads(1)

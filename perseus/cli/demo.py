@@ -20,8 +20,22 @@ def demo(
         Path, typer.Option("--out", "-o", help="Output directory (profile, plots, logs).")
     ] = Path("perseus-demo"),
     layers: Annotated[
-        str, typer.Option(help="Layers per pipeline stage (uneven on purpose).")
-    ] = "2,4,3,1",
+        str,
+        typer.Option(
+            help="Layers per pipeline rank (uneven on purpose; one process per rank), split "
+            "over the rank's stages by the multi-stage schedules."
+        ),
+    ] = "4,8,6,2",
+    schedule: Annotated[
+        str,
+        typer.Option(
+            help="Pipeline schedule (torch.distributed.pipelining): 1f1b, gpipe, interleaved "
+            "(2 stages per rank), looped, zb (interleaved zero bubble, 2 stages per rank) or "
+            "zbv. Default zb: on the default split it saves the most (the profile predicts "
+            "10.4 % at +0.96 %, against 8.9 % for interleaved and 7.1 % for 1f1b), since its "
+            "weight-gradient halves (W) sit off the critical path and run at low clocks."
+        ),
+    ] = "zb",
     microbatches: Annotated[int, typer.Option(help="Microbatches per iteration.")] = 4,
     baseline_steps: Annotated[int, typer.Option(help="Iterations under AllMaxFrequency.")] = 12,
     perseus_steps: Annotated[
@@ -53,29 +67,36 @@ def demo(
 ) -> None:
     """Run the whole Perseus loop on emulated GPUs and compare it with all-max frequency.
 
-    Starts a coordinator, trains a small GPT split into len(LAYERS) pipeline stages with 1F1B
-    under torchrun (gloo, one process per stage), first at maximum SM frequency, then under
+    Starts a coordinator, trains a small GPT on len(LAYERS) pipeline ranks with SCHEDULE
+    (torch.distributed.pipelining, Perseus attached) under torchrun (gloo, one process per
+    rank), first at maximum SM frequency, then under
     the Perseus scheduler (online profiling → frontier → deployed plan), and prints the
     iteration time and energy of both.
     """
     from perseus.demo import DemoJob, require_torch, run_demo
 
     require_torch()
+    from perseus.train.layout import PipelineLayout
     from perseus.train.model import parse_layers
 
-    n_stages = len(parse_layers(layers))  # checked here, not seconds later inside torchrun
+    # Checked here, not seconds later inside torchrun.
+    split = parse_layers(layers)
+    layout = PipelineLayout.build(schedule, split, pp_degree=len(split))
+    n_ranks = layout.pp_degree
     if not ms_per_layer > 0:
         raise ConfigurationError(f"--ms-per-layer must be positive, got {ms_per_layer}")
     spec = DemoJob(
-        nproc=n_stages,
+        nproc=n_ranks,
         layers=layers,
+        schedule=schedule,
         microbatches=microbatches,
         nominal=nominal,
         nominal_ms_per_layer=ms_per_layer,
     )
     console.print(
-        f"[bold]Perseus demo[/]: {n_stages}-stage GPT (layers {layers}), {microbatches} "
-        f"microbatches, 1F1B over gloo, emulated A100 GPUs "
+        f"[bold]Perseus demo[/]: GPT on {n_ranks} ranks (layers {layers}, "
+        f"{layout.num_stages} stages), {microbatches} microbatches, {schedule} "
+        f"(torch.distributed.pipelining) over gloo, emulated A100 GPUs "
         f"({'nominal' if nominal else 'measured, stretched'} instruction times)"
     )
     result = run_demo(

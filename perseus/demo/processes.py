@@ -191,7 +191,11 @@ class Coordinator:
 
 @dataclass(frozen=True, kw_only=True)
 class DemoJob:
-    """A `perseus.train` job: layout, model size and emulation mode.
+    """A `perseus.train` job: layout, schedule, model size and emulation mode.
+
+    `schedule`, `chunks`, `loop`: ``--schedule``, ``--chunks``, ``--loop`` of
+    `perseus.train` (``torch.distributed.pipelining`` by default; ``loop="manual"``: the
+    hand-written 1F1B loop).
 
     `nominal`: emulate nominal instruction times (``PERSEUS_EMULATE_NOMINAL``), each
     layer's forward taking `nominal_ms_per_layer` at the max clock (backward: twice that);
@@ -200,6 +204,9 @@ class DemoJob:
 
     nproc: int = 4
     layers: str = "2,4,3,1"
+    schedule: str = "1f1b"
+    chunks: int | None = None
+    loop: str = "torch"
     microbatches: int = 4
     steps: int = 10
     hidden: int = 64
@@ -215,6 +222,10 @@ class DemoJob:
 
     def train_args(self, server_url: str | None) -> list[str]:
         args = [
+            "--schedule",
+            self.schedule,
+            "--loop",
+            self.loop,
             "--steps",
             str(self.steps),
             "--microbatches",
@@ -234,6 +245,8 @@ class DemoJob:
             "--pg-timeout",
             str(self.pg_timeout_s),
         ]
+        if self.chunks is not None:
+            args += ["--chunks", str(self.chunks)]
         args += ["--server-url", server_url] if server_url else ["--no-hook"]
         return args + list(self.extra_args)
 
@@ -253,13 +266,19 @@ class DemoJob:
         return env
 
 
-def torchrun_command(nproc: int, args: Sequence[str]) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node N -m perseus.train ...``."""
+def torchrun_command(
+    nproc: int, args: Sequence[str], *, launcher_args: Sequence[str] = ("--standalone",)
+) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m perseus.train ...``.
+
+    `launcher_args` replace ``--standalone`` (e.g. ``--nnodes 2 --node-rank 0
+    --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB`` for one node of several).
+    """
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *launcher_args,
         "--nproc-per-node",
         str(nproc),
         "--max-restarts",

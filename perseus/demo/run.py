@@ -91,7 +91,8 @@ def run_demo(
     max_slowdown: float = 0.01,
     console: Any = None,
 ) -> DemoResult:
-    """Run the demo: AllMaxFrequency, then Perseus, on the same emulated 4-rank job.
+    """Run the demo: AllMaxFrequency, then Perseus, on the same emulated 4-rank job
+    (default: the zero-bubble schedule `zb` on an uneven split).
 
     Perseus picks the least-energy frontier plan at most `max_slowdown` slower than the
     fastest one. Writes under `out_dir`: ``profile.csv`` (the online instruction profile),
@@ -106,7 +107,7 @@ def run_demo(
     from perseus.planning import evaluate, max_frequencies
     from perseus.plotting import plot_frontier, plot_timeline
 
-    spec = spec or DemoJob(nominal_ms_per_layer=8.0)
+    spec = spec or DemoJob(layers="4,8,6,2", schedule="zb", nominal_ms_per_layer=8.0)
     if measure_steps < 1 or baseline_steps <= measure_steps or perseus_steps <= measure_steps:
         raise ConfigurationError(
             f"Need more steps than measured ones: baseline_steps={baseline_steps}, "

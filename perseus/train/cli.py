@@ -1,9 +1,13 @@
 """Entry point of the pipeline training job: ``torchrun ... -m perseus.train [options]``.
 
 Reads the process layout from torchrun's environment (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), builds the stage given by ``--layers``
-(one layer count per stage; ``world_size / stages`` data-parallel pipelines), and trains
-``--steps`` iterations of 1F1B with the Perseus hook talking to ``--server-url``.
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), builds this rank's stages of the
+pipeline ``--schedule``, ``--layers`` and ``--chunks`` describe (`perseus.train.layout`;
+``world_size / pp_degree`` data-parallel pipelines), and trains ``--steps`` iterations on
+`torch.distributed.pipelining` with Perseus attached
+(`perseus.integrations.pipelining.attach`) and talking to ``--server-url``. ``--loop
+manual`` runs the hand-written 1F1B loop of `perseus.train.manual` instead: the example of
+the low-level hook for other frameworks.
 
 Every failure a user can cause or meet (unreachable coordinator, a rank that died, a bad
 option) ends the process with exit status 1 and one line on stderr naming the problem.
@@ -16,9 +20,11 @@ import datetime
 import gc
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from perseus.errors import ConfigurationError, PerseusError
+from perseus.train.layout import DEFAULT_CHUNKS, SCHEDULE_CLASSES
 from zeus_power.errors import ZeusError
 
 __all__ = ["build_parser", "main"]
@@ -37,13 +43,45 @@ def _straggler(text: str) -> tuple[int, float, int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m perseus.train",
-        description="1F1B pipeline training of a small GPT with the Perseus per-rank hook.",
+        description="Pipeline training of a small GPT on torch.distributed.pipelining, with "
+        "Perseus attached.",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=tuple(SCHEDULE_CLASSES),
+        default="1f1b",
+        help="Pipeline schedule: " + ", ".join(f"{k} ({v})" for k, v in SCHEDULE_CLASSES.items()),
+    )
+    p.add_argument(
+        "--chunks",
+        type=int,
+        default=None,
+        help=f"Stages per rank of the multi-stage schedules (default {DEFAULT_CHUNKS}; zbv: 2)",
+    )
+    p.add_argument(
+        "--pp-degree",
+        type=int,
+        default=None,
+        help="Pipeline ranks of a multi-stage schedule (default: the world size, one "
+        "pipeline); world_size / pp_degree data-parallel pipelines",
+    )
+    p.add_argument(
+        "--loop",
+        choices=("torch", "manual"),
+        default="torch",
+        help="torch: torch.distributed.pipelining with attach(); manual: the hand-written "
+        "1F1B loop that calls the low-level hook (example for other frameworks; 1f1b only)",
     )
     p.add_argument("--server-url", help="Perseus coordinator URL (omit with --no-hook)")
     p.add_argument("--no-hook", action="store_true", help="Train without Perseus (baseline)")
     p.add_argument("--steps", type=int, default=10, help="Training iterations")
     p.add_argument("--microbatches", type=int, default=4, help="Microbatches per iteration")
-    p.add_argument("--layers", default="2,4,3,1", help="Layers per stage, e.g. 2,4,3,1")
+    p.add_argument(
+        "--layers",
+        default="2,4,3,1",
+        help="Layers per pipeline stage, e.g. 2,4,3,1; a multi-stage schedule also takes one "
+        "count per rank, split over the rank's stages",
+    )
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)
@@ -75,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=4.0,
         help="Nominal forward time of one layer at the max clock, ms (nominal emulation; "
-        "backward is twice the forward)",
+        "backward is twice the forward, its input- and weight-gradient halves one each)",
     )
     p.add_argument(
         "--straggler",
@@ -100,13 +138,28 @@ def _env_int(name: str) -> int:
         raise ConfigurationError(f"{name}={value!r} is not an integer") from None
 
 
+def _layout(args: argparse.Namespace, layers: list[int], world_size: int) -> Any:
+    from perseus.train.layout import PipelineLayout, is_multi_stage
+
+    if args.loop == "manual":
+        if args.schedule != "1f1b" or args.chunks not in (None, 1):
+            raise ConfigurationError(
+                f"--loop manual runs 1F1B with one stage per rank; --schedule {args.schedule} "
+                "(and --chunks) need the torch loop (--loop torch, the default)"
+            )
+        return PipelineLayout.build("1f1b", layers, pp_degree=args.pp_degree)
+    pp_degree = args.pp_degree
+    if pp_degree is None and is_multi_stage(args.schedule):
+        pp_degree = world_size
+    return PipelineLayout.build(args.schedule, layers, chunks=args.chunks, pp_degree=pp_degree)
+
+
 def _run(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from perseus.client import PerseusOptimizer
+    from perseus.train.layout import Topology, nominal_times
     from perseus.train.model import GPTConfig, parse_layers
-    from perseus.train.pipeline import NullHook, PipelineTrainer, Topology
 
     layers = parse_layers(args.layers)
     if args.steps < 1 or args.microbatches < 1 or args.warmup_steps < 0:
@@ -118,7 +171,9 @@ def _run(args: argparse.Namespace) -> None:
         raise ConfigurationError("--server-url is required (or pass --no-hook)")
     rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
     local_rank = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else rank
-    topo = Topology(rank=rank, world_size=world_size, pp_degree=len(layers))
+    layout = _layout(args, layers, world_size)
+    topo = Topology(rank=rank, world_size=world_size, pp_degree=layout.pp_degree)
+    nominal = nominal_times(layout, topo.pp_rank, args.nominal_ms_per_layer)
     config = GPTConfig(
         vocab_size=args.vocab,
         hidden=args.hidden,
@@ -137,59 +192,101 @@ def _run(args: argparse.Namespace) -> None:
     dist.init_process_group(
         backend, timeout=datetime.timedelta(seconds=args.pg_timeout), device_id=None
     )
-    trainer = PipelineTrainer(
-        config, layers, topo, args.microbatches, seed=args.seed, lr=args.lr, device=device
-    )
-    for step in range(args.warmup_steps):
-        trainer.train_step(-1 - step, NullHook())
-    # Long-lived objects (model, modules, torch internals) leave the collector's view, so a
-    # full collection never stalls an instruction for milliseconds.
-    gc.collect()
-    gc.freeze()
-    hook: NullHook | PerseusOptimizer = NullHook()
-    optimizer = None
-    if not args.no_hook:
-        forward_s = args.nominal_ms_per_layer / 1000.0 * layers[topo.pp_rank]
-        optimizer = PerseusOptimizer(
-            rank=rank,
-            dp_rank=topo.dp_rank,
-            pp_rank=topo.pp_rank,
-            tp_rank=0,
-            device_id=local_rank,
-            dp_degree=topo.dp_degree,
-            pp_degree=topo.pp_degree,
-            tp_degree=1,
-            world_size=world_size,
-            server_url=args.server_url,
-            job_metadata=args.job_metadata,
-            steps_per_round=args.steps_per_round,
-            timeout_s=args.timeout,
-            round_timeout_s=args.round_timeout,
-            nominal_time_s={"forward": forward_s, "backward": 2 * forward_s},
-            expected_instructions=trainer.instruction_names,
-            trace_dir=args.trace_dir,
+    hook_options: dict[str, Any] = {
+        "device_id": local_rank,
+        "dp_rank": topo.dp_rank,
+        "dp_degree": topo.dp_degree,
+        "tp_rank": 0,
+        "tp_degree": 1,
+        "server_url": args.server_url,
+        "job_metadata": args.job_metadata,
+        "steps_per_round": args.steps_per_round,
+        "timeout_s": args.timeout,
+        "round_timeout_s": args.round_timeout,
+        "nominal_time_s": nominal,
+        "trace_dir": args.trace_dir,
+    }
+    train_step: Callable[[int], float | None]
+    hook: Any = None
+    closer: Any = None
+    if args.loop == "manual":
+        from perseus.client import PerseusOptimizer
+        from perseus.protocol import PipelineSpec
+        from perseus.train.manual import NullHook, PipelineTrainer
+
+        manual = PipelineTrainer(
+            config,
+            list(layout.stage_layers),
+            topo,
+            args.microbatches,
+            seed=args.seed,
+            lr=args.lr,
+            device=device,
         )
-        hook = optimizer
+        for step in range(args.warmup_steps):
+            manual.train_step(-1 - step, NullHook())
+        gc.collect()
+        gc.freeze()
+        if not args.no_hook:
+            hook = closer = PerseusOptimizer(
+                rank=rank,
+                pp_rank=topo.pp_rank,
+                pp_degree=topo.pp_degree,
+                world_size=world_size,
+                pipeline=PipelineSpec.of(manual.schedule),
+                **hook_options,
+            )
+        step_hook = hook if hook is not None else NullHook()
+
+        def train_step(step: int) -> float | None:
+            return manual.train_step(step, step_hook)
+    else:
+        from perseus.train.trainer import PipelinedTrainer
+
+        trainer = PipelinedTrainer(
+            config,
+            layout,
+            topo,
+            args.microbatches,
+            seed=args.seed,
+            lr=args.lr,
+            device=device,
+            timeout=datetime.timedelta(seconds=args.pg_timeout),
+        )
+        # Untimed first steps: torch's shape inference and first-call costs.
+        for step in range(args.warmup_steps):
+            trainer.train_step(-1 - step)
+        gc.collect()
+        gc.freeze()
+        if not args.no_hook:
+            from perseus.integrations.pipelining import attach
+
+            closer = attach(trainer.schedule, **hook_options)
+            hook = closer.hook
+        train_step = trainer.train_step
+    # Long-lived objects (model, modules, torch internals) left the collector's view above,
+    # so a full collection never stalls an instruction for milliseconds.
     try:
         first_loss = loss = None
         for step in range(args.steps):
-            if optimizer is not None and args.straggler is not None:
+            if hook is not None and args.straggler is not None:
                 dp, slowdown, at_step = args.straggler
                 if step == at_step:
-                    if optimizer.emulator is not None and topo.dp_rank == dp:
-                        optimizer.emulator.slowdown = slowdown
+                    if hook.emulator is not None and topo.dp_rank == dp:
+                        hook.emulator.slowdown = slowdown
                     if rank == 0:
-                        optimizer.announce_straggler(dp, slowdown)
-            loss = trainer.train_step(step, hook)
+                        hook.announce_straggler(dp, slowdown)
+            loss = train_step(step)
             first_loss = loss if first_loss is None else first_loss
         if loss is not None and topo.dp_rank == 0:
             print(
-                f"perseus.train: loss {first_loss:.4f} -> {loss:.4f} over {args.steps} steps",
+                f"perseus.train: loss {first_loss:.4f} -> {loss:.4f} over {args.steps} steps "
+                f"({layout.schedule}, {layout.num_stages} stages on {layout.pp_degree} ranks)",
                 flush=True,
             )
     finally:
-        if optimizer is not None:
-            optimizer.close()
+        if closer is not None:
+            closer.close()
     dist.destroy_process_group()
 
 

@@ -1,4 +1,4 @@
-"""`perseus demo` end to end, shrunk: 2 ranks instead of 4, fewer steps.
+"""`perseus demo` end to end, shrunk: 2 ranks instead of 4, fewer steps (default schedule: zb).
 
 The command function is mounted on a local typer app here (the `perseus` app mounts the
 same function), so this runs exactly what ``perseus demo`` runs.
@@ -38,7 +38,7 @@ def test_demo_compares_all_max_and_perseus_and_writes_its_artifacts(tmp_path):
             "--out",
             str(out),
             "--layers",
-            "1,3",
+            "2,6",
             "--baseline-steps",
             "6",
             "--perseus-steps",

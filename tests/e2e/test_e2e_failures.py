@@ -61,12 +61,12 @@ def _last_record(path):
     ("when", "expected"),
     [
         # Killed inside a step: its pipeline neighbours see the P2P connection drop.
-        ("mid-step", ("lost stage", "probably died")),
+        ("mid-step", ("lost its pipeline peers", "probably died")),
         # Killed between two rounds: the others wait at the coordinator's barrier, which
         # times out and names the rank that never asked.
         ("between-rounds", ("504", "rank(s) [2] never asked for their schedule")),
         # Frozen inside a step (SIGSTOP): its neighbour's receive times out (--pg-timeout).
-        ("hung-mid-step", ("lost stage", "died or hung")),
+        ("hung-mid-step", ("lost its pipeline peers", "died or hung")),
     ],
 )
 def test_a_dying_rank_fails_the_others_within_the_timeout(tmp_path, when, expected):
@@ -74,14 +74,13 @@ def test_a_dying_rank_fails_the_others_within_the_timeout(tmp_path, when, expect
     spec = DemoJob(
         nproc=3,
         layers="1,2,1",
-        microbatches=2,
+        microbatches=3,  # torch's 1F1B needs at least as many microbatches as stages
         steps=500,
         round_timeout_s=30.0,
         pg_timeout_s=pg_timeout_s,
     )
     with Coordinator(
         scheduler="AllMaxFrequency",
-        scheduler_args={"num_microbatches": 2},
         dump_dir=tmp_path / "dump",
         log_path=tmp_path / "coordinator.log",
         round_timeout_s=round_timeout_s,
@@ -117,4 +116,6 @@ def test_a_dying_rank_fails_the_others_within_the_timeout(tmp_path, when, expect
         )
         assert all(part in line for part in expected), line
         assert "Traceback" not in err
-    assert "lost stage 2 (rank 2)" in results[1][1] or "[2]" in results[1][1]
+    # Rank 1's message names rank 2: as one of its pipeline peers (torch's schedule does not
+    # say which receive failed), or as the rank that never asked for its schedule.
+    assert "(ranks [0, 2])" in results[1][1] or "[2]" in results[1][1]

@@ -8,8 +8,8 @@ from perseus.errors import ConfigurationError
 
 torch = pytest.importorskip("torch")
 
+from perseus.train.layout import Topology  # noqa: E402
 from perseus.train.model import GPTConfig, StageModule, parse_layers, synthetic_batch  # noqa: E402
-from perseus.train.pipeline import Topology  # noqa: E402
 
 
 def test_parse_layers():

@@ -1,15 +1,27 @@
-"""Synchronous 1F1B pipeline training over `torch.distributed` point-to-point messages.
+"""The low-level hook by hand: a synchronous 1F1B loop over `torch.distributed` P2P.
 
-Our own loop rather than `torch.distributed.pipelining`: that package runs each
-microbatch's forward and backward inside its schedule objects, with no public per-action
-callback to wrap them in the Perseus hook, and its action order is its own. Here the
-instruction order of every stage is `perseus.domain.schedule.make_schedule("1f1b", S, M).orders[stage]`,
-the very order the coordinator's schedulers plan for.
+``perseus.train --loop manual`` runs this loop; the default trainer runs
+`torch.distributed.pipelining` with `perseus.integrations.pipelining.attach`
+(`perseus.train.trainer`). Keep reading if your framework has its own pipeline engine
+(Megatron-LM, DeepSpeed, a hand-written loop): this module is the documented example of
+what `attach` does for torch's schedules, with the per-rank hook
+(`perseus.client.PerseusOptimizer`) called directly:
+
+- describe the pipeline once (``PerseusOptimizer(..., pipeline=PipelineSpec.of(schedule),
+  expected_instructions=...)``; here the built-in ``1f1b`` order of
+  `perseus.domain.schedule.make_schedule`, which is also what this loop executes);
+- ``hook.on_step_begin()`` / ``hook.on_step_end()`` around each iteration;
+- ``hook.on_instruction_begin(kind, stage=..., microbatch=...)`` /
+  ``hook.on_instruction_end(kind)`` around each forward and backward *computation*, with
+  receives and sends outside the window, so the hook times (and clocks) computation only.
+
+In Megatron-LM the places are ``forward_step`` / ``backward_step`` in
+``megatron/core/pipeline_parallel/schedules.py``; in DeepSpeed, ``PipelineEngine``'s
+``_exec_forward_pass`` / ``_exec_backward_pass``.
 
 Messages: activations go stage s → s+1 and gradients s+1 → s, tagged by microbatch; sends
 are non-blocking (`isend`, waited for at the end of the iteration), receives block. Since
-the schedule's instruction DAG is acyclic, the stages never deadlock. Receiving and
-sending happen outside the instruction windows, so the hook times computation only.
+the schedule's instruction DAG is acyclic, the stages never deadlock.
 
 Ranks are laid out pipeline-major: ``rank = dp_rank · pp_degree + pp_rank``. With data
 parallelism, each stage all-reduces its gradients over its data-parallel group after the
@@ -18,7 +30,6 @@ iteration's last backward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -26,6 +37,7 @@ import torch.distributed as dist
 
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ConfigurationError, RankError
+from perseus.train.layout import Topology
 from perseus.train.model import GPTConfig, StageModule, synthetic_batch
 
 __all__ = ["NullHook", "PipelineHook", "PipelineTrainer", "Topology"]
@@ -36,7 +48,9 @@ class PipelineHook(Protocol):
 
     def on_step_begin(self) -> None: ...
     def on_step_end(self) -> None: ...
-    def on_instruction_begin(self, name: str) -> None: ...
+    def on_instruction_begin(
+        self, name: str, *, stage: int | None = None, microbatch: int | None = None
+    ) -> None: ...
     def on_instruction_end(self, name: str) -> None: ...
 
 
@@ -49,44 +63,13 @@ class NullHook:
     def on_step_end(self) -> None:
         pass
 
-    def on_instruction_begin(self, name: str) -> None:
+    def on_instruction_begin(
+        self, name: str, *, stage: int | None = None, microbatch: int | None = None
+    ) -> None:
         pass
 
     def on_instruction_end(self, name: str) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Where this rank sits: ``rank = dp_rank · pp_degree + pp_rank`` (no tensor parallelism)."""
-
-    rank: int
-    world_size: int
-    pp_degree: int
-
-    def __post_init__(self) -> None:
-        if self.pp_degree < 1 or self.world_size % self.pp_degree:
-            raise ConfigurationError(
-                f"world size {self.world_size} is not a multiple of the {self.pp_degree} "
-                "pipeline stages given by --layers; launch pp_degree × dp_degree processes"
-            )
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigurationError(f"rank {self.rank} is outside world size {self.world_size}")
-
-    @property
-    def dp_degree(self) -> int:
-        return self.world_size // self.pp_degree
-
-    @property
-    def pp_rank(self) -> int:
-        return self.rank % self.pp_degree
-
-    @property
-    def dp_rank(self) -> int:
-        return self.rank // self.pp_degree
-
-    def rank_of(self, dp_rank: int, pp_rank: int) -> int:
-        return dp_rank * self.pp_degree + pp_rank
 
 
 class PipelineTrainer:
@@ -200,7 +183,7 @@ class PipelineTrainer:
                 x = tokens.to(self.device) if first else self._recv(-1, j, "activations")
                 if not first:
                     x.requires_grad_()
-                hook.on_instruction_begin("forward")
+                hook.on_instruction_begin("forward", stage=self.topo.pp_rank, microbatch=j)
                 out = module(x)
                 if last:
                     out = module.loss(out, targets.to(self.device)) / M
@@ -213,7 +196,7 @@ class PipelineTrainer:
             else:
                 grad = None if last else self._recv(+1, j, "gradients")
                 x, out = inputs.pop(j), outputs.pop(j)
-                hook.on_instruction_begin("backward")
+                hook.on_instruction_begin("backward", stage=self.topo.pp_rank, microbatch=j)
                 torch.autograd.backward(out, grad)
                 hook.on_instruction_end("backward")
                 if not first:

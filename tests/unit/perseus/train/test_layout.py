@@ -1,0 +1,46 @@
+"""The training job's layout: stage placement per schedule, layer splits, nominal times."""
+
+from __future__ import annotations
+
+import pytest
+
+from perseus.errors import ConfigurationError
+from perseus.train.layout import PipelineLayout, nominal_times
+
+
+def test_single_stage_schedules_take_one_count_per_rank():
+    layout = PipelineLayout.build("1f1b", [2, 4, 3, 1])
+    assert (layout.pp_degree, layout.chunks, layout.num_stages) == (4, 1, 4)
+    assert layout.stages_of(2) == [2]
+    with pytest.raises(ConfigurationError, match="runs one stage per rank"):
+        PipelineLayout.build("1f1b", [2, 4], chunks=2)
+
+
+def test_looped_and_v_shaped_placement():
+    looped = PipelineLayout.build("interleaved", [1] * 8, pp_degree=4)
+    assert [looped.stages_of(r) for r in range(4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    zbv = PipelineLayout.build("zbv", [1] * 8, pp_degree=4)
+    assert [zbv.stages_of(r) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    with pytest.raises(ConfigurationError, match="exactly 2 stages per rank"):
+        PipelineLayout.build("zbv", [1] * 12, chunks=3, pp_degree=4)
+
+
+def test_per_rank_counts_are_split_over_the_ranks_stages():
+    zb = PipelineLayout.build("zb", [4, 8, 6, 2], pp_degree=4)
+    assert zb.stage_layers == (2, 4, 3, 1, 2, 4, 3, 1)
+    assert PipelineLayout.build("zbv", [3, 2], pp_degree=2).stage_layers == (2, 1, 1, 1)
+    assert PipelineLayout.build("interleaved", [5, 4], chunks=2).rank_layers(0) == 5
+    with pytest.raises(ConfigurationError, match="pipeline rank 3 has 1 layer"):
+        PipelineLayout.build("zb", [2, 4, 3, 1], pp_degree=4)
+    with pytest.raises(ConfigurationError, match="needs 8 \\(one per stage\\) or 4"):
+        PipelineLayout.build("zb", [1] * 6, pp_degree=4)
+
+
+def test_nominal_times_follow_each_stages_layers():
+    layout = PipelineLayout.build("zb", [2, 4], pp_degree=2)  # stages 0,2 on rank 0
+    times = nominal_times(layout, 0, 4.0)
+    assert times["forward@0"] == pytest.approx(0.004)
+    assert times["backward@2"] == pytest.approx(0.008)
+    assert times["backward_input@2"] == times["backward_weight@2"] == pytest.approx(0.004)
+    with pytest.raises(ConfigurationError, match="must be positive"):
+        nominal_times(layout, 0, 0.0)
