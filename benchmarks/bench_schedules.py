@@ -38,18 +38,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from bench_solver import DEFAULT_PROFILE, P_BLOCK_W  # this script's folder is on sys.path
 
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule, make_schedule
 from perseus.planning import Frontier, evaluate, make_plan, max_frequencies, solve_frontier
 
-P_BLOCK_W = 70.38  # A40 power while blocked on P2P (Perseus artifact)
-DEFAULT_PROFILE = (
-    Path(__file__).resolve().parents[1].parent
-    / "shared"
-    / "data"
-    / "sosp24_gpt3-175b_a40_8stage.csv"
-)
 TABLE_SCHEDULES = ("1f1b", "interleaved", "zb", "torch-zb")
 _SHORT = {"forward": "F", "backward": "B", "backward_input": "I", "backward_weight": "W"}
 

@@ -46,3 +46,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A selection that collects no test (exit 5) is not a failure of the suite."""
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         session.exitstatus = pytest.ExitCode.OK
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """A one-rank gloo process group for the module's tests (the hook needs one)."""
+    dist = pytest.importorskip("torch.distributed")
+    from perseus.demo import free_port
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()

@@ -13,7 +13,7 @@ import pytest
 from server_fixtures import single_rank_layout
 
 from perseus.client import EmulationSettings, PerseusOptimizer
-from perseus.demo import Coordinator, free_port
+from perseus.demo import Coordinator
 from perseus.domain.plan import Plan
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ConfigurationError, CoordinatorError, RankError, ScheduleError
@@ -25,15 +25,6 @@ dist = pytest.importorskip("torch.distributed")
 
 NOMINAL = {"forward": 0.005, "backward": 0.01}
 ORDER = ["forward", "backward", "forward", "backward"]  # 1F1B, one stage, 2 microbatches
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from perseus.client import EmulationSettings
-from perseus.demo import Coordinator, free_port
+from perseus.demo import Coordinator
 from perseus.errors import ConfigurationError, ScheduleError
 from perseus.integrations.pipelining import attach
 from zeus_power.device.emulated import EmulatedGPU
@@ -26,15 +26,6 @@ from torch.distributed.pipelining import schedules as ts  # noqa: E402
 
 HIDDEN = 8
 M = 2
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
