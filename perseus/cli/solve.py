@@ -137,15 +137,28 @@ def solve(
     if plots:
         from perseus.plotting import plot_frontier, plot_timeline
 
-        png = plot_frontier(out, baseline=(base.iteration_time_s, base.energy_j))
-        fastest = load_plan(out / "plans" / "plan_00000.json")
-        chosen_index = points.index(shown["no slowdown"])
-        plot_timeline(prof, fastest, out / "timeline_fastest.png")
-        chosen = load_plan(out / "plans" / f"plan_{chosen_index:05d}.json")
-        plot_timeline(prof, chosen, out / "timeline_no_slowdown.png")
-        console.print(
-            f"Plots: {png}, {out / 'timeline_fastest.png'}, {out / 'timeline_no_slowdown.png'}"
+        no_slowdown = shown["no slowdown"]
+        chosen_index = points.index(no_slowdown)
+        png = plot_frontier(
+            out,
+            baseline=(base.iteration_time_s, base.energy_j),
+            no_slowdown=(no_slowdown.iteration_time_s, no_slowdown.energy_j),
         )
+        written = [
+            png,
+            plot_timeline(
+                prof, load_plan(out / "plans" / "plan_00000.json"), out / "timeline_fastest.png"
+            ),
+        ]
+        second = out / "timeline_no_slowdown.png"
+        if chosen_index == 0:  # the same plan: one picture, not two identical ones
+            second.unlink(missing_ok=True)
+            note = " (the no-slowdown plan is the fastest plan: one timeline)"
+        else:
+            chosen = load_plan(out / "plans" / f"plan_{chosen_index:05d}.json")
+            written.append(plot_timeline(prof, chosen, second))
+            note = ""
+        console.print(f"Plots: {', '.join(map(str, written))}{note}")
 
 
 def _gap_summary(gaps: list[float]) -> str:

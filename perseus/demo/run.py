@@ -177,6 +177,8 @@ def run_demo(
         frontier_dir,
         out / "frontier.png",
         baseline=(all_max.iteration_time_s, all_max.energy_j),
+        chosen=(planned.iteration_time_s, planned.energy_j),
+        chosen_label="deployed plan",
         title="Time–energy frontier of the profiled job (emulated A100)",
     )
     timeline_png = plot_timeline(profile, plan, out / "timeline.png", title="Deployed Perseus plan")
