@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from perseus.domain.kinds import SCHEDULES
+from perseus.domain.kinds import MAX_PLAUSIBLE_POWER_W, MIN_PLAUSIBLE_POWER_W, SCHEDULES
 from perseus.domain.schedule import schedule_name
+from perseus.domain.units import blocking_power_problem
 from perseus.errors import ScheduleError
 
 __all__ = ["PipelineArgs", "ProfileSourceArgs", "SchedulerArgs", "SweepArgs"]
@@ -79,3 +80,20 @@ class ProfileSourceArgs(SweepArgs):
     profile_path: str | None = Field(
         default=None, description="a profile CSV to plan from (None: sweep online)"
     )
+    allow_implausible_power: bool = Field(
+        default=False,
+        description="accept profile_path rows whose power (energy / time) is outside 1 W..2 kW "
+        "(by default refused as a unit mistake: times in ms, energies in mJ)",
+    )
+
+    @field_validator("p2p_power")
+    @classmethod
+    def _plausible_blocking_power(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        problem = blocking_power_problem(
+            value, MIN_PLAUSIBLE_POWER_W, MAX_PLAUSIBLE_POWER_W, gpu="a GPU", name="p2p_power"
+        )
+        if problem:
+            raise ValueError(problem)
+        return value

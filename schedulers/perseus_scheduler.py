@@ -6,9 +6,10 @@ import enum
 import logging
 import math
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from perseus.domain.plan import Plan
+from perseus.domain.units import max_slowdown_problem
 from perseus.errors import ConfigurationError
 from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
@@ -39,7 +40,9 @@ class PerseusPhase(enum.Enum):
 class PerseusArgs(PlanningArgs):
     """`Perseus`'s arguments: the planning ones, the choice of a frontier point, stragglers."""
 
-    max_slowdown: float = Field(default=0.0, ge=0.0, description="allowed slowdown vs fastest")
+    max_slowdown: float = Field(
+        default=0.0, ge=0.0, description="allowed slowdown vs fastest, a fraction (0.05 = 5 %)"
+    )
     deadline: float | None = Field(
         default=None, gt=0.0, description="iteration time bound, s (overrides max_slowdown)"
     )
@@ -49,6 +52,14 @@ class PerseusArgs(PlanningArgs):
     straggler_rounds: int = Field(
         default=2, ge=1, description="rounds in a row to detect a straggler or its recovery"
     )
+
+    @field_validator("max_slowdown")
+    @classmethod
+    def _slowdown_is_a_fraction(cls, value: float) -> float:
+        problem = max_slowdown_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class Perseus(PlanningScheduler):

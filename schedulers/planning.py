@@ -52,7 +52,9 @@ class PlanningScheduler(PipelineScheduler):
         self.p2p_power_w = args.p2p_power
         self.profile = None
         if args.profile_path is not None:
-            self.profile = load_profile(args.profile_path)
+            self.profile = load_profile(
+                args.profile_path, check_power=not args.allow_implausible_power
+            )
             self.pipeline.check_profile(self.profile)
         self.sweep = None
         if self.profile is None or self.p2p_power_w is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,7 +14,24 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from perseus.errors import PerseusError
 
-__all__ = ["cli_errors", "console", "err_console", "fraction_progress", "resolve_profile_path"]
+__all__ = [
+    "AllowImplausiblePower",
+    "cli_errors",
+    "console",
+    "err_console",
+    "fraction_progress",
+    "resolve_profile_path",
+]
+
+AllowImplausiblePower = Annotated[
+    bool,
+    typer.Option(
+        "--allow-implausible-power",
+        help="Accept profile rows whose power (energy / time) is outside 1 W..2 kW; by "
+        "default they are refused as a unit mistake (times in ms, energies in mJ).",
+    ),
+]
+"""The option every command that reads a profile takes to skip the unit check."""
 
 console = Console()
 err_console = Console(stderr=True)

@@ -74,7 +74,11 @@ def demo(
     iteration time and energy of both.
     """
     from perseus.demo import DemoJob, require_torch, run_demo
+    from perseus.domain.units import max_slowdown_problem
 
+    problem = max_slowdown_problem(max_slowdown, name="--max-slowdown")
+    if problem:  # before torch and the coordinator start
+        raise ConfigurationError(problem)
     require_torch()
     from perseus.train.layout import PipelineLayout
     from perseus.train.model import parse_layers

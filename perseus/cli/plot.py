@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from perseus.cli._common import cli_errors, resolve_profile_path
+from perseus.cli._common import AllowImplausiblePower, cli_errors, resolve_profile_path
 
 app = typer.Typer(
     help="Draw the frontier or a plan's per-stage timeline as PNG.", no_args_is_help=True
@@ -38,11 +38,12 @@ def timeline(
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="PNG path (default PLAN.png).")
     ] = None,
+    allow_implausible_power: AllowImplausiblePower = False,
 ) -> None:
     """Per-stage Gantt chart of one iteration, coloured by SM frequency."""
     from perseus.io.plan_file import load_plan
     from perseus.io.profile_csv import load_profile
     from perseus.plotting import plot_timeline
 
-    prof = load_profile(resolve_profile_path(profile))
+    prof = load_profile(resolve_profile_path(profile), check_power=not allow_implausible_power)
     typer.echo(str(plot_timeline(prof, load_plan(plan), out or plan.with_suffix(".png"))))

@@ -11,8 +11,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from perseus.cli._common import cli_errors, console, fraction_progress, resolve_profile_path
-from perseus.domain.kinds import DEFAULT_P2P_POWER_W, SCHEDULES
+from perseus.cli._common import (
+    AllowImplausiblePower,
+    cli_errors,
+    console,
+    fraction_progress,
+    resolve_profile_path,
+)
+from perseus.domain.kinds import SCHEDULES
+from perseus.domain.units import max_slowdown_problem
 from perseus.errors import PerseusError
 
 __all__ = ["choose", "evaluate_plan", "polish", "solve"]
@@ -44,10 +51,24 @@ def solve(
         ),
     ] = None,
     p2p_power_w: Annotated[
-        float,
-        typer.Option("--p2p-power", help="GPU power (W) while blocked on P2P / idle in bubbles."),
-    ] = DEFAULT_P2P_POWER_W,
+        float | None,
+        typer.Option(
+            "--p2p-power",
+            help="GPU power (W) while blocked on P2P / idle in bubbles (default: the GPU "
+            "spec's, the GPU named by --gpu or matched by the profile's clocks; else 70.38 W, "
+            "the A40's).",
+        ),
+    ] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu",
+            help="The GPU the profile was measured on (A40, A100-SXM, H100-SXM): its "
+            "blocking power and power range (default: matched by the profile's clocks).",
+        ),
+    ] = None,
     plots: Annotated[bool, typer.Option(help="Also write frontier.png and timeline PNGs.")] = True,
+    allow_implausible_power: AllowImplausiblePower = False,
 ) -> None:
     """Compute the whole iteration-time vs energy frontier and write one plan per point.
 
@@ -60,14 +81,17 @@ def solve(
     from perseus.errors import ScheduleError
     from perseus.io.plan_file import load_plan
     from perseus.io.profile_csv import load_profile
+    from perseus.planning.gpu import blocking_power, named_gpu
 
-    if p2p_power_w < 0:
-        raise PerseusError(f"--p2p-power must be non-negative, got {p2p_power_w}")
+    if gpu is not None:
+        named_gpu(gpu)  # an unknown name fails before the profile is read
     if out.exists() and not out.is_dir():  # say so now, not after a long solve
         raise PerseusError(
             f"--out {str(out)!r} is a file; give a directory for frontier.csv and plans/"
         )
-    prof = load_profile(resolve_profile_path(profile))
+    prof = load_profile(resolve_profile_path(profile), check_power=not allow_implausible_power)
+    blocking = blocking_power(prof, p2p_power_w, gpu=gpu)
+    p2p_power_w = blocking.watts
     if split_backward is not None:
         prof = prof.split_backward(split_backward)
     num_stages = stages if stages is not None else prof.num_stages
@@ -89,6 +113,7 @@ def solve(
             ) from None
         raise
 
+    console.print(f"Blocking (P2P) power {blocking.describe()}", highlight=False, soft_wrap=True)
     with fraction_progress("solving") as progress:
         task = progress.add_task(
             f"{sched.name} S={sched.num_stages} M={sched.num_microbatches}", total=1.0
@@ -177,13 +202,14 @@ def _gap_summary(gaps: list[float]) -> str:
 def evaluate_plan(
     profile: Annotated[str, typer.Argument(help="Profile CSV, or the name of a shipped profile.")],
     plan: Annotated[Path, typer.Argument(help="Plan JSON file.")],
+    allow_implausible_power: AllowImplausiblePower = False,
 ) -> None:
     """Score a plan exactly against a profile; prints JSON."""
     from perseus.io.plan_file import load_plan
     from perseus.io.profile_csv import load_profile
     from perseus.planning import evaluate_plan
 
-    prof = load_profile(resolve_profile_path(profile))
+    prof = load_profile(resolve_profile_path(profile), check_power=not allow_implausible_power)
     ev = evaluate_plan(prof, load_plan(plan))
     typer.echo(
         json.dumps(
@@ -214,6 +240,13 @@ def choose(
 
     if (max_slowdown is None) == (deadline is None):
         raise PerseusError("Give exactly one of --max-slowdown or --deadline")
+    problem = (
+        max_slowdown_problem(max_slowdown, name="--max-slowdown")
+        if max_slowdown is not None
+        else None
+    )
+    if problem:
+        raise PerseusError(problem)
     table = read_frontier_table(frontier_dir)  # rows in index order
     k = choose_index(
         table.iteration_time, table.energy, max_slowdown=max_slowdown, deadline_s=deadline
@@ -244,6 +277,7 @@ def polish(
     budget: Annotated[
         float | None, typer.Option(help="Seconds the whole polish may take (default: no limit).")
     ] = None,
+    allow_implausible_power: AllowImplausiblePower = False,
 ) -> None:
     """Lower one plan's energy at no longer iteration time (exact MILP over sliding windows).
 
@@ -256,7 +290,7 @@ def polish(
     from perseus.solver.lp import solve_lp_curve
     from perseus.solver.polish import polish_plan
 
-    prof = load_profile(resolve_profile_path(profile))
+    prof = load_profile(resolve_profile_path(profile), check_power=not allow_implausible_power)
     original = load_plan(plan)
     sched = original.pipeline_schedule()
     pipeline = PipelineProblem(prof, sched, original.p2p_power)

@@ -3,7 +3,10 @@
 A profile is the solver's ground truth. It is built from validated rows (`ProfileRow`, read
 from CSV by `perseus.io.profile_csv`) or from a table, and checked: every
 stage ``0..S-1`` must have both a forward and a backward, times must be positive and finite,
-energies non-negative and finite.
+energies non-negative and finite, and every row's implied power (energy / time) must be a
+plausible GPU's (`MIN_PLAUSIBLE_POWER_W` to `MAX_PLAUSIBLE_POWER_W`): outside it the
+profile is refused as a unit mistake (times in ms, energies in mJ) unless the caller passes
+``check_power=False``.
 
 With tensor parallelism a stage has several GPUs: the profile of a stage is then the
 slowest GPU's time and the sum of the GPUs' energies, over the first data-parallel
@@ -18,11 +21,59 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perseus.domain.kinds import BACKWARD_SPLIT, INSTRUCTIONS, PROFILE_COLUMNS
+from perseus.domain.kinds import (
+    BACKWARD_SPLIT,
+    INSTRUCTIONS,
+    MAX_PLAUSIBLE_POWER_W,
+    MIN_PLAUSIBLE_POWER_W,
+    PROFILE_COLUMNS,
+)
 from perseus.domain.rows import ProfileRow
 from perseus.errors import PlanError, ProfileError
 
-__all__ = ["InstructionOptions", "InstructionProfile", "ProfileRow"]
+__all__ = ["InstructionOptions", "InstructionProfile", "ProfileRow", "check_implied_power"]
+
+
+def check_implied_power(
+    stage: np.ndarray,
+    instruction: np.ndarray,
+    frequency: np.ndarray,
+    time_s: np.ndarray,
+    energy_j: np.ndarray,
+    *,
+    source: str,
+) -> None:
+    """Refuse rows whose implied power (energy / time) no GPU draws: the one unit check.
+
+    Below `MIN_PLAUSIBLE_POWER_W` the times are likely in ms (or the energies in kJ); above
+    `MAX_PLAUSIBLE_POWER_W` the energies are likely in mJ (or the times in µs). Raises
+    `ProfileError` naming the worst row and the likely mistake.
+    """
+    time_s = np.asarray(time_s, dtype=float)
+    power = np.asarray(energy_j, dtype=float) / time_s
+    low = np.flatnonzero(power < MIN_PLAUSIBLE_POWER_W)
+    high = np.flatnonzero(power > MAX_PLAUSIBLE_POWER_W)
+    if len(low) == 0 and len(high) == 0:
+        return
+    if len(low) >= len(high):
+        bad, i = low, int(low[np.argmin(power[low])])
+        hint = (
+            f"below {MIN_PLAUSIBLE_POWER_W:g} W: times in ms instead of s? "
+            "(that makes the power 1000x too small)"
+        )
+    else:
+        bad, i = high, int(high[np.argmax(power[high])])
+        hint = (
+            f"above {MAX_PLAUSIBLE_POWER_W:g} W: energies in mJ instead of J? "
+            "(that makes the power 1000x too large)"
+        )
+    raise ProfileError(
+        f"Profile {source}: {len(bad)} row(s) imply a power no GPU draws, e.g. stage "
+        f"{int(stage[i])} {instruction[i]} at {int(frequency[i])} MHz: time {time_s[i]:g} s, "
+        f"energy {float(np.asarray(energy_j)[i]):g} J, implied power {power[i]:.4g} W, "
+        f"{hint}. Profiles hold times in s and energies in J; if the numbers are right, "
+        "override the check (check_power=False, or --allow-implausible-power on the CLI)"
+    )
 
 
 @dataclass(frozen=True)
@@ -85,16 +136,31 @@ class InstructionProfile:
         self._options = dict(options)
         self.num_stages = len(stages)
         self.source = source
+        self.gpus_per_stage = 1
+        """GPUs whose energies a stage's rows sum (the tensor-parallel degree; set by
+        `from_rows`): a stage's blocking power may be this many GPUs' worth."""
 
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_rows(
-        cls, rows: Iterable[ProfileRow], *, source: str = "<memory>"
+        cls, rows: Iterable[ProfileRow], *, source: str = "<memory>", check_power: bool = True
     ) -> InstructionProfile:
-        """Aggregate per-rank rows into per-stage options (see the module docstring)."""
+        """Aggregate per-rank rows into per-stage options (see the module docstring).
+
+        `check_power`: refuse rows whose implied power is implausible (`check_implied_power`).
+        """
         rows = list(rows)
         if not rows:
             raise ProfileError(f"Profile {source} has no rows")
+        if check_power:
+            check_implied_power(
+                np.array([r.stage for r in rows]),
+                np.array([r.instruction for r in rows], dtype=object),
+                np.array([r.frequency for r in rows]),
+                np.array([r.time for r in rows], dtype=float),
+                np.array([r.energy for r in rows], dtype=float),
+                source=source,
+            )
         first_dp = min(r.dp_rank for r in rows)
         # stage -> instruction -> rank -> frequency -> (time, energy)
         per_stage: dict[int, dict[str, dict[int, dict[int, tuple[float, float]]]]] = {}
@@ -117,11 +183,18 @@ class InstructionProfile:
                 times = np.array([max(m[f][0] for m in measured) for f in freqs], dtype=float)
                 energies = np.array([sum(m[f][1] for m in measured) for f in freqs], dtype=float)
                 options[stage, instruction] = InstructionOptions(freqs, times, energies)
-        return cls(options, source=source)
+        profile = cls(options, source=source)
+        profile.gpus_per_stage = max(len(m) for m in members.values())
+        return profile
 
     @classmethod
-    def from_frame(cls, frame: pd.DataFrame, *, source: str = "<frame>") -> InstructionProfile:
-        """Build from a DataFrame with columns ``stage,instruction,frequency,time,energy``."""
+    def from_frame(
+        cls, frame: pd.DataFrame, *, source: str = "<frame>", check_power: bool = True
+    ) -> InstructionProfile:
+        """Build from a DataFrame with columns ``stage,instruction,frequency,time,energy``.
+
+        `check_power`: refuse rows whose implied power is implausible (`check_implied_power`).
+        """
         needed = list(PROFILE_COLUMNS)
         missing = [c for c in needed if c not in frame.columns]
         if missing:
@@ -153,6 +226,15 @@ class InstructionProfile:
                 f"{row['instruction']} at {row['frequency']} MHz of stage {row['stage']}; "
                 "give each measurement once"
             )
+        if check_power:
+            check_implied_power(
+                df["stage"].to_numpy(),
+                df["instruction"].to_numpy(dtype=object),
+                df["frequency"].to_numpy(),
+                df["time"].to_numpy(dtype=float),
+                df["energy"].to_numpy(dtype=float),
+                source=source,
+            )
         options: dict[tuple[int, str], InstructionOptions] = {}
         for (stage, instruction), group in df.groupby(["stage", "instruction"], sort=True):
             group = group.sort_values("frequency", ascending=False)
@@ -183,7 +265,9 @@ class InstructionProfile:
                 continue
             options[stage, "backward_input"] = o.scaled(f)
             options[stage, "backward_weight"] = o.scaled(1.0 - f)
-        return InstructionProfile(options, source=self.source)
+        split = InstructionProfile(options, source=self.source)
+        split.gpus_per_stage = self.gpus_per_stage
+        return split
 
     # ---------------------------------------------------------------- queries
     def has(self, stage: int, instruction: str) -> bool:

@@ -7,7 +7,8 @@ rank, instruction and frequency) and the short form ``stage,instruction,frequenc
 stage: in the long form a rank that holds several stages (interleaved, ZBV) has rows for
 each. Every row is validated where it enters: integers for ids, a known instruction kind
 (forward, backward, backward_input, backward_weight), a finite positive time (s), a finite
-non-negative energy (J), no second row for the same rank, stage, instruction and frequency.
+non-negative energy (J), a plausible implied power (energy / time; see
+`perseus.domain.profile.check_implied_power`), no second row for the same rank, stage, instruction and frequency.
 Errors name the file and line.
 """
 
@@ -158,11 +159,16 @@ def write_profile_rows(path: str | os.PathLike[str], rows: Iterable[ProfileRow])
     atomic_write_text(path, buf.getvalue())
 
 
-def load_profile(path: str | os.PathLike[str]) -> InstructionProfile:
-    """Read, validate and aggregate a profile CSV into per-stage options."""
+def load_profile(path: str | os.PathLike[str], *, check_power: bool = True) -> InstructionProfile:
+    """Read, validate and aggregate a profile CSV into per-stage options.
+
+    `check_power=False` accepts rows whose implied power (energy / time) is outside the
+    plausible GPU range (`perseus.domain.profile.check_implied_power`)."""
     from perseus.domain.profile import InstructionProfile  # numpy/pandas: only when needed
 
-    return InstructionProfile.from_rows(read_profile_rows(path), source=str(path))
+    return InstructionProfile.from_rows(
+        read_profile_rows(path), source=str(path), check_power=check_power
+    )
 
 
 def save_profile(profile: InstructionProfile, path: str | os.PathLike[str]) -> None:

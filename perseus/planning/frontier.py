@@ -19,6 +19,7 @@ import numpy as np
 from perseus.domain.plan import Evaluation, Plan
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule
+from perseus.domain.units import max_slowdown_problem
 from perseus.errors import ScheduleError, SolverError
 from perseus.io.frontier_dir import FrontierRow, read_frontier_dir, write_frontier_dir
 from perseus.memory import memory_shortfall
@@ -52,10 +53,9 @@ def choose_index(
         raise SolverError("The frontier has no points")
     fastest = times_s[0]
     if max_slowdown is not None:
-        if not (math.isfinite(max_slowdown) and max_slowdown >= 0):
-            raise SolverError(
-                f"max_slowdown must be a finite fraction >= 0 (0.05 = 5 % slower), got {max_slowdown!r}"
-            )
+        problem = max_slowdown_problem(max_slowdown)
+        if problem:
+            raise SolverError(problem)
         limit = fastest * (1 + max_slowdown)
     else:
         assert deadline_s is not None

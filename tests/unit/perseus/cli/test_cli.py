@@ -288,7 +288,7 @@ def test_solve_plans_zero_bubble_from_split_rows_or_with_split_backward(tmp_path
 
 def test_solve_interleaved_from_a_profile_with_one_stage_per_virtual_stage(tmp_path: Path) -> None:
     rows = "".join(
-        f"{s},{k},{f},{(1 + s) * m * x},{(10 + s) * m * y}\n"
+        f"{s},{k},{f},{(1 + s) * m * x},{(100 + 10 * s) * m * y}\n"
         for s in range(4)
         for k, m in (("forward", 1.0), ("backward", 2.0))
         for f, x, y in ((1000, 1.0, 1.0), (500, 2.0, 0.6))
@@ -302,3 +302,71 @@ def test_solve_interleaved_from_a_profile_with_one_stage_per_virtual_stage(tmp_p
     assert "S=2 (4 stages)" in out
     plan = json.loads((tmp_path / "f" / "plans" / "plan_00000.json").read_text())
     assert plan["num_stages"] == 2 and plan["num_chunks"] == 2
+
+
+def _scaled_profile(tmp_path: Path, column: str) -> Path:
+    frame = pd.read_csv(_profile(tmp_path))
+    frame[column] = frame[column] * 1000
+    path = tmp_path / f"{column}_x1000.csv"
+    frame.to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("column", "mistake"),
+    [("time", "times in ms instead of s?"), ("energy", "energies in mJ instead of J?")],
+    ids=["ms", "mJ"],
+)
+def test_solve_refuses_a_profile_in_ms_or_mj_unless_overridden(
+    tmp_path: Path, column: str, mistake: str
+) -> None:
+    path = _scaled_profile(tmp_path, column)
+    code, out = _run("solve", path, "-m", "2", "--out", tmp_path / "o", "--no-plots")
+    flat = " ".join(out.split())
+    assert code == 2, out
+    assert mistake in flat and "implied power" in flat and " MHz: time " in flat, out
+    for command in (("evaluate", path, tmp_path / "missing.json"),):
+        code, out = _run(*command)
+        assert code == 2 and mistake in " ".join(out.split()), out
+    code, out = _run(
+        "solve", path, "-m", "2", "--out", tmp_path / "o", "--no-plots",
+        "--allow-implausible-power",
+    )  # fmt: skip
+    assert code == 0, out
+
+
+def test_solve_prints_the_blocking_power_it_used_and_refuses_one_out_of_range(
+    tmp_path: Path,
+) -> None:
+    code, out = _run("solve", "bloom_a40_8stage", "-m", "8", "--out", tmp_path / "a", "--no-plots")
+    assert code == 0, out
+    assert "70.38 W: the A40 spec's (profile clocks match the A40)" in " ".join(out.split())
+    code, out = _run(
+        "solve", "gpt3-xl_a100_4stage", "-m", "4", "--out", tmp_path / "b", "--no-plots"
+    )
+    assert code == 0 and "83.64 W: the A100-SXM spec's" in " ".join(out.split()), out
+    code, out = _run(
+        "solve", _profile(tmp_path), "-m", "2", "--out", tmp_path / "c", "--no-plots",
+        "--p2p-power", "60",
+    )  # fmt: skip
+    assert code == 0 and "60 W: --p2p-power" in out, out
+    code, out = _run(
+        "solve", "bloom_a40_8stage", "-m", "8", "--out", tmp_path / "d", "--no-plots",
+        "--p2p-power", "5000",
+    )  # fmt: skip
+    assert code == 2 and "outside A40's power range" in " ".join(out.split()), out
+    code, out = _run(
+        "solve", _profile(tmp_path), "-m", "2", "--out", tmp_path / "e", "--gpu", "B200",
+    )  # fmt: skip
+    assert code == 2 and "Unknown emulated GPU type" in out, out
+
+
+def test_max_slowdown_above_one_is_refused_by_choose_and_demo(tmp_path: Path) -> None:
+    code, out = _run("solve", _profile(tmp_path), "-m", "2", "--out", tmp_path / "f", "--no-plots")
+    assert code == 0, out
+    code, out = _run("choose", tmp_path / "f", "--max-slowdown", "5")
+    assert code == 2 and "for 5 % pass 0.05" in " ".join(out.split()), out
+    code, out = _run("choose", tmp_path / "f", "--max-slowdown", "0.05")
+    assert code == 0, out
+    code, out = _run("demo", "--out", tmp_path / "demo", "--max-slowdown", "5")
+    assert code == 2 and "5 means 500 %" in " ".join(out.split()), out
