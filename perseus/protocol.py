@@ -86,6 +86,8 @@ class PipelineSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check_orders(self) -> PipelineSpec:
+        if self._built is not None:  # an instance validated before (JobRecord.register)
+            return self
         total = sum(len(o) for o in self.orders)
         if total > MAX_ACTIONS:
             raise ValueError(f"the orders hold {total:,} actions; at most {MAX_ACTIONS:,}")
@@ -205,7 +207,10 @@ class JobRecord(JobInfo):
         job_id = f"{datetime.now().strftime('%F-%H-%M-%S')}+{scheduler_name}+{uuid.uuid4().hex[:8]}"
         if info.job_metadata:
             job_id += f"+{info.job_metadata}"
-        return cls.model_validate({**info.model_dump(), "job_id": job_id})
+        # The pipeline goes in as the validated instance: validating its orders again would
+        # rebuild its DAG a second time on the request path.
+        fields = info.model_dump(exclude={"pipeline"})
+        return cls.model_validate({**fields, "job_id": job_id, "pipeline": info.pipeline})
 
 
 class RankInfo(BaseModel):
