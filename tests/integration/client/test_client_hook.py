@@ -134,3 +134,18 @@ def test_unreachable_coordinator_names_the_url(process_group):
     with pytest.raises(CoordinatorError, match=f"Cannot reach the Perseus coordinator at {url}"):
         PerseusOptimizer(**single_rank_layout(server_url=url), gpu=gpu, timeout_s=5)
     assert gpu.current_sm_clock_mhz() == gpu.spec.max_sm_clock_mhz
+
+
+@pytest.mark.parametrize(
+    ("timing", "env", "message"),
+    [
+        ("cuda", None, r"timing='cuda' \(PERSEUS_TIMING\) is not one of auto, sync, events"),
+        (None, "event", r"timing='event' \(PERSEUS_TIMING\) is not one of auto, sync, events"),
+        ("events", None, "needs a real GPU with an energy counter"),
+    ],
+)
+def test_a_timing_the_gpu_cannot_do_is_refused(process_group, monkeypatch, timing, env, message):
+    if env is not None:
+        monkeypatch.setenv("PERSEUS_TIMING", env)
+    with pytest.raises(ConfigurationError, match=message):
+        PerseusOptimizer(**single_rank_layout(), gpu=EmulatedGPU(0), timing=timing)

@@ -91,6 +91,7 @@ def test_a_round_is_reported_as_one_profiling_result(all_max, tmp_path):
         job_dir = all_max.dump_dir / hook.job_id
         _step(hook)  # the next round's GET makes the coordinator observe (and dump) round 0
     assert hook.job_id.endswith("+client-test")
+    assert hook.timing == "sync"  # auto: an emulated GPU runs no CUDA events
     dump = job_dir / "0.prof.json"
     deadline = time.monotonic() + 10
     while not dump.exists():  # the coordinator writes its dumps in the background
