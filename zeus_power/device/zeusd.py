@@ -399,10 +399,18 @@ def open_zeusd_gpus(
     Raises:
         GPUInitError: No daemon address, daemon unreachable, a GPU it does not serve.
     """
-    from zeus_power.device.specs import GPU_SPECS
-
     settings = load_zeusd_settings() if settings is None else settings
     client = ZeusdClient(settings)
+    try:
+        return _open(client, indices, emulated)
+    except BaseException:
+        client.close()
+        raise
+
+
+def _open(client: ZeusdClient, indices: list[int] | None, emulated: Any) -> list[GPU]:
+    from zeus_power.device.specs import GPU_SPECS
+
     gpus = client.discover()["gpus"]
     names: dict[int, str] = {}
     for entry in gpus:
