@@ -42,6 +42,7 @@ from zeus_power.device import (
     GPUValueError,
     open_gpus,
 )
+from zeus_power.errors import ZeusError
 
 __all__ = ["GpudConfig", "GpudServer", "GpuState", "Peer", "run_gpud"]
 
@@ -126,8 +127,11 @@ class _Slot:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class RequestError(Exception):
-    """A whole request refused: status, body, content type (zeusd's shapes)."""
+class RequestError(ZeusError):
+    """A whole request refused: status, body, content type (zeusd's shapes).
+
+    Internal to the handler, which turns it into the answer; never leaves the daemon.
+    """
 
     def __init__(self, status: int, body: Any, *, plain: bool = False) -> None:
         super().__init__(str(body))
