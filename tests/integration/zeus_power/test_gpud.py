@@ -358,3 +358,25 @@ def test_bad_zeusd_variables_are_named(monkeypatch):
 
 def test_log_never_holds_a_traceback(gpud):
     assert not re.search(r"Traceback|Exception occurred", gpud.log())
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--socket-permissions", "999"], "not an octal file mode"),
+        (["--mode", "udp"], "use uds or tcp"),
+        (["--backend", "cuda", "--allow-unprivileged"], "use nvml or emulated"),
+        (["--emulated-gpus", "0"], "--emulated-gpus"),
+    ],
+)
+def test_bad_daemon_options_are_refused_by_name(tmp_path, args, needle):
+    from typer.testing import CliRunner
+
+    from perseus.cli import app
+
+    result = CliRunner().invoke(
+        app, ["gpud", "--socket-path", str(tmp_path / "s.sock"), "--backend", "emulated", *args]
+    )
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert not (tmp_path / "s.sock").exists()
