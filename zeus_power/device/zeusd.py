@@ -213,6 +213,7 @@ class ZeusdClient:
                 self._conn.close()
                 self._conn = None
         if len(body) > MAX_RESPONSE_BYTES:
+            self.close()
             raise GPUError(
                 f"{self.where} answered {path} with more than {MAX_RESPONSE_BYTES} bytes"
             )

@@ -515,6 +515,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._handle("DELETE")
 
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_OPTIONS(self) -> None:
+        self._handle("OPTIONS")
+
+    def do_HEAD(self) -> None:
+        self.close_connection = True  # the 405's body must not be read as the next answer
+        self._handle("HEAD")
+
 
 class _Quiet:
     """Log a handler's unexpected error instead of printing a traceback to stderr."""
