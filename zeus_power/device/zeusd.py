@@ -5,16 +5,16 @@ rarely has either. A privileged daemon on the node does those writes for it over
 Unix socket (`ZEUSD_SOCK_PATH`) or TCP (`ZEUSD_HOST_PORT`, ``host:port``), with an optional
 bearer token (`ZEUSD_TOKEN`). These are the variable names of Zeus's own client.
 
-The wire protocol is the zeusd HTTP API as documented for zeusd 0.5 (query-parameter
-writes to ``POST /gpu/{set,reset}_*`` with ``gpu_ids`` and ``block``; ``GET /discover``
+The wire protocol is zeusd's HTTP API as its documentation gives it for zeusd 0.5
+(query-parameter writes to ``POST /gpu/{set,reset}_*`` with ``gpu_ids`` and ``block``; ``GET /discover``
 listing ``gpus`` with ``id`` and ``name``; ``GET /gpu/get_cumulative_energy`` and
 ``/gpu/get_power_limit`` keyed by GPU id; errors as ``{"errors": {"<id>": msg}}``,
 ``{"error": msg}`` or plain text with 400/401/403/404/500). Only the subset below is used.
 
-Reads stay local where they can: on a real GPU through NVML (no privilege needed), on a
-daemon that serves emulated GPUs through a local `EmulatedGPU` of the same type that
-mirrors every write the daemon accepted; the mirror is unprivileged, like the job (the daemon cannot see the work the job emulates,
-so the job's own model counts its energy). A daemon GPU that is neither gets its energy
+Reads stay local where they can: on a real GPU through NVML (no privilege needed); for a
+daemon that serves emulated GPUs, through a local, unprivileged `EmulatedGPU` of the same
+type that follows every write the daemon accepted (the daemon cannot see the work the job
+emulates, so the job's own model counts its energy). A daemon GPU that is neither gets its energy
 and power limit from the daemon and `GPUNotSupportedError` for the supported-clock list.
 
 HTTP is stdlib `http.client` (the device layer takes no httpx dependency); errors become
@@ -228,7 +228,15 @@ class ZeusdClient:
 
     # -- the API subset ---------------------------------------------------------------------
     def discover(self) -> dict[str, Any]:
+        """``GET /discover``, normalised to ``gpus: [{"id": ..., "name": ...}]``.
+
+        zeusd 0.5's documentation lists ``gpus`` objects; an earlier zeusd answers a bare
+        ``gpu_ids`` list, taken here as GPUs without a name.
+        """
         data = self.request("GET", "/discover")
+        gpus, ids = (data.get("gpus"), data.get("gpu_ids")) if isinstance(data, dict) else (0, 0)
+        if not isinstance(gpus, list) and isinstance(ids, list):
+            data = {**data, "gpus": [{"id": i, "name": ""} for i in data["gpu_ids"]]}
         if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
             raise GPUInitError(f"{self.where}: /discover did not list gpus: {str(data)[:200]}")
         return data

@@ -380,3 +380,33 @@ def test_bad_daemon_options_are_refused_by_name(tmp_path, args, needle):
     assert result.exit_code == 2, result.output
     assert needle in result.output
     assert not (tmp_path / "s.sock").exists()
+
+
+def test_a_discover_answer_in_the_earlier_gpu_ids_form_is_understood(tmp_path):
+    """An earlier zeusd answered ``{"gpu_ids": [...]}``; the client takes those as GPUs."""
+    import http.server
+    import socketserver
+    import tempfile
+    import threading
+
+    class Old(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"gpu_ids": [0, 1], "cpu_ids": [], "dram_available": [], "enabled_api_groups": []}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+    sock = os.path.join(tempfile.mkdtemp(prefix="oldzeusd", dir="/tmp"), "s.sock")
+    with Server(sock, Old) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        client = ZeusdClient(ZeusdSettings(sock_path=sock))
+        assert [g["id"] for g in client.discover()["gpus"]] == [0, 1]
+        client.close()
+        server.shutdown()
