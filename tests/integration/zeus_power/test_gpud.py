@@ -410,3 +410,31 @@ def test_a_discover_answer_in_the_earlier_gpu_ids_form_is_understood(tmp_path):
         assert [g["id"] for g in client.discover()["gpus"]] == [0, 1]
         client.close()
         server.shutdown()
+
+
+def test_a_403_and_a_per_gpu_400_from_the_driver_keep_the_daemons_message():
+    """A daemon whose GPU refuses for lack of privilege (403, as NVML's NO_PERMISSION) or has
+    no energy counter (400): the client raises our errors with the daemon's words."""
+    import tempfile
+    import threading
+
+    from zeus_power.gpud import GpudConfig, GpudServer
+
+    sock = os.path.join(tempfile.mkdtemp(prefix="gpud403", dir="/tmp"), "s.sock")
+    gpus = [EmulatedGPU(0, gpu_type="A40", privileged=False, energy_counter=False)]
+    server = GpudServer(GpudConfig(socket_path=sock), gpus)
+    thread = threading.Thread(target=server.serve)
+    thread.start()
+    try:
+        client = ZeusdClient(ZeusdSettings(sock_path=sock))
+        gpu = ZeusdGPU(0, client, None, "unprivileged")
+        with pytest.raises(GPUPermissionError, match=r"answered 403: GPU 0: .*needs root") as info:
+            gpu.lock_sm_clocks(1200, 1200)
+        assert info.value.gpu_index == 0
+        with pytest.raises(GPUValueError, match=r"answered 400: GPU 0: .*no energy counter"):
+            gpu.total_energy_mj()
+        client.close()
+    finally:
+        server.stop()
+        thread.join(10)
+    assert not os.path.exists(sock)
