@@ -27,9 +27,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests never see the developer's PERSEUS_* / ZEUS_* settings."""
+    """Tests never see the developer's PERSEUS_* / ZEUS_* / ZEUSD_* settings."""
     for name in list(os.environ):
-        if name.startswith(("PERSEUS_", "ZEUS_")):
+        if name.startswith(("PERSEUS_", "ZEUS_", "ZEUSD_")):
             monkeypatch.delenv(name, raising=False)
 
 
