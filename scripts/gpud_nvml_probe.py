@@ -29,6 +29,15 @@ from pathlib import Path
 
 _DAEMON = """
 import logging, sys
+import pynvml
+# A second guard: whatever the daemon's validation lets through never reaches the driver.
+def _blocked(*args, **kwargs):
+    print("BLOCKED WRITE reached NVML", flush=True)
+    raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+for _name in ("nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks",
+              "nvmlDeviceSetPowerManagementLimit", "nvmlDeviceSetApplicationsClocks",
+              "nvmlDeviceResetApplicationsClocks", "nvmlDeviceSetMemoryLockedClocks"):
+    setattr(pynvml, _name, _blocked)
 from zeus_power.gpud import GpudConfig, run_gpud
 logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 run_gpud(GpudConfig(socket_path=sys.argv[1], reap_interval_s=0.2), backend="nvml")
@@ -119,6 +128,7 @@ def main() -> int:
     text = log_path.read_text()
     print(text)
     check(rc == 0, f"daemon exit status {rc}")
+    check("BLOCKED WRITE" not in text, "no write reached NVML (the guard saw none)")
     exits = re.findall(r"GPU \d+ at exit: .*changed: nothing", text)
     check(
         len(exits) >= 1 and "changed: clocks" not in text, f"{len(exits)} GPU(s) unchanged at exit"
