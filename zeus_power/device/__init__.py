@@ -9,7 +9,9 @@ gpus[0].execute(Workload(compute_s_at_max=0.1, memory_s=0.03))   # advances the 
 ```
 
 `open_gpus` chooses the backend from its argument or `ZEUS_GPU_BACKEND` (`nvml`,
-`emulated`, or `auto`: NVML when it initialises, else the emulator). There is no global
+`emulated`, or `auto`: NVML). Emulation is only ever used when asked for: `auto` with no
+NVIDIA driver is a `GPUInitError` naming the opt-in (`ZEUS_GPU_BACKEND=emulated`), never a
+silent switch to invented numbers. There is no global
 GPU object; callers hold the list they were given. Errors are the `GPUError` tree in
 `zeus_power.device.base`, part of the package's `ZeusError` tree.
 
@@ -110,7 +112,8 @@ def open_gpus(
 
     Args:
         indices: Which GPUs; `None` opens every visible GPU (emulated: `ZEUS_EMULATED_GPU_COUNT`).
-        backend: "nvml", "emulated" or "auto"; default `ZEUS_GPU_BACKEND`, else "auto".
+        backend: "nvml", "emulated" or "auto" (NVML; never the emulator unless asked for);
+            default `ZEUS_GPU_BACKEND`, else "auto".
         gpu_type: Emulated GPU type; default `ZEUS_EMULATED_GPU`, else "A100-SXM".
         clock: Time source for emulated GPUs (e.g. a shared `VirtualClock`).
         seed: Seed of the emulator's noise (each GPU draws from its own stream).
@@ -118,7 +121,8 @@ def open_gpus(
 
     Raises:
         GPUValueError: Unknown backend or GPU type, or bad settings.
-        GPUInitError: NVML asked for but unavailable; an index out of range.
+        GPUInitError: NVML asked for (or `auto`) but unavailable, the message naming the
+            opt-in `ZEUS_GPU_BACKEND=emulated`; an index out of range.
     """
     settings = _load_settings()
     chosen = settings.gpu_backend if backend is None else backend.strip().lower()
@@ -130,16 +134,25 @@ def open_gpus(
         indices = [int(i) for i in indices]
         if len(set(indices)) != len(indices):
             raise GPUValueError(f"GPU indices {indices} contain duplicates")
-    if chosen in ("nvml", "auto"):
-        from zeus_power.device.nvml import open_nvml_gpus
+    if chosen == "emulated":
+        logger.info("Emulated GPUs, as asked for: their times and energies come from a model")
+        return _open_emulated(
+            indices, settings, gpu_type=gpu_type, clock=clock, seed=seed, noise=noise
+        )
+    from zeus_power.device.nvml import open_nvml_gpus
 
-        try:
-            return list(open_nvml_gpus(indices))
-        except GPUInitError:
-            if chosen == "nvml":
-                raise
-            logger.info("NVML unavailable; using emulated GPUs (set ZEUS_GPU_BACKEND to choose)")
-    return _open_emulated(indices, settings, gpu_type=gpu_type, clock=clock, seed=seed, noise=noise)
+    try:
+        return list(open_nvml_gpus(indices))
+    except GPUInitError as exc:
+        if chosen == "nvml":
+            raise
+        # `auto` never falls back to the emulator: on a GPU node whose driver failed to load,
+        # that would stretch real training with sleeps and report invented energy.
+        raise GPUInitError(
+            f"No GPU backend is available: {exc}. ZEUS_GPU_BACKEND=auto (the default) uses "
+            "NVML only and never emulates silently; to run on emulated GPUs, opt in with "
+            "ZEUS_GPU_BACKEND=emulated (or backend='emulated')"
+        ) from exc
 
 
 def _open_emulated(
