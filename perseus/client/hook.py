@@ -198,8 +198,14 @@ class PerseusOptimizer:
         if gpu is None:
             from zeus_power.device import open_gpus
 
+            # Emulated only when asked for (ZEUS_GPU_BACKEND=emulated): without a driver and
+            # without the opt-in this raises a GPUInitError that names it.
             gpu = open_gpus([device_id])[0]
         self.gpu = gpu
+        self.emulated = gpu.emulated
+        """This rank's GPU is emulated; the rank registers so, and its profile and plan say so."""
+        if self.emulated:
+            logger.info("Rank %d: GPU %d is emulated (%s)", rank, device_id, gpu.name())
         self._sync = sync if sync is not None else device_sync(device_id)
         # A GPU that runs no kernels itself offers a stand-in; real ones slow down by themselves.
         self._stand_in = gpu.stand_in
@@ -242,6 +248,7 @@ class PerseusOptimizer:
                     pp_rank=pp_rank,
                     tp_rank=tp_rank,
                     available_frequencies=self.available_frequencies,
+                    emulated=self.emulated,
                 ),
             )
             self._trace = Trace.open(trace_dir, rank)
