@@ -252,7 +252,10 @@ class PerseusOptimizer:
                 ),
             )
             self._trace = Trace.open(trace_dir, rank)
-            self._write_trace({"kind": "job", "job_id": self.job_id, "rank": rank})
+            job_record: dict[str, Any] = {"kind": "job", "job_id": self.job_id, "rank": rank}
+            if self.emulated:
+                job_record["emulated"] = True  # the trace's times and energies are a model's
+            self._write_trace(job_record)
             self._freq = FrequencyController(gpu)
         except BaseException:
             self._coordinator.close()
