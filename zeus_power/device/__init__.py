@@ -144,15 +144,18 @@ def open_gpus(
     try:
         return list(open_nvml_gpus(indices))
     except GPUInitError as exc:
-        if chosen == "nvml":
-            raise
         # `auto` never falls back to the emulator: on a GPU node whose driver failed to load,
         # that would stretch real training with sleeps and report invented energy.
-        raise GPUInitError(
-            f"No GPU backend is available: {exc}. ZEUS_GPU_BACKEND=auto (the default) uses "
-            "NVML only and never emulates silently; to run on emulated GPUs, opt in with "
-            "ZEUS_GPU_BACKEND=emulated (or backend='emulated')"
-        ) from exc
+        reason = str(exc) if str(exc).endswith(("?", ".")) else f"{exc}."
+        how = "opt in with ZEUS_GPU_BACKEND=emulated (or backend='emulated')"
+        if chosen == "auto":
+            how = (
+                "ZEUS_GPU_BACKEND=auto (the default) uses NVML and never emulates silently: "
+                f"to run on emulated GPUs, {how}"
+            )
+        else:
+            how = f"To run on emulated GPUs instead, {how}"
+        raise GPUInitError(f"{reason} {how}") from exc
 
 
 def _open_emulated(
