@@ -222,6 +222,8 @@ class RankInfo(BaseModel):
         pp_rank: Pipeline parallel rank of the reporting process.
         tp_rank: Tensor parallel rank of the reporting process.
         available_frequencies: List of available frequencies (MHz) for the rank's GPU.
+        emulated: The rank's GPU is emulated (`GPU.emulated`): what it measures is the
+            emulator's model, and the profile and plan made from it say so.
     """
 
     rank: int = Field(ge=0)
@@ -229,6 +231,7 @@ class RankInfo(BaseModel):
     pp_rank: int = Field(ge=0)
     tp_rank: int = Field(ge=0)
     available_frequencies: list[int]
+    emulated: bool = False
 
 
 class FrequencySchedule(BaseModel):
@@ -276,6 +279,7 @@ class OfflineProfilingResult(BaseModel):
         backward_input_time, backward_input_energy, backward_weight_time,
         backward_weight_energy: The same for the halves of a split backward (empty when
             the schedule runs full backwards).
+        emulated: Measured on an emulated GPU (the CSV's ``emulated`` column).
     """
 
     rank: int = Field(ge=0)
@@ -291,6 +295,7 @@ class OfflineProfilingResult(BaseModel):
     backward_input_energy: dict[int, float] = Field(default_factory=dict)
     backward_weight_time: dict[int, float] = Field(default_factory=dict)
     backward_weight_energy: dict[int, float] = Field(default_factory=dict)
+    emulated: bool = False
 
     @model_validator(mode="after")
     def _normalise_stage(self) -> OfflineProfilingResult:
@@ -332,6 +337,7 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
                             freq,
                             times[freq],
                             energies[freq],
+                            res.emulated,
                         )
                     )
         return rows
@@ -349,6 +355,7 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
             - `instruction` is one of "forward", "backward", "backward_input",
               "backward_weight".
             - `time` and `energy` are already averaged over profiling iterations.
+            - An ``emulated`` column (true/false) follows when some entry is `emulated`.
         """
         write_profile_rows(filepath, self.rows())
 
@@ -358,17 +365,28 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
         ``stage,instruction,frequency,time,energy`` form (then rank = pp_rank = stage).
         One entry per (rank, dp_rank, pp_rank, tp_rank, stage)."""
         by_rank: dict[tuple[int, int, int, int, int], dict[str, dict[int, float]]] = {}
+        emulated: set[tuple[int, int, int, int, int]] = set()
         for row in read_profile_rows(filepath):
+            key = (row.rank, row.dp_rank, row.pp_rank, row.tp_rank, row.stage)
             entry = by_rank.setdefault(
-                (row.rank, row.dp_rank, row.pp_rank, row.tp_rank, row.stage),
-                {f"{i}_{q}": {} for i in INSTRUCTIONS for q in ("time", "energy")},
+                key, {f"{i}_{q}": {} for i in INSTRUCTIONS for q in ("time", "energy")}
             )
             entry[f"{row.instruction}_time"][row.frequency] = row.time
             entry[f"{row.instruction}_energy"][row.frequency] = row.energy
+            if row.emulated:
+                emulated.add(key)
         return cls(
             [
-                OfflineProfilingResult(rank=r, dp_rank=d, pp_rank=p, tp_rank=t, stage=s, **data)
-                for (r, d, p, t, s), data in sorted(by_rank.items())
+                OfflineProfilingResult(
+                    rank=key[0],
+                    dp_rank=key[1],
+                    pp_rank=key[2],
+                    tp_rank=key[3],
+                    stage=key[4],
+                    emulated=key in emulated,
+                    **data,
+                )
+                for key, data in sorted(by_rank.items())
             ]
         )
 

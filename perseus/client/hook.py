@@ -221,8 +221,14 @@ class PerseusOptimizer:
         if gpu is None:
             from zeus_power.device import open_gpus
 
+            # Emulated only when asked for (ZEUS_GPU_BACKEND=emulated): without a driver and
+            # without the opt-in this raises a GPUInitError that names it.
             gpu = open_gpus([device_id])[0]
         self.gpu = gpu
+        self.emulated = gpu.emulated
+        """This rank's GPU is emulated; the rank registers so, and its profile and plan say so."""
+        if self.emulated:
+            logger.info("Rank %d: GPU %d is emulated (%s)", rank, device_id, gpu.name())
         self._sync = sync if sync is not None else device_sync(device_id)
         # A GPU that runs no kernels itself offers a stand-in; real ones slow down by themselves.
         self._stand_in = gpu.stand_in
@@ -275,10 +281,14 @@ class PerseusOptimizer:
                     pp_rank=pp_rank,
                     tp_rank=tp_rank,
                     available_frequencies=self.available_frequencies,
+                    emulated=self.emulated,
                 ),
             )
             self._trace = Trace.open(trace_dir, rank)
-            self._write_trace({"kind": "job", "job_id": self.job_id, "rank": rank})
+            job_record: dict[str, Any] = {"kind": "job", "job_id": self.job_id, "rank": rank}
+            if self.emulated:
+                job_record["emulated"] = True  # the trace's times and energies are a model's
+            self._write_trace(job_record)
             self._freq = FrequencyController(gpu)
             if self.timing == "events":
                 self._events = EventTimer(device_id, self._energy_mj, self._freq.request)

@@ -136,6 +136,7 @@ class Frontier:
         p2p_power_w: float,
         lp_curve: LPCurve | None = None,
         stats: dict[str, float] | None = None,
+        emulated: bool = False,
     ):
         if not points:
             raise SolverError("A frontier needs at least one point")
@@ -144,6 +145,8 @@ class Frontier:
         self.p2p_power_w = float(p2p_power_w)
         self.lp_curve = lp_curve
         self.stats = dict(stats or {})
+        self.emulated = emulated
+        """Solved from an emulated GPU's profile: its plans say so."""
 
     def __len__(self) -> int:
         return len(self.points)
@@ -183,7 +186,11 @@ class Frontier:
                 blocking_energy_j=p.energy_j - compute,
             )
             plan = Plan.from_frequencies(
-                self.schedule, p.frequencies, p2p_power_w=self.p2p_power_w, evaluation=evaluation
+                self.schedule,
+                p.frequencies,
+                p2p_power_w=self.p2p_power_w,
+                evaluation=evaluation,
+                emulated=self.emulated,
             )
             rows.append(FrontierRow(p.iteration_time_s, p.energy_j, p.lower_bound_j, plan))
         return write_frontier_dir(out_dir, rows)
@@ -204,7 +211,12 @@ class Frontier:
             )
             for row in rows
         ]
-        return cls(points, schedule=schedule, p2p_power_w=rows[0].plan.p2p_power)
+        return cls(
+            points,
+            schedule=schedule,
+            p2p_power_w=rows[0].plan.p2p_power,
+            emulated=any(row.plan.emulated for row in rows),
+        )
 
 
 def check_frontier_memory(num_instructions: int, schedule_name: str) -> None:
@@ -277,4 +289,5 @@ def solve_frontier(
         p2p_power_w=p2p_power_w,
         lp_curve=solution.lp_curve,
         stats=stats,
+        emulated=profile.emulated,
     )

@@ -173,6 +173,11 @@ class EmulatedGPU(GPU):
         return self.model.run(workload, freq, self.power_limit_w()).power_w
 
     @property
+    def emulated(self) -> bool:
+        """Always True: this GPU's numbers are the DVFS model's."""
+        return True
+
+    @property
     def stand_in(self) -> EmulatedGPU:
         """Itself: it runs no kernels, so the caller's work stands in for them (see `StandIn`)."""
         return self

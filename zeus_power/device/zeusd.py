@@ -388,6 +388,10 @@ class ZeusdGPU(GPU):
     def stand_in(self) -> StandIn | None:
         return None if self.reader is None else self.reader.stand_in
 
+    @property
+    def emulated(self) -> bool:
+        return self.reader is not None and self.reader.emulated
+
     def __repr__(self) -> str:
         return f"ZeusdGPU(index={self.index}, {self.client.where})"
 

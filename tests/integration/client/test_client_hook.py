@@ -15,7 +15,7 @@ from perseus.client import (
 )
 from perseus.demo import free_port
 from perseus.errors import ConfigurationError, CoordinatorError
-from zeus_power.device.base import GPUPermissionError
+from zeus_power.device.base import GPUInitError, GPUPermissionError
 from zeus_power.device.emulated import EmulatedGPU, Workload
 
 torch = pytest.importorskip("torch")
@@ -126,6 +126,15 @@ def test_hook_needs_a_process_group():
 def test_bad_layouts_are_named(overrides, message):
     with pytest.raises(ConfigurationError, match=message):
         PerseusOptimizer(**single_rank_layout(**overrides), gpu=EmulatedGPU(0))
+
+
+def test_without_driver_or_opt_in_the_hook_refuses_naming_the_opt_in(
+    process_group, no_driver_no_opt_in
+):
+    """No silent emulation: a hook that must open its GPU, on a machine without an NVIDIA
+    driver and without ZEUS_GPU_BACKEND=emulated, fails before it contacts the coordinator."""
+    with pytest.raises(GPUInitError, match=r"never emulates.*ZEUS_GPU_BACKEND=emulated"):
+        PerseusOptimizer(**single_rank_layout())
 
 
 def test_unreachable_coordinator_names_the_url(process_group):
