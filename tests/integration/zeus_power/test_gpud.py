@@ -303,6 +303,7 @@ def test_zeusd_backend_sends_writes_to_the_daemon_and_mirrors_them(gpud, monkeyp
 
 def test_auto_prefers_the_daemon_and_unknown_gpus_are_named(gpud, monkeypatch):
     monkeypatch.setenv("ZEUSD_SOCK_PATH", gpud.sock)
+    monkeypatch.setenv("ZEUS_GPU_BACKEND", "auto")  # the suite opts in to emulation
     (gpu,) = open_gpus([1])
     assert isinstance(gpu, ZeusdGPU)
     gpu.client.close()
