@@ -140,6 +140,9 @@ class PerseusOptimizer:
             passes torch's schedule here.
         trace_dir: Write ``rank{R}.jsonl`` here (default: ``PERSEUS_TRACE_DIR``, if set).
         sync: Device synchronisation before each measurement (default: CUDA's, if any).
+        token: The coordinator's token (default: ``PERSEUS_TOKEN``, if set), sent with
+            every request. Rank 0 passes the job's credential, which the coordinator
+            answers when it registers the job, to the other ranks with the job id.
     """
 
     def __init__(
@@ -166,6 +169,7 @@ class PerseusOptimizer:
         trace_dir: str | os.PathLike[str] | None = None,
         sync: Callable[[], None] | None = None,
         pipeline: PipelineSpec | None = None,
+        token: str | None = None,
     ) -> None:
         self._state = _HookState.CLOSED  # until construction succeeds
         check_layout(rank, dp_rank, pp_rank, tp_rank, dp_degree, pp_degree, tp_degree, world_size)
@@ -217,7 +221,11 @@ class PerseusOptimizer:
             expected_instructions=self.expected_instructions,
         )
 
-        self._coordinator = CoordinatorClient(self.server_url, timeout_s=self.timeout_s)
+        if token is None:
+            token = os.environ.get("PERSEUS_TOKEN") or None
+        self._coordinator = CoordinatorClient(
+            self.server_url, timeout_s=self.timeout_s, token=token
+        )
         self._trace: Trace | None = None
         self._freq: FrequencyController | None = None
 
@@ -230,10 +238,14 @@ class PerseusOptimizer:
                 job_metadata=job_metadata,
                 pipeline=pipeline,
             )
-            return self._coordinator.register_job(job_info)
+            job_id = self._coordinator.register_job(job_info)
+            # The job's credential travels with its id (ids never hold a newline).
+            return f"{job_id}\n{self._coordinator.job_token(job_id) or ''}"
 
         try:
-            self.job_id = share_job_id(dist, rank, register_job)
+            shared = share_job_id(dist, rank, register_job)
+            self.job_id, _, job_token = shared.partition("\n")
+            self._coordinator.set_job_token(self.job_id, job_token or None)
             self._coordinator.register_rank(
                 self.job_id,
                 RankInfo(

@@ -26,6 +26,7 @@ from zeus_power.errors import (
     ZeusBSORuntimeError,
     ZeusBSOTrialNotFoundError,
 )
+from zeus_power.serving import BearerAuthMiddleware, BodyLimitMiddleware
 
 __all__ = ["create_app"]
 
@@ -78,4 +79,12 @@ def create_app(settings: BSOSettings | None = None) -> FastAPI:
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    # Outermost: the token (ZEUS_BSO_TOKEN), then the body's size; before any route runs.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BearerAuthMiddleware,
+        token=settings.token_value,
+        open_paths=[("GET", "/health")],
+        realm="zeus-bso",
+    )
     return app
