@@ -24,8 +24,6 @@ from perseus.errors import CoordinatorError
 from perseus.protocol import JOB_TOKEN_HEADER, ProfilingResult
 from perseus.settings import PerseusSettings
 
-pytestmark = pytest.mark.integration
-
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
@@ -33,9 +31,7 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 def logged(caplog: pytest.LogCaptureFixture) -> str:
     """What the coordinator and our clients logged (httpcore's own DEBUG trace of the test's
     raw HTTP calls prints response headers; it is the test's transport, not ours)."""
-    return "\n".join(
-        r.getMessage() for r in caplog.records if not r.name.startswith("httpcore")
-    )
+    return "\n".join(r.getMessage() for r in caplog.records if not r.name.startswith("httpcore"))
 
 
 def settings(**overrides: object) -> PerseusSettings:
@@ -140,9 +136,10 @@ def test_a_whole_job_runs_with_the_token(tmp_path: Path) -> None:
 
 def test_the_client_sends_the_token_and_the_job_credential() -> None:
     with running_server(settings()) as url:
-        with CoordinatorClient(url, timeout_s=10) as anonymous, pytest.raises(
-            CoordinatorError
-        ) as err:
+        with (
+            CoordinatorClient(url, timeout_s=10) as anonymous,
+            pytest.raises(CoordinatorError) as err,
+        ):
             anonymous.register_job(job_info(1))
         assert err.value.status_code == 401
         with CoordinatorClient(url, timeout_s=10, token=TOKEN) as client:
