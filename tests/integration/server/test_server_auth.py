@@ -79,6 +79,17 @@ def test_every_route_needs_the_token_but_healthz(caplog: pytest.LogCaptureFixtur
     assert TOKEN not in logged(caplog)
 
 
+def test_info_hides_paths_in_scheduler_args() -> None:
+    args = {"num_microbatches": 2, "profile_path": "/secret/place/profile.csv", "schedule": "zb"}
+    with running_server(settings(scheduler="Perseus", scheduler_args=args)) as url:
+        body = httpx.get(f"{url}/info", headers=AUTH).json()
+    assert body["scheduler_args"] == {
+        "num_microbatches": 2,
+        "profile_path": "<redacted>",
+        "schedule": "zb",
+    }
+
+
 def test_job_credential_guards_every_route_under_the_job(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
