@@ -32,6 +32,8 @@ import h11
 from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from zeus_power.errors import ZeusError
+
 __all__ = [
     "ASGIApp",
     "AcceptErrorFilter",
@@ -156,7 +158,7 @@ class BearerAuthMiddleware:
         await self.app(scope, receive, send)
 
 
-class BodyTooLargeError(HTTPException):
+class BodyTooLargeError(HTTPException, ZeusError):
     """Raised by the body's ``receive`` once a streamed body passes the limit: FastAPI
     re-raises HTTP exceptions met while reading a body, and Starlette answers them."""
 
