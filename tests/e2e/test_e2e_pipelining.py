@@ -92,7 +92,7 @@ def test_a_job_runs_against_a_coordinator_with_a_token(tmp_path):
         scheduler_args={},
         dump_dir=tmp_path / "dump",
         log_path=tmp_path / "coordinator.log",
-        env={"PERSEUS_TOKEN": TOKEN},
+        env={"PERSEUS_TOKEN": TOKEN, "PERSEUS_DUMP_DATA": "true"},
     ) as c:
         log = run_and_check(tmp_path, c, "Schedule1F1B", 1, 4, False, token=TOKEN)
         (job_dir,) = c.job_dirs()
