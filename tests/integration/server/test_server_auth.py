@@ -79,6 +79,20 @@ def test_every_route_needs_the_token_but_healthz(caplog: pytest.LogCaptureFixtur
     assert TOKEN not in logged(caplog)
 
 
+def test_settings_read_the_limits_and_hide_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PERSEUS_TOKEN", f"  {TOKEN}\n")
+    monkeypatch.setenv("PERSEUS_MAX_BODY_BYTES", "2048")
+    monkeypatch.setenv("PERSEUS_MAX_WORLD_SIZE", "8")
+    monkeypatch.setenv("PERSEUS_MAX_JOBS", "3")
+    monkeypatch.setenv("PERSEUS_HEADER_TIMEOUT_S", "2.5")
+    s = PerseusSettings()
+    assert s.token_value == TOKEN
+    assert (s.max_body_bytes, s.max_world_size, s.max_jobs, s.header_timeout_s) == (2048, 8, 3, 2.5)
+    assert TOKEN not in repr(s) and TOKEN not in str(s.model_dump())
+    monkeypatch.setenv("PERSEUS_TOKEN", "")
+    assert PerseusSettings().token is None  # empty: no token
+
+
 def test_info_hides_paths_in_scheduler_args() -> None:
     args = {"num_microbatches": 2, "profile_path": "/secret/place/profile.csv", "schedule": "zb"}
     with running_server(settings(scheduler="Perseus", scheduler_args=args)) as url:
