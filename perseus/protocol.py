@@ -56,6 +56,12 @@ REPORT_RESULT_URL = "/result/{job_id}"
 STRAGGLER_URL = "/straggler/{job_id}"
 INFO_URL = "/info"
 
+JOB_TOKEN_HEADER = "X-Perseus-Job-Token"
+"""The job credential: answered by ``POST /register_job``, required by every route under
+the job's id (``/register_rank``, ``/schedule``, ``/result``, ``/straggler``)."""
+MAX_FREQUENCIES = 1024
+"""Most clocks a rank may list in `RankInfo.available_frequencies` (GPUs have ~200)."""
+
 
 InstructionKind = Literal["forward", "backward", "backward_input", "backward_weight"]
 
@@ -194,6 +200,10 @@ class JobRecord(JobInfo):
     """
 
     job_id: str = Field(min_length=1)
+    token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", repr=False)
+    """SHA-256 (hex) of the job credential (`JOB_TOKEN_HEADER`) the coordinator handed
+    out; the credential itself is never stored. None: a job registered before
+    credentials existed."""
 
     @field_validator("job_id")
     @classmethod
@@ -201,16 +211,20 @@ class JobRecord(JobInfo):
         return job_id
 
     @classmethod
-    def register(cls, info: JobInfo, scheduler_name: str) -> JobRecord:
+    def register(
+        cls, info: JobInfo, scheduler_name: str, *, token_sha256: str | None = None
+    ) -> JobRecord:
         """A new record for `info` with a fresh id: timestamp, scheduler, a unique suffix,
-        metadata."""
+        metadata; `token_sha256` is the hash of its credential."""
         job_id = f"{datetime.now().strftime('%F-%H-%M-%S')}+{scheduler_name}+{uuid.uuid4().hex[:8]}"
         if info.job_metadata:
             job_id += f"+{info.job_metadata}"
         # The pipeline goes in as the validated instance: validating its orders again would
         # rebuild its DAG a second time on the request path.
         fields = info.model_dump(exclude={"pipeline"})
-        return cls.model_validate({**fields, "job_id": job_id, "pipeline": info.pipeline})
+        return cls.model_validate(
+            {**fields, "job_id": job_id, "pipeline": info.pipeline, "token_sha256": token_sha256}
+        )
 
 
 class RankInfo(BaseModel):
@@ -230,7 +244,7 @@ class RankInfo(BaseModel):
     dp_rank: int = Field(ge=0)
     pp_rank: int = Field(ge=0)
     tp_rank: int = Field(ge=0)
-    available_frequencies: list[int]
+    available_frequencies: list[int] = Field(max_length=MAX_FREQUENCIES)
     emulated: bool = False
 
 

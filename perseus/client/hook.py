@@ -157,6 +157,9 @@ class PerseusOptimizer:
             only), or ``"auto"``: events where they can run, else sync. On an H100, sync
             timing cost +149 % per iteration and events +0.8 % (10 iterations a round;
             ``docs/measurements/h100-2026-11-24``). Default: ``PERSEUS_TIMING``, else auto.
+        token: The coordinator's token (default: ``PERSEUS_TOKEN``, if set), sent with
+            every request. Rank 0 passes the job's credential, which the coordinator
+            answers when it registers the job, to the other ranks with the job id.
     """
 
     def __init__(
@@ -184,6 +187,7 @@ class PerseusOptimizer:
         sync: Callable[[], None] | None = None,
         pipeline: PipelineSpec | None = None,
         timing: str | None = None,
+        token: str | None = None,
     ) -> None:
         self._state = _HookState.CLOSED  # until construction succeeds
         timing = timing if timing is not None else os.environ.get("PERSEUS_TIMING", "auto")
@@ -256,7 +260,11 @@ class PerseusOptimizer:
             expected_instructions=self.expected_instructions,
         )
 
-        self._coordinator = CoordinatorClient(self.server_url, timeout_s=self.timeout_s)
+        if token is None:
+            token = os.environ.get("PERSEUS_TOKEN") or None
+        self._coordinator = CoordinatorClient(
+            self.server_url, timeout_s=self.timeout_s, token=token
+        )
         self._trace: Trace | None = None
         self._freq: FrequencyController | None = None
 
@@ -269,10 +277,14 @@ class PerseusOptimizer:
                 job_metadata=job_metadata,
                 pipeline=pipeline,
             )
-            return self._coordinator.register_job(job_info)
+            job_id = self._coordinator.register_job(job_info)
+            # The job's credential travels with its id (ids never hold a newline).
+            return f"{job_id}\n{self._coordinator.job_token(job_id) or ''}"
 
         try:
-            self.job_id = share_job_id(dist, rank, register_job)
+            shared = share_job_id(dist, rank, register_job)
+            self.job_id, _, job_token = shared.partition("\n")
+            self._coordinator.set_job_token(self.job_id, job_token or None)
             self._coordinator.register_rank(
                 self.job_id,
                 RankInfo(

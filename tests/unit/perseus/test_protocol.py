@@ -59,10 +59,18 @@ def test_job_record_gets_a_unique_id_carrying_scheduler_and_metadata() -> None:
     assert info.job_id == ""  # the request is not changed
     assert a.job_id != b.job_id
     assert "+Perseus+" in a.job_id and a.job_id.endswith("+gpt")
-    assert isinstance(a, JobInfo) and a.model_dump(exclude={"job_id"}) == info.model_dump(
+    record_only = {"job_id", "token_sha256"}
+    assert isinstance(a, JobInfo) and a.model_dump(exclude=record_only) == info.model_dump(
         exclude={"job_id"}
     )
     assert JobRecord.model_validate_json(a.model_dump_json()) == a
+    # The job credential's hash (never the credential) goes into job.json.
+    digest = "ab" * 32
+    c = JobRecord.register(info, "Perseus", token_sha256=digest)
+    assert c.token_sha256 == digest and digest not in repr(c)
+    assert JobRecord.model_validate_json(c.model_dump_json()).token_sha256 == digest
+    with pytest.raises(ValidationError, match="token_sha256"):
+        JobRecord.register(info, "Perseus", token_sha256="not a hash")
     with pytest.raises(ValidationError):
         JobRecord(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)  # no id
 
