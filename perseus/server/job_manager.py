@@ -17,6 +17,7 @@ from perseus.errors import (
     InvalidJobError,
     JobNotFoundError,
     ScheduleError,
+    SolverError,
 )
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
@@ -104,7 +105,7 @@ class JobManager:
         try:
             checked = check_scheduler_args(self.scheduler_cls, self.settings.scheduler_args)
             self.scheduler_cls.check_job(info, checked)
-        except (ConfigurationError, ScheduleError) as exc:
+        except (ConfigurationError, ScheduleError, SolverError) as exc:
             raise InvalidJobError(str(exc)) from None
         record = JobRecord.register(info, self.scheduler_cls.__name__, token_sha256=token_sha256)
         job = self._new_job(record, self.scheduler_cls, self.settings.scheduler_args)
