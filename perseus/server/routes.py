@@ -25,6 +25,7 @@ from perseus.protocol import (
     ProfilingResult,
     RankInfo,
 )
+from perseus.server.errors import error_responses
 from perseus.server.job_manager import JobManager
 
 __all__ = ["StragglerReport", "router"]
@@ -58,7 +59,13 @@ def _version() -> str:
         return "0+unknown"
 
 
-@router.get(INFO_URL)
+# Every status a route can answer, each with its body (`ErrorBody`), so that the OpenAPI
+# schema is the truth (checked by schemathesis in tests/integration/server/test_server_openapi.py).
+# A job that failed answers every later call with its failure's status (400, 409, 422, 500).
+_JOB = (400, 404, 409, 422, 500)
+
+
+@router.get(INFO_URL, responses=error_responses(500))
 async def info(manager: JobManagerDep) -> dict[str, Any]:
     """The scheduler this coordinator runs, its arguments, and the Perseus version."""
     return {
@@ -68,19 +75,19 @@ async def info(manager: JobManagerDep) -> dict[str, Any]:
     }
 
 
-@router.post(REGISTER_JOB_URL)
+@router.post(REGISTER_JOB_URL, responses=error_responses(422, 500))
 async def register_job(job_info: JobInfo, manager: JobManagerDep) -> str:
     """Register a job (``job_id`` empty); returns the new job id."""
     return await manager.create_job(job_info)
 
 
-@router.post(REGISTER_RANK_URL)
+@router.post(REGISTER_RANK_URL, responses=error_responses(*_JOB))
 async def register_rank(job_id: str, rank_info: RankInfo, manager: JobManagerDep) -> None:
     """Register one rank; the last one starts the job's scheduler."""
     await manager.get(job_id).register_rank(rank_info)
 
 
-@router.get(GET_SCHEDULE_URL)
+@router.get(GET_SCHEDULE_URL, responses=error_responses(*_JOB, 503, 504))
 async def get_schedule(
     job_id: str, rank: Annotated[int, Query(ge=0)], manager: JobManagerDep
 ) -> FrequencySchedule:
@@ -88,13 +95,13 @@ async def get_schedule(
     return await manager.get(job_id).get_schedule(rank)
 
 
-@router.post(REPORT_RESULT_URL)
+@router.post(REPORT_RESULT_URL, responses=error_responses(*_JOB))
 async def report_result(job_id: str, result: ProfilingResult, manager: JobManagerDep) -> None:
     """Report the results of the rank's last schedule."""
     await manager.get(job_id).report_result(result)
 
 
-@router.post(STRAGGLER_URL)
+@router.post(STRAGGLER_URL, responses=error_responses(*_JOB))
 async def announce_straggler(job_id: str, report: StragglerReport, manager: JobManagerDep) -> None:
     """Announce that a data-parallel pipeline runs slow (slowdown 1.0: it recovered)."""
     await manager.get(job_id).announce_straggler(report.dp_rank, report.slowdown)
