@@ -1,0 +1,111 @@
+"""The one place where the batch-size optimizer's errors become HTTP statuses and bodies.
+
+Domain errors (`ZeusBSOError`) answer ``{"detail": message, "error": class name}`` with the
+status `_STATUS` maps them to; request validation errors answer FastAPI's documented 422
+shape (``{"detail": [{"loc", "msg", "type"}, ...]}``) without echoing the input, which may
+be NaN or infinite (not JSON) or large. Every route declares these bodies in the OpenAPI
+schema through `error_responses`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from zeus_power.errors import (
+    ZeusBSOConfigError,
+    ZeusBSOConflictError,
+    ZeusBSOError,
+    ZeusBSOJobNotFoundError,
+    ZeusBSORuntimeError,
+    ZeusBSOTrialNotFoundError,
+)
+
+__all__ = ["ErrorBody", "error_responses", "install_error_handlers", "status_of"]
+
+_STATUS: dict[type[ZeusBSOError], int] = {
+    ZeusBSOJobNotFoundError: 404,
+    ZeusBSOTrialNotFoundError: 404,
+    ZeusBSOConfigError: 409,
+    ZeusBSOConflictError: 409,
+    ZeusBSORuntimeError: 503,
+}
+
+_WHY = {
+    404: "Unknown job id, or unknown trial of the job",
+    409: "Conflict: registered with another config, trial already reported, nothing converged",
+    503: "The database failed or is busy; retry",
+}
+
+_MAX_REPORTED = 20
+"""Validation errors listed in one answer."""
+
+
+class ErrorBody(BaseModel):
+    """The body of a domain error."""
+
+    detail: str
+    """What went wrong, and the fix where there is one."""
+    error: str
+    """The error's class name (e.g. ``ZeusBSOTrialNotFoundError``)."""
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses=`` of a route that can answer the domain errors `statuses`,
+    each an `ErrorBody`. (FastAPI declares the 422 of every route that takes input itself,
+    as ``HTTPValidationError``: the shape `install_error_handlers` answers.)"""
+    return {status: {"model": ErrorBody, "description": _WHY[status]} for status in statuses}
+
+
+def status_of(exc: ZeusBSOError) -> int:
+    """The HTTP status of a domain error (400 when none is mapped)."""
+    for cls in type(exc).__mro__:
+        if cls in _STATUS:
+            return _STATUS[cls]  # type: ignore[index]
+    return 400
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return str(value)[:200]
+
+
+def _errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    out = []
+    for err in exc.errors()[:_MAX_REPORTED]:
+        entry: dict[str, Any] = {
+            "loc": [x if isinstance(x, int) else str(x)[:100] for x in err.get("loc", ())],
+            "msg": str(err.get("msg", "invalid"))[:500],
+            "type": str(err.get("type", "value_error")),
+        }
+        ctx = err.get("ctx")
+        if isinstance(ctx, dict):
+            entry["ctx"] = {str(k): _json_safe(v) for k, v in ctx.items()}
+        out.append(entry)
+    return out
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Domain errors → their status; validation errors → a 422 in strict JSON."""
+
+    async def on_bso_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ZeusBSOError)
+        return JSONResponse(
+            status_code=status_of(exc),
+            content={"detail": str(exc), "error": type(exc).__name__},
+        )
+
+    async def on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return JSONResponse(status_code=422, content={"detail": _errors(exc)})
+
+    app.add_exception_handler(ZeusBSOError, on_bso_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
