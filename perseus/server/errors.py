@@ -53,7 +53,8 @@ class ErrorBody(BaseModel):
 
 
 _WHY: dict[int, str] = {
-    400: "Bad input: the job's scheduler refused it, or the job failed on such input earlier",
+    400: "Bad input: a body that cannot be parsed, input the job's scheduler refused, or "
+    "the job failed on such input earlier",
     404: "Unknown (or evicted) job id",
     409: "Conflict: the job failed earlier, or the rank did twice what it may do once",
     422: "Invalid request: a field out of range or malformed (the message names it)",

@@ -61,7 +61,8 @@ def _version() -> str:
 
 # Every status a route can answer, each with its body (`ErrorBody`), so that the OpenAPI
 # schema is the truth (checked by schemathesis in tests/integration/server/test_server_openapi.py).
-# A job that failed answers every later call with its failure's status (400, 409, 422, 500).
+# A job that failed answers every later call with its failure's status (400, 409, 422, 500);
+# a body that is not even text is a 400 (FastAPI's "There was an error parsing the body").
 _JOB = (400, 404, 409, 422, 500)
 
 
@@ -75,7 +76,7 @@ async def info(manager: JobManagerDep) -> dict[str, Any]:
     }
 
 
-@router.post(REGISTER_JOB_URL, responses=error_responses(422, 500))
+@router.post(REGISTER_JOB_URL, responses=error_responses(400, 422, 500))
 async def register_job(job_info: JobInfo, manager: JobManagerDep) -> str:
     """Register a job (``job_id`` empty); returns the new job id."""
     return await manager.create_job(job_info)

@@ -1,7 +1,7 @@
 """The one place where the batch-size optimizer's errors become HTTP statuses and bodies.
 
 Domain errors (`ZeusBSOError`) answer ``{"detail": message, "error": class name}`` with the
-status `_STATUS` maps them to; request validation errors answer FastAPI's documented 422
+status `_STATUS` maps them to, and so do FastAPI's own HTTP errors (an unparseable body); request validation errors answer FastAPI's documented 422
 shape (``{"detail": [{"loc", "msg", "type"}, ...]}``) without echoing the input, which may
 be NaN or infinite (not JSON) or large. Every route declares these bodies in the OpenAPI
 schema through `error_responses`.
@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 
 from zeus_power.errors import (
     ZeusBSOConfigError,
@@ -37,6 +38,7 @@ _STATUS: dict[type[ZeusBSOError], int] = {
 }
 
 _WHY = {
+    400: "A body that cannot be parsed (not text)",
     404: "Unknown job id, or unknown trial of the job",
     409: "Conflict: registered with another config, trial already reported, nothing converged",
     503: "The database failed or is busy; retry",
@@ -107,5 +109,15 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return JSONResponse(status_code=422, content={"detail": _errors(exc)})
 
+    async def on_http_error(_request: Request, exc: Exception) -> JSONResponse:
+        # FastAPI's own errors (an unparseable body, an unknown path): the same body.
+        assert isinstance(exc, HTTPException)
+        return JSONResponse(
+            status_code=exc.status_code,
+            content={"detail": str(exc.detail), "error": type(exc).__name__},
+            headers=exc.headers,
+        )
+
     app.add_exception_handler(ZeusBSOError, on_bso_error)
+    app.add_exception_handler(HTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)

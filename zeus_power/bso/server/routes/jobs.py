@@ -32,7 +32,7 @@ TrialNumber = Annotated[int, Path(ge=1, le=MAX_SQL_INT)]
     status_code=status.HTTP_201_CREATED,
     responses={
         200: {"model": JobState, "description": "The identical job was registered before"},
-        **error_responses(409, 503),
+        **error_responses(400, 409, 503),
     },
 )
 def register_job(config: JobConfig, service: ServiceDep, response: Response) -> JobState:
@@ -71,7 +71,7 @@ def list_trials(job_id: JobId, service: ServiceDep) -> list[TrialRecord]:
 @router.patch(
     "/{job_id}/trials/{trial_number}",
     response_model=TrialRecord,
-    responses=error_responses(404, 409, 503),
+    responses=error_responses(400, 404, 409, 503),
 )
 def report_trial(
     job_id: JobId, trial_number: TrialNumber, result: TrialResult, service: ServiceDep
