@@ -26,6 +26,7 @@ from schemathesis.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from schemathesis.core.failures import FailureGroup
 from server_fixtures import running_server as running_coordinator
 from zeus_assets.bso_server import running_server as running_bso
 
@@ -74,7 +75,7 @@ def _fuzz(base_url: str, headers: dict[str, str]) -> list[str]:
                 run()
             except Unsatisfiable:  # no input to spoil (GET /info): nothing negative to send
                 assert mode is GenerationMode.NEGATIVE, operation.label
-            except Exception as exc:  # one failure per operation and mode, all reported
+            except (Exception, FailureGroup) as exc:  # one per operation and mode, all reported
                 failures.append(f"{operation.label} ({mode.value}): {exc}")
     return failures
 
