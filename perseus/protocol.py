@@ -242,14 +242,15 @@ class RankInfo(BaseModel):
         dp_rank: Data parallel rank of the reporting process.
         pp_rank: Pipeline parallel rank of the reporting process.
         tp_rank: Tensor parallel rank of the reporting process.
-        available_frequencies: List of available frequencies (MHz) for the rank's GPU.
+        available_frequencies: List of available frequencies (MHz) for the rank's GPU, each
+            positive and at most `MAX_FREQ_MHZ` (the profile's keys, `OfflineProfilingResult`).
     """
 
     rank: int = Field(ge=0)
     dp_rank: int = Field(ge=0)
     pp_rank: int = Field(ge=0)
     tp_rank: int = Field(ge=0)
-    available_frequencies: list[int]
+    available_frequencies: list[FreqMHz]
 
 
 class FrequencySchedule(BaseModel):
