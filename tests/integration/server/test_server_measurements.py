@@ -22,6 +22,7 @@ from server_fixtures import GroundTruth, SimulatedJob, running_server
 from perseus.protocol import FrequencySchedule, ProfilingResult, load_prof
 from perseus.server.errors import scheduler_error_status
 from perseus.settings import PerseusSettings
+from schedulers.all_max import AllMaxFrequency
 
 M = 4
 TRUTH = GroundTruth([0.010, 0.014])
@@ -151,6 +152,40 @@ def test_a_result_of_the_wrong_schedule_shape_names_the_rank_and_kind(
     assert "Rank 1 reported 1 'backward_input' duration(s)" in r.json()["detail"]
     assert "runs no backward_input" in r.json()["detail"]
     assert _post(url, job.job_id, good[1].model_dump()).status_code == 200
+
+
+class Exponentiating(AllMaxFrequency):
+    """A scheduler whose arithmetic overflows on valid measurements (OverflowError)."""
+
+    def observe(self, profiling_results: list[ProfilingResult]) -> None:
+        super().observe(profiling_results)
+        self.score = math.fsum(math.exp(1e3 * r.iter_energy[0]) for r in profiling_results)
+
+
+def test_a_scheduler_that_overflows_on_the_numbers_fails_the_job_with_a_422(
+    tmp_path: Path,
+) -> None:
+    settings = PerseusSettings(
+        scheduler=f"{Exponentiating.__module__}:{Exponentiating.__qualname__}",
+        scheduler_args={"num_microbatches": M},
+    )
+    with running_server(settings, round_timeout_s=30.0) as url:
+        job = SimulatedJob(url, TRUTH, pp=2, num_microbatches=M)
+
+        async def two_rounds() -> list[int]:
+            async with httpx.AsyncClient(timeout=30.0) as client:
+                await job.register(client)
+                await job.report(client, await job.ask_all(client))  # valid energies
+                answers = await asyncio.gather(
+                    *(
+                        client.get(f"{url}/schedule/{job.job_id}", params={"rank": r})
+                        for r in (0, 1)
+                    )
+                )
+                later = await client.get(f"{url}/schedule/{job.job_id}", params={"rank": 0})
+                return [a.status_code for a in answers] + [later.status_code]
+
+        assert asyncio.run(two_rounds()) == [422, 422, 422]
 
 
 def test_numbers_a_scheduler_cannot_compute_with_are_4xx_not_5xx() -> None:

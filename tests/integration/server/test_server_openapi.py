@@ -5,9 +5,9 @@ schemathesis generates valid and invalid requests (a bounded number, so the test
 quick) and checks that no answer is a 5xx, that every status is declared, and that every
 body has the declared content type and shape (issue #30, items 6 and 7).
 
-Credentials: `auth_headers` is what every request carries; a server that requires a token
-gets it from the environment the fixture sets, so this test keeps running once tokens are
-required.
+Credentials: `auth_headers` sets the servers' token in their environment (`PERSEUS_TOKEN`,
+`ZEUS_BSO_TOKEN`) and every request carries it, so the test runs the same whether or not the
+servers require one.
 """
 
 from __future__ import annotations
@@ -42,10 +42,16 @@ MAX_EXAMPLES = 20
 """Examples per operation and generation mode (6 + 6 operations, 2 modes)."""
 
 
+TOKEN = "schemathesis-test-token"
+
+
 @pytest.fixture
-def auth_headers() -> dict[str, str]:
-    """Headers every request carries (the servers' credentials, once they require one)."""
-    return {}
+def auth_headers(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The servers' token, set in their environment before they start (both fixtures
+    depend on this one), and the headers every request carries."""
+    monkeypatch.setenv("PERSEUS_TOKEN", TOKEN)
+    monkeypatch.setenv("ZEUS_BSO_TOKEN", TOKEN)
+    return {"Authorization": f"Bearer {TOKEN}"}
 
 
 def _fuzz(base_url: str, headers: dict[str, str]) -> list[str]:
@@ -81,7 +87,7 @@ def _fuzz(base_url: str, headers: dict[str, str]) -> list[str]:
 
 
 @pytest.fixture
-def coordinator(tmp_path: Path) -> Iterator[str]:
+def coordinator(tmp_path: Path, auth_headers: dict[str, str]) -> Iterator[str]:
     settings_ = PerseusSettings(
         scheduler="AllMaxFrequency",
         scheduler_args={"num_microbatches": 2},
@@ -94,7 +100,7 @@ def coordinator(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def bso(tmp_path: Path) -> Iterator[str]:
+def bso(tmp_path: Path, auth_headers: dict[str, str]) -> Iterator[str]:
     with running_bso(f"sqlite:///{tmp_path / 'bso.db'}") as url:
         yield url
 

@@ -27,7 +27,7 @@ from zeus_power.errors import (
     ZeusBSOTrialNotFoundError,
 )
 
-__all__ = ["ErrorBody", "error_responses", "install_error_handlers", "status_of"]
+__all__ = ["BSOErrorBody", "error_responses", "install_error_handlers", "status_of"]
 
 _STATUS: dict[type[ZeusBSOError], int] = {
     ZeusBSOJobNotFoundError: 404,
@@ -48,7 +48,7 @@ _MAX_REPORTED = 20
 """Validation errors listed in one answer."""
 
 
-class ErrorBody(BaseModel):
+class BSOErrorBody(BaseModel):
     """The body of a domain error."""
 
     detail: str
@@ -59,9 +59,9 @@ class ErrorBody(BaseModel):
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI ``responses=`` of a route that can answer the domain errors `statuses`,
-    each an `ErrorBody`. (FastAPI declares the 422 of every route that takes input itself,
+    each an `BSOErrorBody`. (FastAPI declares the 422 of every route that takes input itself,
     as ``HTTPValidationError``: the shape `install_error_handlers` answers.)"""
-    return {status: {"model": ErrorBody, "description": _WHY[status]} for status in statuses}
+    return {status: {"model": BSOErrorBody, "description": _WHY[status]} for status in statuses}
 
 
 def status_of(exc: ZeusBSOError) -> int:
