@@ -25,6 +25,7 @@ from perseus.domain.plan import Plan
 from perseus.errors import (
     CoordinatorError,
     InvalidRankError,
+    InvalidResultError,
     JobFailedError,
     PerseusError,
     RankConflictError,
@@ -368,6 +369,16 @@ class CoordinatedJob:
                 f"Rank {result.rank} already reported its result for round "
                 f"{self.round.number - 1} of job {self.job_id}; report once per round"
             )
+        if self.scheduler is not None:
+            # Shapes against the job's schedule, before the result is kept: a refused result
+            # leaves the job as it was, and the rank may send a corrected one.
+            try:
+                self.scheduler.check_result(result)
+            except (PerseusError, ValueError) as exc:
+                raise InvalidResultError(
+                    f"Result of rank {result.rank} for round {self.round.number - 1} of job "
+                    f"{self.job_id} refused: {exc}"
+                ) from None
         self.results[result.rank] = result
 
     async def announce_straggler(self, dp_rank: int, slowdown: float) -> None:

@@ -265,3 +265,29 @@ def test_unknown_scheduler_lists_valid_names() -> None:
         resolve_scheduler("NoSuch")
     with pytest.raises(ConfigurationError, match="Cannot import scheduler plugin module"):
         resolve_scheduler("no_such_module_xyz:Thing")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "names"),
+    [
+        ("forward_time", {1410: float("nan")}, "forward_time.1410"),
+        ("forward_time", {1410: 0.0}, "forward_time.1410"),
+        ("forward_energy", {1410: -1.0}, "forward_energy.1410"),
+        ("forward_energy", {1410: float("inf")}, "forward_energy.1410"),
+        ("forward_energy", {1410: 1e308}, "forward_energy.1410"),
+        ("forward_time", {-5: 0.1}, "forward_time.-5"),
+    ],
+)
+def test_an_offline_profile_entry_must_be_finite_positive_and_bounded(
+    field: str, value: dict[int, float], names: str
+) -> None:
+    good = {"forward_time": {1410: 0.1}, "forward_energy": {1410: 10.0}}
+    OfflineProfilingResult(rank=0, dp_rank=0, pp_rank=0, tp_rank=0, **good)
+    with pytest.raises(ValidationError, match=names.replace(".", r"\.")):
+        OfflineProfilingResult(rank=0, dp_rank=0, pp_rank=0, tp_rank=0, **{**good, field: value})
+
+
+def test_a_rank_reports_positive_bounded_frequencies() -> None:
+    for bad in ([0], [-1410], [10**9]):
+        with pytest.raises(ValidationError, match="available_frequencies"):
+            RankInfo(rank=0, dp_rank=0, pp_rank=0, tp_rank=0, available_frequencies=bad)
