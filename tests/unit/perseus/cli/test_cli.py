@@ -370,3 +370,48 @@ def test_max_slowdown_above_one_is_refused_by_choose_and_demo(tmp_path: Path) ->
     assert code == 0, out
     code, out = _run("demo", "--out", tmp_path / "demo", "--max-slowdown", "5")
     assert code == 2 and "5 means 500 %" in " ".join(out.split()), out
+
+
+def test_solve_and_choose_offer_plans_faster_than_all_max(tmp_path: Path) -> None:
+    """Bloom's A40 top clock is power-capped: the fastest plan beats all-max (a negative
+    slowdown), and `choose --max-slowdown 0` picks the cheapest plan no slower than
+    all-max, measured against the frontier's all_max.json."""
+    from paths import SHARED_DATA
+
+    from perseus.io.plan_file import load_plan
+    from perseus.planning import Frontier
+
+    profile = SHARED_DATA / "sosp24_bloom-176b_a40_8stage.csv"
+    if not profile.is_file():
+        pytest.skip(f"reference data not present at {profile}")
+    out_dir = tmp_path / "f"
+    code, out = _run("solve", profile, "-m", "4", "--out", out_dir, "--no-plots")
+    assert code == 0, out
+    rows = {
+        cells[0]: cells
+        for line in out.splitlines()
+        if line.startswith("│")
+        for cells in [[c.strip() for c in line.strip("│ ").split("│")]]
+    }
+    slowdown = {label: float(rows[label][3].rstrip(" %")) for label in ("fastest", "no slowdown")}
+    assert slowdown["fastest"] < 0 and slowdown["no slowdown"] <= 0, rows  # vs all-max
+    frontier = Frontier.read(out_dir)
+    all_max = load_plan(out_dir / "all_max.json")
+    assert frontier.points[0].iteration_time_s < all_max.iteration_time
+    code, out = _run("choose", out_dir, "--max-slowdown", "0")
+    assert code == 0, out
+    chosen = load_plan(Path(out.strip()))
+    assert chosen.iteration_time <= all_max.iteration_time
+    assert chosen.energy == frontier.choose(max_slowdown=0.0).energy_j
+    assert chosen.energy == min(
+        p.energy_j for p in frontier.points if p.iteration_time_s <= all_max.iteration_time
+    )
+    # A frontier directory from before all_max.json: its first row is the reference.
+    (out_dir / "all_max.json").unlink()
+    assert _run("choose", out_dir, "--max-slowdown", "0") == (
+        0,
+        f"{out_dir}/plans/plan_00000.json\n",
+    )
+    (out_dir / "all_max.json").write_text('{"iteration_time": "soon"}')
+    code, out = _run("choose", out_dir, "--max-slowdown", "0")
+    assert code == 2 and "all_max.json" in out and "Traceback" not in out, out
