@@ -406,6 +406,8 @@ def test_solve_and_choose_offer_plans_faster_than_all_max(tmp_path: Path) -> Non
     assert chosen.energy == min(
         p.energy_j for p in frontier.points if p.iteration_time_s <= all_max.iteration_time
     )
+    code, out = _run("plot", "frontier", out_dir)  # marks all-max and no slowdown
+    assert code == 0 and (out_dir / "frontier.png").read_bytes()[:4] == b"\x89PNG", out
     # A frontier directory from before all_max.json: its first row is the reference.
     (out_dir / "all_max.json").unlink()
     assert _run("choose", out_dir, "--max-slowdown", "0") == (
@@ -413,5 +415,6 @@ def test_solve_and_choose_offer_plans_faster_than_all_max(tmp_path: Path) -> Non
         f"{out_dir}/plans/plan_00000.json\n",
     )
     (out_dir / "all_max.json").write_text('{"iteration_time": "soon"}')
-    code, out = _run("choose", out_dir, "--max-slowdown", "0")
-    assert code == 2 and "all_max.json" in out and "Traceback" not in out, out
+    for command in (["choose", out_dir, "--max-slowdown", "0"], ["plot", "frontier", out_dir]):
+        code, out = _run(*command)
+        assert code == 2 and "all_max.json" in out and "Traceback" not in out, out
