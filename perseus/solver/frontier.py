@@ -228,13 +228,12 @@ def compute_frontier(
             # durations to the other's: round interior LP solutions too, slowest first
             # (targets are mixed in the order they come), down to the minimum time.
             count = min(_SEGMENT_TARGETS, math.ceil((lam_prev - lam) / resolution_s) - 1)
-            for frac in np.linspace(1, 0, count + 2)[1:-1] if count > 0 else []:
-                t_mid = lam + frac * (lam_prev - lam)
+            mids = [lam + f * (lam_prev - lam) for f in np.linspace(1, 0, count + 2)[1:-1]]
+            if lam < t_ref < lam_prev:  # the all-max time falls inside this LP segment
+                mids = sorted([*mids, t_ref], reverse=True)
+            for t_mid in mids:
                 w = (t_mid - lam) / (lam_prev - lam)
                 target(d + w * (d_prev - d), t_mid)
-            if lam < t_ref < lam_prev:  # the all-max time falls inside this LP segment
-                w = (t_ref - lam) / (lam_prev - lam)
-                target(d + w * (d_prev - d), t_ref)
         target(d.copy(), lam)
         state["prev"] = (lam, d.copy())
         if progress is not None:
