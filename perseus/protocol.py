@@ -56,6 +56,12 @@ REPORT_RESULT_URL = "/result/{job_id}"
 STRAGGLER_URL = "/straggler/{job_id}"
 INFO_URL = "/info"
 
+JOB_TOKEN_HEADER = "X-Perseus-Job-Token"
+"""The job credential: answered by ``POST /register_job``, required by every route under
+the job's id (``/register_rank``, ``/schedule``, ``/result``, ``/straggler``)."""
+MAX_FREQUENCIES = 1024
+"""Most clocks a rank may list in `RankInfo.available_frequencies` (GPUs have ~200)."""
+
 
 InstructionKind = Literal["forward", "backward", "backward_input", "backward_weight"]
 
@@ -194,6 +200,10 @@ class JobRecord(JobInfo):
     """
 
     job_id: str = Field(min_length=1)
+    token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", repr=False)
+    """SHA-256 (hex) of the job credential (`JOB_TOKEN_HEADER`) the coordinator handed
+    out; the credential itself is never stored. None: a job registered before
+    credentials existed."""
 
     @field_validator("job_id")
     @classmethod
@@ -201,16 +211,20 @@ class JobRecord(JobInfo):
         return job_id
 
     @classmethod
-    def register(cls, info: JobInfo, scheduler_name: str) -> JobRecord:
+    def register(
+        cls, info: JobInfo, scheduler_name: str, *, token_sha256: str | None = None
+    ) -> JobRecord:
         """A new record for `info` with a fresh id: timestamp, scheduler, a unique suffix,
-        metadata."""
+        metadata; `token_sha256` is the hash of its credential."""
         job_id = f"{datetime.now().strftime('%F-%H-%M-%S')}+{scheduler_name}+{uuid.uuid4().hex[:8]}"
         if info.job_metadata:
             job_id += f"+{info.job_metadata}"
         # The pipeline goes in as the validated instance: validating its orders again would
         # rebuild its DAG a second time on the request path.
         fields = info.model_dump(exclude={"pipeline"})
-        return cls.model_validate({**fields, "job_id": job_id, "pipeline": info.pipeline})
+        return cls.model_validate(
+            {**fields, "job_id": job_id, "pipeline": info.pipeline, "token_sha256": token_sha256}
+        )
 
 
 class RankInfo(BaseModel):
@@ -222,13 +236,16 @@ class RankInfo(BaseModel):
         pp_rank: Pipeline parallel rank of the reporting process.
         tp_rank: Tensor parallel rank of the reporting process.
         available_frequencies: List of available frequencies (MHz) for the rank's GPU.
+        emulated: The rank's GPU is emulated (`GPU.emulated`): what it measures is the
+            emulator's model, and the profile and plan made from it say so.
     """
 
     rank: int = Field(ge=0)
     dp_rank: int = Field(ge=0)
     pp_rank: int = Field(ge=0)
     tp_rank: int = Field(ge=0)
-    available_frequencies: list[int]
+    available_frequencies: list[int] = Field(max_length=MAX_FREQUENCIES)
+    emulated: bool = False
 
 
 class FrequencySchedule(BaseModel):
@@ -276,6 +293,7 @@ class OfflineProfilingResult(BaseModel):
         backward_input_time, backward_input_energy, backward_weight_time,
         backward_weight_energy: The same for the halves of a split backward (empty when
             the schedule runs full backwards).
+        emulated: Measured on an emulated GPU (the CSV's ``emulated`` column).
     """
 
     rank: int = Field(ge=0)
@@ -291,6 +309,7 @@ class OfflineProfilingResult(BaseModel):
     backward_input_energy: dict[int, float] = Field(default_factory=dict)
     backward_weight_time: dict[int, float] = Field(default_factory=dict)
     backward_weight_energy: dict[int, float] = Field(default_factory=dict)
+    emulated: bool = False
 
     @model_validator(mode="after")
     def _normalise_stage(self) -> OfflineProfilingResult:
@@ -332,6 +351,7 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
                             freq,
                             times[freq],
                             energies[freq],
+                            res.emulated,
                         )
                     )
         return rows
@@ -349,6 +369,7 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
             - `instruction` is one of "forward", "backward", "backward_input",
               "backward_weight".
             - `time` and `energy` are already averaged over profiling iterations.
+            - An ``emulated`` column (true/false) follows when some entry is `emulated`.
         """
         write_profile_rows(filepath, self.rows())
 
@@ -358,17 +379,28 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
         ``stage,instruction,frequency,time,energy`` form (then rank = pp_rank = stage).
         One entry per (rank, dp_rank, pp_rank, tp_rank, stage)."""
         by_rank: dict[tuple[int, int, int, int, int], dict[str, dict[int, float]]] = {}
+        emulated: set[tuple[int, int, int, int, int]] = set()
         for row in read_profile_rows(filepath):
+            key = (row.rank, row.dp_rank, row.pp_rank, row.tp_rank, row.stage)
             entry = by_rank.setdefault(
-                (row.rank, row.dp_rank, row.pp_rank, row.tp_rank, row.stage),
-                {f"{i}_{q}": {} for i in INSTRUCTIONS for q in ("time", "energy")},
+                key, {f"{i}_{q}": {} for i in INSTRUCTIONS for q in ("time", "energy")}
             )
             entry[f"{row.instruction}_time"][row.frequency] = row.time
             entry[f"{row.instruction}_energy"][row.frequency] = row.energy
+            if row.emulated:
+                emulated.add(key)
         return cls(
             [
-                OfflineProfilingResult(rank=r, dp_rank=d, pp_rank=p, tp_rank=t, stage=s, **data)
-                for (r, d, p, t, s), data in sorted(by_rank.items())
+                OfflineProfilingResult(
+                    rank=key[0],
+                    dp_rank=key[1],
+                    pp_rank=key[2],
+                    tp_rank=key[3],
+                    stage=key[4],
+                    emulated=key in emulated,
+                    **data,
+                )
+                for key, data in sorted(by_rank.items())
             ]
         )
 

@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from perseus.cli._common import (
+    EMULATED_NOTE,
     AllowImplausiblePower,
     cli_errors,
     console,
@@ -113,6 +114,8 @@ def solve(
             ) from None
         raise
 
+    if prof.emulated:
+        console.print(EMULATED_NOTE, style="yellow", highlight=False, soft_wrap=True)
     console.print(f"Blocking (P2P) power {blocking.describe()}", highlight=False, soft_wrap=True)
     with fraction_progress("solving") as progress:
         task = progress.add_task(
@@ -214,17 +217,17 @@ def evaluate_plan(
     from perseus.planning import evaluate_plan
 
     prof = load_profile(resolve_profile_path(profile), check_power=not allow_implausible_power)
-    ev = evaluate_plan(prof, load_plan(plan))
-    typer.echo(
-        json.dumps(
-            {
-                "iteration_time": ev.iteration_time_s,
-                "energy": ev.energy_j,
-                "compute_energy": ev.compute_energy_j,
-                "blocking_energy": ev.blocking_energy_j,
-            }
-        )
-    )
+    loaded = load_plan(plan)
+    ev = evaluate_plan(prof, loaded)
+    report: dict[str, float | bool] = {
+        "iteration_time": ev.iteration_time_s,
+        "energy": ev.energy_j,
+        "compute_energy": ev.compute_energy_j,
+        "blocking_energy": ev.blocking_energy_j,
+    }
+    if prof.emulated or loaded.emulated:
+        report["emulated"] = True  # the numbers are the emulator's model
+    typer.echo(json.dumps(report))
 
 
 @cli_errors
@@ -321,8 +324,17 @@ def polish(
         )
     freqs = pipeline.frequencies_of(result.choice)
     ev = evaluate(prof, sched, freqs, original.p2p_power)
+    if prof.emulated:
+        console.print(EMULATED_NOTE, style="yellow", highlight=False, soft_wrap=True)
     save_plan(
-        Plan.from_frequencies(sched, freqs, p2p_power_w=original.p2p_power, evaluation=ev), out
+        Plan.from_frequencies(
+            sched,
+            freqs,
+            p2p_power_w=original.p2p_power,
+            evaluation=ev,
+            emulated=prof.emulated or original.emulated,
+        ),
+        out,
     )
     lp = solve_lp_curve(problem)
     table = Table(title=f"Polish of {plan}")

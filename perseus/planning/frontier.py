@@ -159,6 +159,7 @@ class Frontier:
         lp_curve: LPCurve | None = None,
         stats: dict[str, float] | None = None,
         all_max: FrontierPoint | None = None,
+        emulated: bool = False,
     ):
         if not points:
             raise SolverError("A frontier needs at least one point")
@@ -168,6 +169,8 @@ class Frontier:
         self.p2p_power_w = float(p2p_power_w)
         self.lp_curve = lp_curve
         self.stats = dict(stats or {})
+        self.emulated = emulated
+        """Solved from an emulated GPU's profile: its plans say so."""
 
     def __len__(self) -> int:
         return len(self.points)
@@ -216,7 +219,11 @@ class Frontier:
             blocking_energy_j=p.energy_j - compute,
         )
         return Plan.from_frequencies(
-            self.schedule, p.frequencies, p2p_power_w=self.p2p_power_w, evaluation=evaluation
+            self.schedule,
+            p.frequencies,
+            p2p_power_w=self.p2p_power_w,
+            evaluation=evaluation,
+            emulated=self.emulated,
         )
 
     def write(self, out_dir: str | os.PathLike[str]) -> Path:
@@ -254,7 +261,13 @@ class Frontier:
             )
             for row in rows
         ]
-        return cls(points, schedule=schedule, p2p_power_w=rows[0].plan.p2p_power, all_max=all_max)
+        return cls(
+            points,
+            schedule=schedule,
+            p2p_power_w=rows[0].plan.p2p_power,
+            all_max=all_max,
+            emulated=any(row.plan.emulated for row in rows),
+        )
 
 
 def check_frontier_memory(num_instructions: int, schedule_name: str) -> None:
@@ -336,4 +349,5 @@ def solve_frontier(
         lp_curve=solution.lp_curve,
         stats=stats,
         all_max=all_max,
+        emulated=profile.emulated,
     )

@@ -145,6 +145,11 @@ class CoordinatedJob:
         """A scheduler call is in flight (the job must not be evicted)."""
         return self.round.completing or self.lock.locked()
 
+    @property
+    def emulated(self) -> bool:
+        """Some rank registered an emulated GPU: the job's numbers are the emulator's."""
+        return any(info.emulated for info in self.ranks.values())
+
     def touch(self) -> None:
         self.last_active = time.monotonic()
 
@@ -293,7 +298,10 @@ class CoordinatedJob:
         if results:
             self.scheduler.observe(results)
         schedules = self.scheduler.next_schedule()
-        return schedules, self.scheduler.deployed_plan()
+        plan = self.scheduler.deployed_plan()
+        if plan is not None and self.emulated and not plan.emulated:
+            plan = plan.model_copy(update={"emulated": True})  # the persisted plan says so
+        return schedules, plan
 
     async def _complete(self, rnd: Round) -> None:
         results = [self.results[r] for r in sorted(self.results)]

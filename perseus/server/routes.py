@@ -7,15 +7,17 @@ The protocol (wire models in `perseus.protocol`): ``GET /info``,
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from perseus.protocol import (
     GET_SCHEDULE_URL,
     INFO_URL,
+    JOB_TOKEN_HEADER,
     REGISTER_JOB_URL,
     REGISTER_RANK_URL,
     REPORT_RESULT_URL,
@@ -25,6 +27,7 @@ from perseus.protocol import (
     ProfilingResult,
     RankInfo,
 )
+from perseus.server.auth import hash_token, new_job_token
 from perseus.server.job_manager import JobManager
 
 __all__ = ["StragglerReport", "router"]
@@ -58,20 +61,42 @@ def _version() -> str:
         return "0+unknown"
 
 
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_+-]{1,64}")
+
+
+def _public_args(args: dict[str, Any]) -> dict[str, Any]:
+    """Scheduler arguments as ``/info`` shows them: numbers, flags and plain words (a
+    schedule's name) as they are, anything else (a file path, a list) ``"<redacted>"``, so
+    that they reveal nothing of the coordinator's file system."""
+
+    def public(value: Any) -> Any:
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, str) and _PLAIN_WORD.fullmatch(value):
+            return value
+        return "<redacted>"
+
+    return {name: public(value) for name, value in args.items()}
+
+
 @router.get(INFO_URL)
 async def info(manager: JobManagerDep) -> dict[str, Any]:
     """The scheduler this coordinator runs, its arguments, and the Perseus version."""
     return {
         "scheduler": manager.scheduler_cls.__name__,
-        "scheduler_args": manager.settings.scheduler_args,
+        "scheduler_args": _public_args(manager.settings.scheduler_args),
         "version": _version(),
     }
 
 
 @router.post(REGISTER_JOB_URL)
-async def register_job(job_info: JobInfo, manager: JobManagerDep) -> str:
-    """Register a job (``job_id`` empty); returns the new job id."""
-    return await manager.create_job(job_info)
+async def register_job(job_info: JobInfo, manager: JobManagerDep, response: Response) -> str:
+    """Register a job (``job_id`` empty); returns the new job id, and its credential in the
+    ``X-Perseus-Job-Token`` header (every route under the job id needs it)."""
+    token = new_job_token()
+    job_id = await manager.create_job(job_info, token_sha256=hash_token(token))
+    response.headers[JOB_TOKEN_HEADER] = token
+    return job_id
 
 
 @router.post(REGISTER_RANK_URL)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import httpx
 import pytest
@@ -21,6 +22,7 @@ from server_fixtures import (
 
 from perseus.domain.schedule import make_schedule
 from perseus.io.plan_file import load_plan
+from perseus.io.profile_csv import read_profile_rows
 from perseus.planning import Frontier
 from perseus.settings import PerseusSettings
 
@@ -58,6 +60,8 @@ def test_profiles_solves_and_deploys_a_plan_that_saves_energy_without_slowdown(t
         stage_freqs(deployed, r) for r in range(4)
     ]
     assert (job_dir / "instruction_profile.csv").is_file()
+    assert not plan.emulated and "emulated" not in (job_dir / "deployed_plan.json").read_text()
+    assert not any(r.emulated for r in read_profile_rows(job_dir / "instruction_profile.csv"))
     frontier = Frontier.read(job_dir / "frontier")
     assert frontier.points[0].iteration_time_s == pytest.approx(all_max_time, rel=1e-9)
 
@@ -183,6 +187,33 @@ def test_3d_job_every_rank_of_a_stage_runs_the_stage_plan(tmp_path):
     plan = load_plan(tmp_path / job.job_id / "deployed_plan.json")
     # The blocking power of a stage is that of its tp GPUs together.
     assert plan.p2p_power == pytest.approx(2 * truth.p2p_power_w, rel=1e-6)
+
+
+def test_numbers_from_emulated_gpus_are_marked_in_the_profile_and_the_deployed_plan(tmp_path):
+    """A rank that registers an emulated GPU: the sweep's rows of its stage say so, and so
+    does the deployed plan; a job of real GPUs (the test above) writes neither mark."""
+    truth = GroundTruth(IMBALANCED)
+    with running_server(settings(tmp_path, freq_step=4, warmup_rounds=0)) as url:
+        job = SimulatedJob(url, truth, pp=4, num_microbatches=M)
+        job.infos = [i.model_copy(update={"emulated": i.pp_rank == 1}) for i in job.infos]
+        job.run_sync(8)
+    job_dir = tmp_path / job.job_id
+    rows = read_profile_rows(job_dir / "instruction_profile.csv")
+    assert {(r.stage, r.emulated) for r in rows} == {(0, False), (1, True), (2, False), (3, False)}
+    assert load_plan(job_dir / "deployed_plan.json").emulated is True
+    assert json.loads((job_dir / "deployed_plan.json").read_text())["emulated"] is True
+    assert Frontier.read(job_dir / "frontier").emulated
+
+
+def test_a_plan_deployed_on_emulated_gpus_is_marked_even_from_a_real_profile(tmp_path):
+    truth = GroundTruth(IMBALANCED)
+    profile = write_truth_profile(truth, 4, tmp_path / "truth.csv")
+    args = {"profile_path": str(profile), "p2p_power": truth.p2p_power_w}
+    with running_server(settings(tmp_path, **args)) as url:
+        job = SimulatedJob(url, truth, pp=4, num_microbatches=M)
+        job.infos = [i.model_copy(update={"emulated": True}) for i in job.infos]
+        job.run_sync(1)
+    assert load_plan(tmp_path / job.job_id / "deployed_plan.json").emulated is True
 
 
 @dataclasses.dataclass

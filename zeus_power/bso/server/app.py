@@ -2,7 +2,10 @@
 
 Nothing is built at import time. The lifespan builds the engine and the service, keeps
 the service on `app.state` and disposes of the engine on shutdown. Domain errors become
-HTTP statuses in one place (`_STATUS`); clients never see a traceback.
+HTTP statuses in one place (`_STATUS`); clients never see a traceback. With
+``ZEUS_BSO_TOKEN`` every route but ``GET /health`` needs ``Authorization: Bearer <token>``
+(401); bodies over ``ZEUS_BSO_MAX_BODY_BYTES`` are refused unread (413); both are
+`zeus_power.serving` middlewares, shared with the Perseus coordinator.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from zeus_power.errors import (
     ZeusBSORuntimeError,
     ZeusBSOTrialNotFoundError,
 )
+from zeus_power.serving import BearerAuthMiddleware, BodyLimitMiddleware
 
 __all__ = ["create_app"]
 
@@ -78,4 +82,12 @@ def create_app(settings: BSOSettings | None = None) -> FastAPI:
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    # Outermost: the token (ZEUS_BSO_TOKEN), then the body's size; before any route runs.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BearerAuthMiddleware,
+        token=settings.token_value,
+        open_paths=[("GET", "/health")],
+        realm="zeus-bso",
+    )
     return app

@@ -269,12 +269,19 @@ def test_solve_plans_zero_bubble_from_split_rows_or_with_split_backward(tmp_path
     assert code == 0, out
     halves = "".join(
         f"{s},{k},{f},{t / 2},{e / 2}\n"
-        for s, f, t, e in ((0, 1000, 2.0, 20), (0, 500, 4.0, 12), (1, 1000, 4.0, 40), (1, 500, 8.0, 24))
+        for s, f, t, e in (
+            (0, 1000, 2.0, 20),
+            (0, 500, 4.0, 12),
+            (1, 1000, 4.0, 40),
+            (1, 500, 8.0, 24),
+        )
         for k in ("backward_input", "backward_weight")
     )
     split = tmp_path / "split.csv"
     split.write_text(GOOD + halves)
-    code, out = _run("solve", split, "-m", "3", "--schedule", "zb", "--out", tmp_path / "c", "--no-plots")
+    code, out = _run(
+        "solve", split, "-m", "3", "--schedule", "zb", "--out", tmp_path / "c", "--no-plots"
+    )
     assert code == 0, out
     assert (tmp_path / "b" / "frontier.csv").read_text() == (
         tmp_path / "c" / "frontier.csv"
@@ -418,3 +425,28 @@ def test_solve_and_choose_offer_plans_faster_than_all_max(tmp_path: Path) -> Non
     for command in (["choose", out_dir, "--max-slowdown", "0"], ["plot", "frontier", out_dir]):
         code, out = _run(*command)
         assert code == 2 and "all_max.json" in out and "Traceback" not in out, out
+
+
+def test_an_emulated_profile_is_said_so_by_solve_evaluate_and_its_plans(tmp_path: Path) -> None:
+    """`perseus profile synth` marks its rows emulated (they are the emulator's model);
+    everything made from them says so, and a profile from real GPUs says nothing."""
+    emulated = tmp_path / "emulated.csv"
+    code, out = _run("profile", "synth", "--gpu", "A40", "--stages", "2", "--out", emulated)
+    assert code == 0 and "marked emulated" in " ".join(out.split())
+    assert emulated.read_text().splitlines()[0].endswith(",emulated")
+    code, out = _run("solve", emulated, "-m", "2", "--out", tmp_path / "fr", "--no-plots")
+    assert code == 0, out
+    assert "Profile measured on emulated GPUs" in " ".join(out.split())
+    plans = sorted((tmp_path / "fr" / "plans").glob("*.json"))
+    assert plans and all(json.loads(p.read_text())["emulated"] is True for p in plans)
+    assert json.loads((tmp_path / "fr" / "all_max.json").read_text())["emulated"] is True
+    code, out = _run("evaluate", emulated, plans[0])
+    assert code == 0 and json.loads(out)["emulated"] is True
+    code, out = _run(
+        "solve", _profile(tmp_path), "-m", "2", "--out", tmp_path / "real", "--no-plots"
+    )
+    assert code == 0 and "Profile measured on emulated GPUs" not in " ".join(out.split())
+    plans = sorted((tmp_path / "real" / "plans").glob("*.json"))
+    assert all("emulated" not in json.loads(p.read_text()) for p in plans)
+    code, out = _run("evaluate", _profile(tmp_path), plans[0])
+    assert code == 0 and "emulated" not in json.loads(out)
