@@ -56,7 +56,7 @@ def auth_headers(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 def _fuzz(base_url: str, headers: dict[str, str]) -> list[str]:
     """Run every operation of the server's schema; the failures, one line each."""
-    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json", headers=headers)
     failures: list[str] = []
     operations = [result.ok() for result in schema.get_all_operations()]
     assert operations
