@@ -18,6 +18,7 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from perseus.errors import (
 )
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
+from perseus.planning.report import RoundKind, round_kind
 from perseus.protocol import (
     FrequencySchedule,
     JobRecord,
@@ -43,6 +45,7 @@ from perseus.protocol import (
     save_sched,
 )
 from perseus.server.errors import scheduler_error_status
+from perseus.server.stats import JobStats
 from perseus.settings import PerseusSettings
 from schedulers.base import FrequencyScheduler, build_scheduler
 
@@ -133,6 +136,10 @@ class CoordinatedJob:
         self.last_active = time.monotonic()
         self._persisted_plan: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.stats = JobStats(info.world_size, info.dp_degree)
+        """What the operator's view shows (`perseus.server.stats`)."""
+        self.on_round: Callable[[CoordinatedJob, float], None] | None = None
+        """Called with the round's latency (s) when a round's schedules are handed out."""
 
     # ------------------------------------------------------------------ basics
     @property
@@ -287,21 +294,37 @@ class CoordinatedJob:
 
     def _run_scheduler(
         self, results: list[ProfilingResult], round_number: int
-    ) -> tuple[list[FrequencySchedule], Plan | None]:
-        """Worker thread: observe the last round, produce the next one."""
+    ) -> tuple[list[FrequencySchedule], Plan | None, Plan | None, RoundKind]:
+        """Worker thread: observe the last round, produce the next one (with the deployed
+        and the all-max plan, and what the schedules run, for the energy report)."""
         assert self.scheduler is not None
         if results:
             self.scheduler.observe(results)
         schedules = self.scheduler.next_schedule()
-        return schedules, self.scheduler.deployed_plan()
+        plan = self.scheduler.deployed_plan()
+        try:
+            baseline = self.scheduler.baseline_plan()
+        except Exception as exc:  # the report's baseline must never fail a round
+            logger.warning("Job %s: no predicted all-max baseline: %s", self.job_id, exc)
+            baseline = None
+        kind = round_kind(
+            schedules,
+            max_freq={r: max(i.available_frequencies) for r, i in self.ranks.items()},
+            pp_rank={r: i.pp_rank for r, i in self.ranks.items()},
+            plan=plan,
+        )
+        return schedules, plan, baseline, kind
 
     async def _complete(self, rnd: Round) -> None:
         results = [self.results[r] for r in sorted(self.results)]
         self.results = {}
         name = self.scheduler_cls.__name__
+        started = time.perf_counter()
         try:
             async with self.lock:
-                schedules, plan = await asyncio.to_thread(self._run_scheduler, results, rnd.number)
+                schedules, plan, baseline, kind = await asyncio.to_thread(
+                    self._run_scheduler, results, rnd.number
+                )
             by_rank = {s.rank: s for s in schedules}
             missing = sorted(set(range(self.info.world_size)) - set(by_rank))
             if missing or len(schedules) != self.info.world_size:
@@ -332,6 +355,12 @@ class CoordinatedJob:
                     self._persisted_plan = text
         self.round = self._new_round(rnd.number + 1)
         self.touch()
+        latency_s = time.perf_counter() - started
+        self.stats.round_issued(
+            rnd.number, kind, plan=plan, baseline_plan=baseline, latency_s=latency_s
+        )
+        if self.on_round is not None:
+            self.on_round(self, latency_s)
         rnd.future.set_result(by_rank)
 
     async def _dump(self, awaitable: Any) -> None:
@@ -361,6 +390,7 @@ class CoordinatedJob:
                 f"{self.round.number - 1} of job {self.job_id}; report once per round"
             )
         self.results[result.rank] = result
+        self.stats.add(self.round.number - 1, result)
 
     async def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
         self.touch()
