@@ -135,11 +135,11 @@ def job_detail(job: CoordinatedJob) -> JobDetail:
     )
 
 
-def _manager(request: Request) -> JobManager:
+async def _manager(request: Request) -> JobManager:
     return request.app.state.job_manager  # type: ignore[no-any-return]
 
 
-def _metrics(request: Request) -> CoordinatorMetrics:
+async def _metrics(request: Request) -> CoordinatorMetrics:
     return request.app.state.metrics  # type: ignore[no-any-return]
 
 
