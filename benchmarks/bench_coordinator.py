@@ -237,7 +237,9 @@ def serve_and_run(args: argparse.Namespace, ranks: int, tree: Path) -> dict:
     port = free_port()
     env = {
         **os.environ,
-        "PYTHONPATH": str(tree),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p
+        ),
         "PERSEUS_SCHEDULER": args.scheduler,
         "PERSEUS_SCHEDULER_ARGS": json.dumps({"num_microbatches": args.microbatches}),
         "PERSEUS_DUMP_DATA": "false",
