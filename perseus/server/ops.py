@@ -158,7 +158,12 @@ async def healthz(request: Request) -> Health:
 @router.get(
     METRICS_URL,
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text"}},
+    responses={
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "Prometheus text exposition format",
+        }
+    },
 )
 async def metrics(metrics: Annotated[CoordinatorMetrics, Depends(_metrics)]) -> Response:
     """Prometheus metrics (text exposition format)."""
@@ -171,7 +176,7 @@ async def list_jobs(manager: ManagerDep) -> list[JobSummary]:
     return [JobSummary(**_summary(job)) for job in manager.jobs.values()]  # type: ignore[arg-type]
 
 
-@router.get(JOB_URL)
+@router.get(JOB_URL, responses={404: {"description": "Unknown (or evicted) job id"}})
 async def get_job(job_id: str, manager: ManagerDep) -> JobDetail:
     """One job: its summary, deployed plan, and measured vs predicted energy report."""
     return job_detail(manager.get(job_id))
