@@ -140,6 +140,8 @@ class CoordinatedJob:
         """What the operator's view shows (`perseus.server.stats`)."""
         self.on_round: Callable[[CoordinatedJob, float], None] | None = None
         """Called with the round's latency (s) when a round's schedules are handed out."""
+        self._rank_max: dict[int, int] | None = None
+        self._rank_pp: dict[int, int] = {}
 
     # ------------------------------------------------------------------ basics
     @property
@@ -307,12 +309,10 @@ class CoordinatedJob:
         except Exception as exc:  # the report's baseline must never fail a round
             logger.warning("Job %s: no predicted all-max baseline: %s", self.job_id, exc)
             baseline = None
-        kind = round_kind(
-            schedules,
-            max_freq={r: max(i.available_frequencies) for r, i in self.ranks.items()},
-            pp_rank={r: i.pp_rank for r, i in self.ranks.items()},
-            plan=plan,
-        )
+        if self._rank_max is None:  # every rank has registered: fixed from now on
+            self._rank_max = {r: max(i.available_frequencies) for r, i in self.ranks.items()}
+            self._rank_pp = {r: i.pp_rank for r, i in self.ranks.items()}
+        kind = round_kind(schedules, max_freq=self._rank_max, pp_rank=self._rank_pp, plan=plan)
         return schedules, plan, baseline, kind
 
     async def _complete(self, rnd: Round) -> None:
