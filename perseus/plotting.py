@@ -16,6 +16,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
@@ -23,7 +24,7 @@ from perseus.errors import PerseusError
 from perseus.io.frontier_dir import read_frontier_table
 from perseus.planning import timeline
 
-__all__ = ["PlotPoint", "plot_frontier", "plot_timeline"]
+__all__ = ["PlotPoint", "plot_energy_report", "plot_frontier", "plot_timeline"]
 
 _HATCH = {"forward": None, "backward": "//", "backward_input": "\\\\", "backward_weight": "xx"}
 """How each instruction kind is drawn on a timeline."""
@@ -269,3 +270,42 @@ def _timeline_figure(profile: InstructionProfile, plan: Plan, *, title: str | No
         frameon=False,
     )
     return fig
+
+
+def plot_energy_report(
+    rounds: list[tuple[int, str, float, float]],
+    predicted: dict[str, PlotPoint],
+    out_png: str | os.PathLike[str],
+    *,
+    title: str = "",
+) -> Path:
+    """A job's measured energy and time per iteration, round by round, with the predicted
+    all-max and deployed figures as lines.
+
+    Args:
+        rounds: (round, kind, iteration time s, energy J) of every measured round; kind is
+            "all-max", "deployed" or "other".
+        predicted: kind → (iteration time, energy) predicted for it.
+        out_png: Where to write the image.
+    """
+    colours = {"all-max": "tab:red", "deployed": "tab:green", "other": "tab:gray"}
+    fig = Figure(figsize=(8, 5.5))
+    ax_e, ax_t = fig.subplots(2, 1, sharex=True)
+    for kind, colour in colours.items():
+        pts = [r for r in rounds if r[1] == kind]
+        if pts:
+            xs = [r[0] for r in pts]
+            ax_e.scatter(xs, [r[3] for r in pts], color=colour, label=f"measured, {kind}", s=18)
+            ax_t.scatter(xs, [r[2] for r in pts], color=colour, s=18)
+    for kind, (t, e) in predicted.items():
+        colour = colours.get(kind, "black")
+        ax_e.axhline(e, color=colour, linestyle="--", linewidth=1, label=f"predicted, {kind}")
+        ax_t.axhline(t, color=colour, linestyle="--", linewidth=1)
+    ax_e.set_ylabel("energy / iteration (J)")
+    ax_t.set_ylabel("time / iteration (s)")
+    ax_t.set_xlabel("round")
+    ax_t.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_e.legend(loc="best", fontsize="small")
+    if title:
+        ax_e.set_title(title, fontsize="small")
+    return _save(fig, out_png)

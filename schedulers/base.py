@@ -79,6 +79,11 @@ class FrequencyScheduler(abc.ABC):
         """The plan chosen for the job, if the scheduler deploys one (persisted on dumps)."""
         return None
 
+    def baseline_plan(self) -> Plan | None:
+        """The all-max plan scored like `deployed_plan` (the predicted baseline of the energy
+        report), once the scheduler can score plans; default: None."""
+        return None
+
     def resume(self, plan: Plan) -> None:  # noqa: B027 - a hook whose default is to do nothing
         """Go back to running `plan`, persisted before a coordinator restart (default: ignore)."""
 

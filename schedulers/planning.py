@@ -38,6 +38,7 @@ class PlanningScheduler(PipelineScheduler):
     chosen: Plan | None = None
     """The deployed plan (None until the scheduler has planned)."""
     _chosen_plan: StagePlan | None = None
+    _baseline: tuple[InstructionProfile, float, Plan] | None = None
 
     def adopt(self, plan: Plan) -> None:
         """Deploy `plan` from now on (checked against this job's stages and kinds first)."""
@@ -46,6 +47,20 @@ class PlanningScheduler(PipelineScheduler):
 
     def deployed_plan(self) -> Plan | None:
         return self.chosen
+
+    def baseline_plan(self) -> Plan | None:
+        """The all-max plan on this job's profile and blocking power (None before both are
+        known); computed once."""
+        profile, p2p = getattr(self, "profile", None), getattr(self, "p2p_power_w", None)
+        if profile is None or p2p is None:
+            return None
+        cached = self._baseline
+        if cached is None or cached[0] is not profile or cached[1] != p2p:
+            from perseus.planning import make_plan, max_frequencies
+
+            plan = make_plan(profile, self.pipeline, max_frequencies(profile, self.pipeline), p2p)
+            self._baseline = cached = (profile, p2p, plan)
+        return cached[2]
 
     def init_profile_source(self, args: ProfileSourceArgs) -> None:
         """Use the given profile / blocking power, and sweep online for what is missing."""

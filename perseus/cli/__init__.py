@@ -8,6 +8,7 @@ from perseus.cli import demo as _demo
 from perseus.cli import gpud as _gpud
 from perseus.cli import plot as _plot
 from perseus.cli import profile as _profile
+from perseus.cli import report as _report
 from perseus.cli import serve as _serve
 from perseus.cli import solve as _solve
 from zeus_power import cli as _bso
@@ -25,6 +26,7 @@ app.command("choose")(_solve.choose)
 app.command("polish")(_solve.polish)
 app.add_typer(_plot.app, name="plot")
 app.command("serve")(_serve.serve)
+app.command("report")(_report.report)
 app.command("demo")(_demo.demo)
 app.command("gpud")(_gpud.gpud)
 app.add_typer(_profile.app, name="profile")

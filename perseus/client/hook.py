@@ -55,6 +55,7 @@ from perseus.client.bootstrap import check_layout, device_sync, process_group, s
 from perseus.client.coordinator import CoordinatorClient, check_server_url
 from perseus.client.emulation import EmulationSettings, InstructionEmulator
 from perseus.client.frequency import FrequencyController
+from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
 from perseus.client.timing import TIMINGS, EventTimer
 from perseus.client.trace import Trace
@@ -326,6 +327,7 @@ class PerseusOptimizer:
         self._iter_energy: list[float] = []
         self._time_breakdown: dict[str, list[list[float]]] = {}
         self._energy_breakdown: dict[str, list[list[float]]] = {}
+        self._savings = SavingsLog(rank, max(self.available_frequencies, default=0), logger)
 
     def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
         """Tell the coordinator that pipeline `dp_rank` runs `slowdown` times slower (1.0: recovered)."""
@@ -377,6 +379,7 @@ class PerseusOptimizer:
         schedule = exchange.result() if exchange is not None else self._get_schedule()
         frequencies = self._schedule.accept(schedule, self.round + 1)
         self.round += 1
+        self._savings.schedule(self.round, [f for _, f in schedule.frequencies])
         self._write_trace(
             {
                 "kind": "schedule",
@@ -535,6 +538,7 @@ class PerseusOptimizer:
             time_breakdown=self._time_breakdown,
             energy_breakdown=self._energy_breakdown,
         )
+        self._savings.measured(self._iter_time, self._iter_energy)
         self._state = _HookState.NEED_SCHEDULE
         # Reporting and the next schedule's long-poll run off the training thread; the
         # next on_step_begin collects the schedule (and any error) from it.
@@ -607,6 +611,7 @@ class PerseusOptimizer:
         if self._state is _HookState.CLOSED and self._freq is None:
             return
         self._state = _HookState.CLOSED
+        self._savings.log_saving()
         pending, self._pending = self._pending, None
         if pending is not None and not self._reported.wait(self.timeout_s):
             logger.warning(

@@ -8,7 +8,9 @@ Build it with `create_app` (nothing is built at import time)::
 
 Routes (`perseus.server.routes`): ``GET /info``, ``POST /register_job`` → job id,
 ``POST /register_rank/{job_id}``, ``GET /schedule/{job_id}?rank=R`` (the round barrier),
-``POST /result/{job_id}``, ``POST /straggler/{job_id}``. Job state and the barrier:
+``POST /result/{job_id}``, ``POST /straggler/{job_id}``; the operator's view
+(`perseus.server.ops`): ``GET /healthz``, ``GET /metrics`` (Prometheus), ``GET /jobs``,
+``GET /jobs/{job_id}``. Job state and the barrier:
 `perseus.server.job_manager`, `perseus.server.job`. Status codes: `perseus.server.errors`.
 
 With `dump_data`, each job's ``job.json``, ``scheduler.json``, ``ranks.json``,
@@ -36,6 +38,8 @@ from perseus.errors import ConfigurationError
 from perseus.server.auth import JobTokenMiddleware
 from perseus.server.errors import install_error_handlers
 from perseus.server.job_manager import JobManager
+from perseus.server.metrics import CoordinatorMetrics, RequestCounter
+from perseus.server.ops import router as ops_router
 from perseus.server.routes import router
 from perseus.settings import PerseusSettings
 from schedulers.base import check_scheduler_args
@@ -79,6 +83,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         manager = JobManager(settings, scheduler_cls, round_timeout_s=round_timeout_s)
         app.state.job_manager = manager
+        metrics.bind(manager)
         await manager.reload()
         period = min(60.0, settings.max_job_idle_time / 2)
         evictor = asyncio.create_task(_evict_forever(manager, period))
@@ -98,7 +103,11 @@ def create_app(
     app.state.settings = settings
     app.state.scheduler_cls = scheduler_cls
     app.state.round_timeout_s = round_timeout_s
+    metrics = CoordinatorMetrics()
+    app.state.metrics = metrics
     app.include_router(router)
+    app.include_router(ops_router)
+    app.add_middleware(RequestCounter, metrics=metrics)
     install_error_handlers(app)
     # Outermost first: the token, then the body's size, then the job's credential; all
     # before a body is read or a route runs (see perseus.server.auth).

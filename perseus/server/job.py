@@ -18,6 +18,7 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ from perseus.errors import (
 )
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
+from perseus.planning.report import RoundKind, round_kind
 from perseus.protocol import (
     FrequencySchedule,
     JobRecord,
@@ -44,6 +46,7 @@ from perseus.protocol import (
     save_sched,
 )
 from perseus.server.errors import scheduler_error_status
+from perseus.server.stats import JobStats
 from perseus.settings import PerseusSettings
 from schedulers.base import FrequencyScheduler, build_scheduler
 
@@ -134,6 +137,12 @@ class CoordinatedJob:
         self.last_active = time.monotonic()
         self._persisted_plan: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.stats = JobStats(info.world_size, info.dp_degree)
+        """What the operator's view shows (`perseus.server.stats`)."""
+        self.on_round: Callable[[CoordinatedJob, float], None] | None = None
+        """Called with the round's latency (s) when a round's schedules are handed out."""
+        self._rank_max: dict[int, int] | None = None
+        self._rank_pp: dict[int, int] = {}
 
     # ------------------------------------------------------------------ basics
     @property
@@ -293,8 +302,9 @@ class CoordinatedJob:
 
     def _run_scheduler(
         self, results: list[ProfilingResult], round_number: int
-    ) -> tuple[list[FrequencySchedule], Plan | None]:
-        """Worker thread: observe the last round, produce the next one."""
+    ) -> tuple[list[FrequencySchedule], Plan | None, Plan | None, RoundKind]:
+        """Worker thread: observe the last round, produce the next one (with the deployed
+        and the all-max plan, and what the schedules run, for the energy report)."""
         assert self.scheduler is not None
         if results:
             self.scheduler.observe(results)
@@ -302,15 +312,27 @@ class CoordinatedJob:
         plan = self.scheduler.deployed_plan()
         if plan is not None and self.emulated and not plan.emulated:
             plan = plan.model_copy(update={"emulated": True})  # the persisted plan says so
-        return schedules, plan
+        try:
+            baseline = self.scheduler.baseline_plan()
+        except Exception as exc:  # the report's baseline must never fail a round
+            logger.warning("Job %s: no predicted all-max baseline: %s", self.job_id, exc)
+            baseline = None
+        if self._rank_max is None:  # every rank has registered: fixed from now on
+            self._rank_max = {r: max(i.available_frequencies) for r, i in self.ranks.items()}
+            self._rank_pp = {r: i.pp_rank for r, i in self.ranks.items()}
+        kind = round_kind(schedules, max_freq=self._rank_max, pp_rank=self._rank_pp, plan=plan)
+        return schedules, plan, baseline, kind
 
     async def _complete(self, rnd: Round) -> None:
         results = [self.results[r] for r in sorted(self.results)]
         self.results = {}
         name = self.scheduler_cls.__name__
+        started = time.perf_counter()
         try:
             async with self.lock:
-                schedules, plan = await asyncio.to_thread(self._run_scheduler, results, rnd.number)
+                schedules, plan, baseline, kind = await asyncio.to_thread(
+                    self._run_scheduler, results, rnd.number
+                )
             by_rank = {s.rank: s for s in schedules}
             missing = sorted(set(range(self.info.world_size)) - set(by_rank))
             if missing or len(schedules) != self.info.world_size:
@@ -341,6 +363,12 @@ class CoordinatedJob:
                     self._persisted_plan = text
         self.round = self._new_round(rnd.number + 1)
         self.touch()
+        latency_s = time.perf_counter() - started
+        self.stats.round_issued(
+            rnd.number, kind, plan=plan, baseline_plan=baseline, latency_s=latency_s
+        )
+        if self.on_round is not None:
+            self.on_round(self, latency_s)
         rnd.future.set_result(by_rank)
 
     async def _dump(self, awaitable: Any) -> None:
@@ -380,6 +408,7 @@ class CoordinatedJob:
                     f"{self.job_id} refused: {exc}"
                 ) from None
         self.results[result.rank] = result
+        self.stats.add(self.round.number - 1, result)
 
     async def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
         self.touch()

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from perseus.errors import (
@@ -52,6 +53,8 @@ class JobManager:
         """The class `settings.scheduler` names (resolved by `create_app`)."""
         self.round_timeout_s = round_timeout_s
         self.jobs: dict[str, CoordinatedJob] = {}
+        self.round_listeners: list[Callable[[CoordinatedJob, float], None]] = []
+        """Called with (job, latency in s) whenever a job hands out a round (metrics)."""
 
     def get(self, job_id: str) -> CoordinatedJob:
         try:
@@ -72,8 +75,13 @@ class JobManager:
             scheduler_args=args,
             round_timeout_s=self.round_timeout_s,
         )
+        job.on_round = self._on_round
         self.jobs[job.job_id] = job
         return job
+
+    def _on_round(self, job: CoordinatedJob, latency_s: float) -> None:
+        for listener in self.round_listeners:
+            listener(job, latency_s)
 
     async def create_job(self, info: JobInfo, *, token_sha256: str | None = None) -> str:
         """Register a job; returns its new id. `token_sha256`: the hash of the credential

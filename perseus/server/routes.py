@@ -46,7 +46,7 @@ class StragglerReport(BaseModel):
     slowdown: float = Field(ge=1.0, allow_inf_nan=False)
 
 
-def get_job_manager(request: Request) -> JobManager:
+async def get_job_manager(request: Request) -> JobManager:
     return request.app.state.job_manager  # type: ignore[no-any-return]
 
 

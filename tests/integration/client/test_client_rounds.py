@@ -7,6 +7,7 @@ gloo group; the GPU is an `EmulatedGPU` in nominal mode (exact instruction times
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import pytest
@@ -226,3 +227,13 @@ def test_a_gpu_error_reaches_the_training_loop_and_is_not_masked_on_exit(point):
         hook.on_step_begin()
         hook.on_instruction_begin("forward")
         hook.on_instruction_end("forward")  # the emulator waits for the clock: the error
+
+
+def test_the_hook_logs_the_schedule_it_deploys(point, caplog):
+    caplog.set_level(logging.INFO, logger="perseus.client.hook")
+    with _hook(point) as hook:
+        _step(hook)
+        _step(hook)  # the same plan a second round: deployed
+    assert (
+        "Rank 0: deployed since round 0: 4 instructions, 705–1200 MHz (mean 979)" in caplog.messages
+    )

@@ -1,0 +1,106 @@
+"""What the operator's view (``/jobs``, ``/metrics``) knows of one job, kept up to date by
+the job itself (`perseus.server.job`) as rounds are handed out and results arrive.
+
+Everything here runs on the event loop and is O(1) per result; classifying a round's
+schedules (`perseus.planning.report.round_kind`, O(instructions)) runs in the round's
+worker thread.
+"""
+
+from __future__ import annotations
+
+from perseus.domain.plan import Plan
+from perseus.planning.report import (
+    EnergyReport,
+    IterationFigures,
+    IterationMeter,
+    RoundKind,
+    predicted_figures,
+)
+from perseus.protocol import ProfilingResult
+
+__all__ = ["JobStats", "MeasuredRound"]
+
+
+class MeasuredRound:
+    """The figures of one round whose every rank reported."""
+
+    __slots__ = ("figures", "kind", "number")
+
+    def __init__(self, number: int, kind: RoundKind, figures: IterationFigures) -> None:
+        self.number = number
+        self.kind = kind
+        self.figures = figures
+
+
+class JobStats:
+    """Rounds, round latency, measured and predicted figures of one job."""
+
+    def __init__(self, world_size: int, dp_degree: int) -> None:
+        self.world_size = world_size
+        self.dp_degree = dp_degree
+        self.rounds_completed = 0
+        """Rounds whose schedules were handed out."""
+        self.last_round_latency_s: float | None = None
+        self.plan: Plan | None = None
+        """The deployed plan at the last round."""
+        self.baseline_plan: Plan | None = None
+        """The all-max plan scored on the same profile (the predicted baseline)."""
+        self.latest: MeasuredRound | None = None
+        self.by_kind: dict[RoundKind, MeasuredRound] = {}
+        """The latest complete round of each kind."""
+        self._kinds: dict[int, RoundKind] = {}
+        self._meter_round: int | None = None
+        self._meter = IterationMeter()
+
+    def round_issued(
+        self,
+        number: int,
+        kind: RoundKind,
+        *,
+        plan: Plan | None,
+        baseline_plan: Plan | None,
+        latency_s: float,
+    ) -> None:
+        """Round `number`'s schedules (of `kind`) were handed out, `latency_s` after its
+        last rank asked."""
+        self.rounds_completed += 1
+        self.last_round_latency_s = latency_s
+        self.plan = plan
+        if baseline_plan is not None:
+            self.baseline_plan = baseline_plan
+        # Only the round whose results come next can still be measured.
+        self._kinds = {number: kind}
+
+    def add(self, number: int, result: ProfilingResult) -> None:
+        """One rank's result for round `number`; the round is measured when all ranks are in."""
+        if self._meter_round != number:
+            self._meter_round = number
+            self._meter = IterationMeter()
+        self._meter.add(result)
+        if self._meter.ranks < self.world_size:
+            return
+        figures = self._meter.figures()
+        kind = self._kinds.get(number, RoundKind.OTHER)
+        self._meter_round, self._meter = None, IterationMeter()
+        if figures is None:
+            return
+        measured = MeasuredRound(number, kind, figures)
+        self.latest = measured
+        self.by_kind[kind] = measured
+
+    def report(self) -> EnergyReport:
+        """Measured (latest all-max and deployed rounds) and predicted figures."""
+        all_max = self.by_kind.get(RoundKind.ALL_MAX)
+        deployed = self.by_kind.get(RoundKind.DEPLOYED)
+        return EnergyReport.of(
+            measured_all_max=all_max.figures if all_max else None,
+            measured_deployed=deployed.figures if deployed else None,
+            predicted_all_max=(
+                predicted_figures(self.baseline_plan, self.dp_degree)
+                if self.baseline_plan is not None
+                else None
+            ),
+            predicted_deployed=(
+                predicted_figures(self.plan, self.dp_degree) if self.plan is not None else None
+            ),
+        )
