@@ -26,6 +26,9 @@ class PerseusSettings(BaseSettings):
         dump_data: Whether to dump internal state (ranks, schedules, results) to `dump_dir`.
         dump_dir: Directory to dump state in (if enabled).
         max_job_idle_time: Seconds a job may stay idle before the coordinator evicts it.
+        dump_keep_rounds: With `dump_data`, how many rounds' schedules and results
+            (``N.sched.json``, ``N.prof.json``) each job keeps; older ones are deleted as
+            new rounds are written (``PERSEUS_DUMP_KEEP_ROUNDS``; 0 keeps every round).
     """
 
     model_config = SettingsConfigDict(env_prefix="PERSEUS_", extra="forbid", validate_default=True)
@@ -36,6 +39,7 @@ class PerseusSettings(BaseSettings):
     dump_data: bool = False
     dump_dir: str = "./dump"
     max_job_idle_time: int = Field(default=60 * 60 * 24 * 7, gt=0)
+    dump_keep_rounds: int = Field(default=10, ge=0, le=1_000_000)
 
     @field_validator("scheduler")
     @classmethod

@@ -5,11 +5,28 @@ the `perseus.errors` tree: an unreachable coordinator, a timeout or a transport 
 `CoordinatorError` that names the URL; an error answer is a `JobNotFoundError` (404) or a
 `CoordinatorError` carrying the status code and the coordinator's ``detail``. The httpx
 client is injectable (`transport=` or `client=`), so tests can talk to an in-process app.
+
+Reconnection: a coordinator that restarts (``kill -9`` and a restart on the same dump
+dir, a rolling upgrade) is waited for. A request that meets a connection error (refused,
+reset, closed mid-answer), a 502, 503 or 504, or, once such an outage has been seen, a 404
+"job unknown", is sent again with capped exponential backoff (0.1 s doubling to 5 s, with
+full jitter so thousands of ranks do not reconnect in step) until `reconnect_s` (default
+``PERSEUS_RECONNECT_S``, else 120 s; 0 turns retrying off) has passed since the first
+failure; then the last error is raised as before, saying how long it retried. A read
+timeout is not retried (the request already waited its whole timeout), nor is any other
+status. A restarted coordinator restores its jobs before it accepts a connection, so a 404
+after an outage means the job was not restored (evicted, failed, or a dump it refused):
+the rank fails when the window ends. Retried requests are safe to repeat: the coordinator
+accepts a rank's identical registration or result again.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import random
+import time
 from types import TracebackType
 from typing import Any
 
@@ -28,7 +45,50 @@ from perseus.protocol import (
     RankInfo,
 )
 
-__all__ = ["CoordinatorClient", "check_server_url"]
+__all__ = [
+    "DEFAULT_RECONNECT_S",
+    "RECONNECT_ENV",
+    "CoordinatorClient",
+    "check_server_url",
+    "reconnect_window_s",
+]
+
+RECONNECT_ENV = "PERSEUS_RECONNECT_S"
+DEFAULT_RECONNECT_S = 120.0
+MAX_RECONNECT_S = 7 * 24 * 3600.0
+_BACKOFF_FIRST_S = 0.1
+_BACKOFF_CAP_S = 5.0
+_RETRY_STATUS = frozenset({502, 503, 504})
+_CONNECTION_ERRORS = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
+"""Transport errors that mean the coordinator went away (not that it is slow)."""
+
+
+def reconnect_window_s(value: float | str | None = None) -> float:
+    """How long a request keeps retrying an unreachable coordinator: `value`, else
+    ``PERSEUS_RECONNECT_S``, else 120 s. `ConfigurationError` unless it is a finite number
+    of seconds in [0, 1 week] (0: fail at the first error, as before)."""
+    source = "reconnect_s"
+    if value is None:
+        value = os.environ.get(RECONNECT_ENV)
+        source = RECONNECT_ENV
+        if value is None or not str(value).strip():
+            return DEFAULT_RECONNECT_S
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_RECONNECT_S):
+        raise ConfigurationError(
+            f"{source}={value!r} must be a number of seconds between 0 and {MAX_RECONNECT_S:g} "
+            f"(how long a rank waits for a restarted coordinator; default {DEFAULT_RECONNECT_S:g})"
+        )
+    return seconds
 
 
 def check_server_url(server_url: str) -> str:
@@ -50,6 +110,8 @@ class CoordinatorClient:
             transport in tests).
         client: An httpx client to use instead; requests go to absolute URLs, so its
             ``base_url`` does not matter. Its owner closes it, not `close`.
+        reconnect_s: How long a request waits for an unreachable or restarting coordinator
+            (see the module docstring); default ``PERSEUS_RECONNECT_S``, else 120 s.
     """
 
     def __init__(
@@ -59,11 +121,15 @@ class CoordinatorClient:
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
         client: httpx.Client | None = None,
+        reconnect_s: float | None = None,
     ) -> None:
         if transport is not None and client is not None:
             raise ConfigurationError("Pass a transport or a client, not both")
         self.server_url = check_server_url(server_url)
         self.timeout_s = float(timeout_s)
+        self.reconnect_s = reconnect_window_s(reconnect_s)
+        self.retries = 0
+        """How many requests this client has sent again after an outage (for logs/tests)."""
         self._owned = client is None
         self._http = client or httpx.Client(
             timeout=httpx.Timeout(self.timeout_s),
@@ -130,14 +196,51 @@ class CoordinatorClient:
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> Any:
-        """One request; returns the decoded JSON answer or raises a `CoordinatorError`."""
-        url = f"{self.server_url}{path}"
-        timeout = self.timeout_s if timeout_s is None else timeout_s
+        """One request, retried through a coordinator outage (module docstring); returns
+        the decoded JSON answer or raises a `CoordinatorError`."""
         content = None
         if body is not None:
             content = (
                 body.model_dump_json() if hasattr(body, "model_dump_json") else json.dumps(body)
             )
+        first_failure: float | None = None
+        backoff = _BACKOFF_FIRST_S
+        while True:
+            try:
+                return self._send(method, path, content, params, timeout_s)
+            except CoordinatorError as exc:
+                retryable = getattr(exc, "_retryable", False) or (
+                    # "job unknown" after an outage: the restart may not have restored it yet
+                    isinstance(exc, JobNotFoundError) and first_failure is not None
+                )
+                if not retryable or self.reconnect_s <= 0:
+                    raise
+                now = time.monotonic()
+                if first_failure is None:
+                    first_failure = now
+                left = first_failure + self.reconnect_s - now
+                if left <= 0:
+                    raise type(exc)(
+                        f"{exc} (retried for {now - first_failure:.0f} s, "
+                        f"{RECONNECT_ENV}={self.reconnect_s:g})",
+                        url=exc.url,
+                        status_code=exc.status_code,
+                    ) from exc
+                time.sleep(min(left, random.uniform(0.5, 1.0) * backoff))
+                backoff = min(_BACKOFF_CAP_S, backoff * 2)
+                self.retries += 1
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        content: str | None,
+        params: dict[str, Any] | None,
+        timeout_s: float | None,
+    ) -> Any:
+        """One attempt. The errors a retry may cure carry ``_retryable = True``."""
+        url = f"{self.server_url}{path}"
+        timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
             response = self._http.request(
                 method,
@@ -148,21 +251,23 @@ class CoordinatorClient:
                 timeout=httpx.Timeout(self.timeout_s, read=timeout),
             )
         except httpx.ConnectError as exc:
-            raise CoordinatorError(
-                f"Cannot reach the Perseus coordinator at {self.server_url}: {exc}. "
-                "Is it running (perseus serve) and is the URL right?",
-                url=url,
+            raise _retryable(
+                CoordinatorError(
+                    f"Cannot reach the Perseus coordinator at {self.server_url}: {exc}. "
+                    "Is it running (perseus serve) and is the URL right?",
+                    url=url,
+                )
             ) from exc
         except httpx.TimeoutException as exc:
-            raise CoordinatorError(
+            error = CoordinatorError(
                 f"The Perseus coordinator at {self.server_url} did not answer {method} {path} "
                 f"within {timeout:g} s ({type(exc).__name__})",
                 url=url,
-            ) from exc
+            )
+            raise (_retryable(error) if isinstance(exc, httpx.ConnectTimeout) else error) from exc
         except httpx.HTTPError as exc:
-            raise CoordinatorError(
-                f"{method} {url} failed: {type(exc).__name__}: {exc}", url=url
-            ) from exc
+            error = CoordinatorError(f"{method} {url} failed: {type(exc).__name__}: {exc}", url=url)
+            raise (_retryable(error) if isinstance(exc, _CONNECTION_ERRORS) else error) from exc
         if response.is_success:
             try:
                 return response.json()
@@ -179,13 +284,14 @@ class CoordinatorClient:
             detail = response.text[:500]
         if not isinstance(detail, str):
             detail = json.dumps(detail)
-        error = JobNotFoundError if response.status_code == 404 else CoordinatorError
-        raise error(
+        kind = JobNotFoundError if response.status_code == 404 else CoordinatorError
+        error = kind(
             f"The Perseus coordinator at {url} answered {response.status_code} "
             f"{response.reason_phrase}: {detail}",
             url=url,
             status_code=response.status_code,
         )
+        raise _retryable(error) if response.status_code in _RETRY_STATUS else error
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -203,3 +309,9 @@ class CoordinatorClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _retryable(error: CoordinatorError) -> CoordinatorError:
+    """Mark `error` as one a later attempt may cure (the coordinator went away)."""
+    error._retryable = True  # type: ignore[attr-defined]
+    return error

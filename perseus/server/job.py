@@ -10,11 +10,19 @@ When the last rank has asked (and every rank has registered), one task observes 
 previous round's results, asks the scheduler for the next schedules and resolves the
 future. If the barrier is not complete `round_timeout_s` after the round's first request,
 a timer fails the future (504 for every waiting rank) and the job (409 afterwards).
+
+With `dump_data`, what a restarted coordinator needs is on disk as soon as it is known: the
+ranks when the last one registers, a round's results when its last result arrives (so
+the job's last round is kept too), the schedules and the deployed plan when a round
+completes (older rounds pruned to `dump_keep_rounds`), and a ``failed`` marker when the job
+fails (a failed job is never restored). A rank's identical registration or result sent
+again (a client retrying through a coordinator outage) is accepted without effect.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -132,6 +140,8 @@ class CoordinatedJob:
         self.lock = asyncio.Lock()
         self.last_active = time.monotonic()
         self._persisted_plan: str | None = None
+        self._results_dumped = False
+        """The current `results` (all ranks) were written when the last one arrived."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ basics
@@ -170,6 +180,10 @@ class CoordinatedJob:
             self.failure = JobFailedError(str(error), status_code=status)
             self.phase = JobPhase.FAILED
             logger.error("Job %s failed: %s", self.job_id, error)
+            if self.dumping and self.dir.path.is_dir():
+                # Small and rare: written at once, so a restart never revives the job.
+                with contextlib.suppress(OSError):
+                    atomic_write_text(self.dir.failed, f"{status} {error}\n")
         if self.round.timer is not None:
             self.round.timer.cancel()
 
@@ -198,6 +212,8 @@ class CoordinatedJob:
                 f"MHz values, got {info.available_frequencies!r}"
             )
         if info.rank in self.ranks:
+            if self.ranks[info.rank] == info:
+                return  # the same registration again (a retry after a lost answer)
             raise RankConflictError(
                 f"Rank {info.rank} is already registered with job {self.job_id}; every rank "
                 "registers once (a restarted job registers a new job)"
@@ -298,6 +314,7 @@ class CoordinatedJob:
     async def _complete(self, rnd: Round) -> None:
         results = [self.results[r] for r in sorted(self.results)]
         self.results = {}
+        results_dumped, self._results_dumped = self._results_dumped, False
         name = self.scheduler_cls.__name__
         try:
             async with self.lock:
@@ -320,9 +337,13 @@ class CoordinatedJob:
             _fail_round(rnd, error)
             return
         if self.dumping:
-            if results:
+            if results and not results_dumped:
                 await self._dump(save_prof(results, self.dir.path, rnd.number - 1))
             await self._dump(save_sched(schedules, self.dir.path, rnd.number))
+            if self.settings.dump_keep_rounds:
+                await self._dump(
+                    asyncio.to_thread(self.dir.prune_rounds, self.settings.dump_keep_rounds)
+                )
             if plan is not None:
                 text = plan.model_dump_json() + "\n"
                 if text != self._persisted_plan:
@@ -356,11 +377,19 @@ class CoordinatedJob:
                 f"job {self.job_id}; report round {self.round.number - 1}'s result before asking"
             )
         if result.rank in self.results:
+            if self.results[result.rank] == result:
+                return  # the same result again (a retry after a lost answer)
             raise RankConflictError(
                 f"Rank {result.rank} already reported its result for round "
                 f"{self.round.number - 1} of job {self.job_id}; report once per round"
             )
         self.results[result.rank] = result
+        if self.dumping and len(self.results) == self.info.world_size:
+            # The round's results are complete: write them now, not when the next round
+            # starts (the job's last round has no next round).
+            self._results_dumped = True
+            results = [self.results[r] for r in sorted(self.results)]
+            await self._dump(save_prof(results, self.dir.path, self.round.number - 1))
 
     async def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
         self.touch()
