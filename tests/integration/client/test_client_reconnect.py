@@ -1,0 +1,140 @@
+"""`CoordinatorClient` waits for a coordinator that went away (issue 30, item 4).
+
+Everything is real: an unused loopback port (connection refused), a coordinator
+subprocess that starts late on the port a request is already retrying, and a small
+stdlib HTTP server that answers 503 (a proxy in front of a restarting coordinator).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import pytest
+
+from perseus.client.coordinator import (
+    DEFAULT_RECONNECT_S,
+    CoordinatorClient,
+    reconnect_window_s,
+)
+from perseus.demo import Coordinator, free_port
+from perseus.errors import ConfigurationError, CoordinatorError, JobNotFoundError
+
+
+def test_an_unreachable_coordinator_is_retried_for_the_window_then_fails_clearly() -> None:
+    port = free_port()
+    with CoordinatorClient(f"http://127.0.0.1:{port}", reconnect_s=1.5) as client:
+        start = time.monotonic()
+        with pytest.raises(CoordinatorError) as caught:
+            client.request("GET", "/info")
+        elapsed = time.monotonic() - start
+    message = str(caught.value)
+    assert "Cannot reach the Perseus coordinator" in message
+    assert "PERSEUS_RECONNECT_S=1.5" in message
+    assert 1.5 <= elapsed < 4.0
+    assert client.retries >= 3  # 0.1, 0.2, 0.4 ... s apart (with jitter)
+
+
+def test_reconnect_zero_fails_at_the_first_error() -> None:
+    with CoordinatorClient(f"http://127.0.0.1:{free_port()}", reconnect_s=0) as client:
+        start = time.monotonic()
+        with pytest.raises(CoordinatorError, match="Cannot reach"):
+            client.request("GET", "/info")
+        assert time.monotonic() - start < 1.0 and client.retries == 0
+
+
+def test_the_window_comes_from_the_environment_and_is_validated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert reconnect_window_s() == DEFAULT_RECONNECT_S == 120.0
+    monkeypatch.setenv("PERSEUS_RECONNECT_S", "7.5")
+    assert CoordinatorClient("http://127.0.0.1:1").reconnect_s == 7.5
+    for bad in ("abc", "-1", "nan", "inf", "1e9"):
+        monkeypatch.setenv("PERSEUS_RECONNECT_S", bad)
+        with pytest.raises(ConfigurationError, match="PERSEUS_RECONNECT_S"):
+            CoordinatorClient("http://127.0.0.1:1")
+
+
+def test_a_coordinator_that_starts_late_is_reached(tmp_path) -> None:
+    coordinator = Coordinator(
+        scheduler="AllMaxFrequency", dump_dir=tmp_path / "dump", log_path=tmp_path / "c.log"
+    )
+    coordinator.port = free_port()
+    answers: list[object] = []
+    with CoordinatorClient(coordinator.url, reconnect_s=60) as client:
+        asking = threading.Thread(target=lambda: answers.append(client.request("GET", "/info")))
+        asking.start()
+        time.sleep(1.0)  # the request is being refused and retried meanwhile
+        with coordinator:
+            asking.join(timeout=30)
+    assert isinstance(answers[0], dict) and client.retries >= 2
+
+
+def test_job_unknown_is_not_retried_without_an_outage(tmp_path) -> None:
+    with (
+        Coordinator(
+            scheduler="AllMaxFrequency", dump_dir=tmp_path / "dump", log_path=tmp_path / "c.log"
+        ) as coordinator,
+        CoordinatorClient(coordinator.url, reconnect_s=60) as client,
+    ):
+        start = time.monotonic()
+        with pytest.raises(JobNotFoundError, match="Unknown job id"):
+            client.request("GET", "/schedule/nope", params={"rank": 0})
+        assert time.monotonic() - start < 2.0 and client.retries == 0
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    """Answers the queued `statuses` (one per request), then 200; a POST gets a 500."""
+
+    statuses: ClassVar[list[int]] = []
+
+    def do_GET(self) -> None:
+        status = self.statuses.pop(0) if self.statuses else 200
+        body = b'{"detail": "restarting"}' if status != 200 else b'{"ok": true}'
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.statuses.append(500)
+        self.do_GET()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def flaky() -> Iterator[tuple[str, list[int]]]:
+    statuses: ClassVar[list[int]] = []
+    handler = type("Handler", (_Flaky,), {"statuses": statuses})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", statuses
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_502_503_504_are_retried_other_errors_are_not(flaky) -> None:
+    url, statuses = flaky
+    statuses.extend([503, 502, 504])
+    with CoordinatorClient(url, reconnect_s=30) as client:
+        assert client.request("GET", "/info") == {"ok": True}
+        assert client.retries == 3 and statuses == []
+        with pytest.raises(CoordinatorError, match="500"):
+            client.request("POST", "/info", body={})  # a 500 is the coordinator's bug
+        assert client.retries == 3
+    statuses.extend([503] * 100)
+    with (
+        CoordinatorClient(url, reconnect_s=0.5) as client,
+        pytest.raises(CoordinatorError, match=r"503 Service Unavailable: restarting \(retried"),
+    ):
+        client.request("GET", "/info")
