@@ -8,7 +8,9 @@ client is injectable (`transport=` or `client=`), so tests can talk to an in-pro
 
 Reconnection: a coordinator that restarts (``kill -9`` and a restart on the same dump
 dir, a rolling upgrade) is waited for. A request that meets a connection error (refused,
-reset, closed mid-answer), a 502, 503 or 504, or, once such an outage has been seen, a 404
+reset, closed mid-answer), a 502, a 503 (a proxy's, or the coordinator shutting down), a
+504 from a proxy (the coordinator's own 504, a JSON ``detail``, says a round timed out and
+the job failed: final), or, once such an outage has been seen, a 404
 "job unknown", is sent again with capped exponential backoff (0.1 s doubling to 5 s, with
 full jitter so thousands of ranks do not reconnect in step) until `reconnect_s` (default
 ``PERSEUS_RECONNECT_S``, else 120 s; 0 turns retrying off) has passed since the first
@@ -278,9 +280,11 @@ class CoordinatorClient:
                     url=url,
                     status_code=response.status_code,
                 ) from exc
+        coordinator_said = False
         try:
-            detail = response.json().get("detail", response.text)
-        except (ValueError, AttributeError):
+            detail = response.json()["detail"]
+            coordinator_said = True
+        except (ValueError, TypeError, KeyError):
             detail = response.text[:500]
         if not isinstance(detail, str):
             detail = json.dumps(detail)
@@ -291,7 +295,11 @@ class CoordinatorClient:
             url=url,
             status_code=response.status_code,
         )
-        raise _retryable(error) if response.status_code in _RETRY_STATUS else error
+        if response.status_code in _RETRY_STATUS and not (
+            response.status_code == 504 and coordinator_said
+        ):
+            raise _retryable(error)
+        raise error
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

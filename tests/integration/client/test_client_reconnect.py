@@ -7,6 +7,7 @@ stdlib HTTP server that answers 503 (a proxy in front of a restarting coordinato
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -87,30 +88,33 @@ def test_job_unknown_is_not_retried_without_an_outage(tmp_path) -> None:
 
 
 class _Flaky(BaseHTTPRequestHandler):
-    """Answers the queued `statuses` (one per request), then 200; a POST gets a 500."""
+    """Answers the queued statuses (one per request), then 200: an int as a proxy does
+    (a text body), a ``(status, detail)`` as the coordinator does (a JSON ``detail``)."""
 
-    statuses: ClassVar[list[int]] = []
+    statuses: ClassVar[list[int | tuple[int, str]]] = []
 
     def do_GET(self) -> None:
         status = self.statuses.pop(0) if self.statuses else 200
-        body = b'{"detail": "restarting"}' if status != 200 else b'{"ok": true}'
+        if isinstance(status, tuple):
+            status, detail = status
+            body, kind = json.dumps({"detail": detail}).encode(), "application/json"
+        elif status == 200:
+            body, kind = b'{"ok": true}', "application/json"
+        else:
+            body, kind = b"restarting", "text/plain"
         self.send_response(status)
-        self.send_header("content-type", "application/json")
+        self.send_header("content-type", kind)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-
-    def do_POST(self) -> None:
-        self.statuses.append(500)
-        self.do_GET()
 
     def log_message(self, format: str, *args: object) -> None:
         pass
 
 
 @pytest.fixture
-def flaky() -> Iterator[tuple[str, list[int]]]:
-    statuses: ClassVar[list[int]] = []
+def flaky() -> Iterator[tuple[str, list[int | tuple[int, str]]]]:
+    statuses: list[int | tuple[int, str]] = []
     handler = type("Handler", (_Flaky,), {"statuses": statuses})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -125,13 +129,18 @@ def flaky() -> Iterator[tuple[str, list[int]]]:
 
 def test_502_503_504_are_retried_other_errors_are_not(flaky) -> None:
     url, statuses = flaky
-    statuses.extend([503, 502, 504])
+    statuses.extend([503, 502, 504, (503, "The coordinator is shutting down")])
     with CoordinatorClient(url, reconnect_s=30) as client:
         assert client.request("GET", "/info") == {"ok": True}
-        assert client.retries == 3 and statuses == []
-        with pytest.raises(CoordinatorError, match="500"):
-            client.request("POST", "/info", body={})  # a 500 is the coordinator's bug
-        assert client.retries == 3
+        assert client.retries == 4 and statuses == []
+        # The coordinator's own 500 (a bug) and 504 (a round timed out: the job failed)
+        # are final.
+        statuses.extend([(500, "Internal coordinator error"), (504, "Round 3 timed out")])
+        with pytest.raises(CoordinatorError, match="500 Internal Server Error"):
+            client.request("GET", "/info")
+        with pytest.raises(CoordinatorError, match="504 Gateway Timeout: Round 3 timed out"):
+            client.request("GET", "/info")
+        assert client.retries == 4 and statuses == []
     statuses.extend([503] * 100)
     with (
         CoordinatorClient(url, reconnect_s=0.5) as client,
