@@ -147,3 +147,86 @@ def test_502_503_504_are_retried_other_errors_are_not(flaky) -> None:
         pytest.raises(CoordinatorError, match=r"503 Service Unavailable: restarting \(retried"),
     ):
         client.request("GET", "/info")
+
+
+def test_a_rank_trains_on_with_its_schedule_while_the_coordinator_restarts(
+    tmp_path, process_group, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hook: kill -9 of the coordinator between two rounds, steps go on at the plan's
+    clocks (traced as detached), and the restored coordinator's next schedule is taken."""
+    from server_fixtures import single_rank_layout
+
+    from perseus.client import EmulationSettings, PerseusOptimizer
+    from perseus.domain.plan import Plan
+    from perseus.domain.schedule import make_schedule
+    from perseus.io.plan_file import save_plan
+    from zeus_power.device.emulated import EmulatedGPU
+
+    order = make_schedule("1f1b", 1, 2).orders[0]
+    freqs = [1005, 705, 1200, 1005]
+    plan = Plan(
+        schedule="1f1b",
+        num_stages=1,
+        num_microbatches=2,
+        p2p_power=55.0,
+        iteration_time=1.0,
+        energy=1.0,
+        frequencies=[[(i.kind, f) for i, f in zip(order, freqs, strict=True)]],
+    )
+    save_plan(plan, tmp_path / "plan.json")
+    coordinator = Coordinator(
+        scheduler="PointSolution",
+        scheduler_args={"solution_path": str(tmp_path / "plan.json")},
+        dump_dir=tmp_path / "dump",
+        log_path=tmp_path / "coordinator.log",
+        env={"PERSEUS_DUMP_DATA": "1"},
+    )
+    monkeypatch.setenv("PERSEUS_RECONNECT_S", "60")
+
+    def step(hook: PerseusOptimizer) -> None:
+        hook.on_step_begin()
+        for instr in order:
+            hook.on_instruction_begin(instr.kind)
+            hook.on_instruction_end(instr.kind)
+        hook.on_step_end()
+
+    with coordinator:
+        hook = PerseusOptimizer(
+            **single_rank_layout(server_url=coordinator.url),
+            gpu=EmulatedGPU(0),
+            emulation=EmulationSettings(nominal=True),
+            nominal_time_s={"forward": 0.005, "backward": 0.01},
+            trace_dir=tmp_path / "trace",
+        )
+        with hook:
+            hook.on_step_begin()  # round 0: the plan
+            for instr in order:
+                hook.on_instruction_begin(instr.kind)
+                hook.on_instruction_end(instr.kind)
+            coordinator.kill()
+            hook.on_step_end()  # round 0's report meets a dead coordinator
+            deadline = time.monotonic() + 10
+            while not hook._coordinator.reconnecting:  # the exchange is retrying
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            for _ in range(3):
+                step(hook)  # the coordinator is away: trained on, reported to nobody
+            coordinator.start()  # same port, same dump dir
+            deadline = time.monotonic() + 30
+            while hook.round < 1:
+                assert time.monotonic() < deadline, "never got the restored schedule"
+                step(hook)
+            step(hook)
+    records = [
+        json.loads(line) for line in (tmp_path / "trace" / "rank0.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [s.get("detached", False) for s in steps[:4]] == [False, True, True, True]
+    assert [s["round"] for s in steps[:4]] == [0, 0, 0, 0] and steps[-1]["round"] >= 1
+    assert not steps[-1].get("detached", False)
+    for s in steps:  # every step, detached or not, ran the plan's clocks
+        ran = [
+            r["freq_mhz"] for r in records if r["kind"] == "instruction" and r["step"] == s["step"]
+        ]
+        assert ran == freqs, s
+    assert hook._coordinator.retries >= 1
