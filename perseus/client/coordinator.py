@@ -28,7 +28,6 @@ import json
 import math
 import os
 import random
-import threading
 import time
 from types import TracebackType
 from typing import Any
@@ -133,8 +132,6 @@ class CoordinatorClient:
         self.reconnect_s = reconnect_window_s(reconnect_s)
         self.retries = 0
         """How many requests this client has sent again after an outage (for logs/tests)."""
-        self._waiting = 0
-        self._waiting_lock = threading.Lock()
         self._owned = client is None
         self._http = client or httpx.Client(
             timeout=httpx.Timeout(self.timeout_s),
@@ -191,15 +188,6 @@ class CoordinatorClient:
             body={"dp_rank": dp_rank, "slowdown": slowdown},
         )
 
-    @property
-    def reconnecting(self) -> bool:
-        """Some request of this client is waiting for the coordinator to come back."""
-        return self._waiting > 0
-
-    def _set_waiting(self, delta: int) -> None:
-        with self._waiting_lock:
-            self._waiting += delta
-
     # ------------------------------------------------------------------ transport
     def request(
         self,
@@ -219,35 +207,30 @@ class CoordinatorClient:
             )
         first_failure: float | None = None
         backoff = _BACKOFF_FIRST_S
-        try:
-            while True:
-                try:
-                    return self._send(method, path, content, params, timeout_s)
-                except CoordinatorError as exc:
-                    retryable = getattr(exc, "_retryable", False) or (
-                        # "job unknown" after an outage: the restart may not have restored it
-                        isinstance(exc, JobNotFoundError) and first_failure is not None
-                    )
-                    if not retryable or self.reconnect_s <= 0:
-                        raise
-                    now = time.monotonic()
-                    if first_failure is None:
-                        first_failure = now
-                        self._set_waiting(+1)
-                    left = first_failure + self.reconnect_s - now
-                    if left <= 0:
-                        raise type(exc)(
-                            f"{exc} (retried for {now - first_failure:.0f} s, "
-                            f"{RECONNECT_ENV}={self.reconnect_s:g})",
-                            url=exc.url,
-                            status_code=exc.status_code,
-                        ) from exc
-                    time.sleep(min(left, random.uniform(0.5, 1.0) * backoff))
-                    backoff = min(_BACKOFF_CAP_S, backoff * 2)
-                    self.retries += 1
-        finally:
-            if first_failure is not None:
-                self._set_waiting(-1)
+        while True:
+            try:
+                return self._send(method, path, content, params, timeout_s)
+            except CoordinatorError as exc:
+                retryable = getattr(exc, "_retryable", False) or (
+                    # "job unknown" after an outage: the restart may not have restored it yet
+                    isinstance(exc, JobNotFoundError) and first_failure is not None
+                )
+                if not retryable or self.reconnect_s <= 0:
+                    raise
+                now = time.monotonic()
+                if first_failure is None:
+                    first_failure = now
+                left = first_failure + self.reconnect_s - now
+                if left <= 0:
+                    raise type(exc)(
+                        f"{exc} (retried for {now - first_failure:.0f} s, "
+                        f"{RECONNECT_ENV}={self.reconnect_s:g})",
+                        url=exc.url,
+                        status_code=exc.status_code,
+                    ) from exc
+                time.sleep(min(left, random.uniform(0.5, 1.0) * backoff))
+                backoff = min(_BACKOFF_CAP_S, backoff * 2)
+                self.retries += 1
 
     def _send(
         self,

@@ -25,26 +25,15 @@ locked clock and takes each instruction's energy from the emulator: exactly what
 to the energy counter (see `perseus.client.emulation`); iteration energies always come from
 the counter.
 
-While the coordinator is away (killed, restarting: `CoordinatorClient` retries for
-``PERSEUS_RECONNECT_S``, default 120 s), a rank that already has a schedule keeps
-training with it: each `on_step_begin` that finds the round's exchange still reconnecting
-runs one more step at the clocks of the schedule in force (the deployed plan, once there
-is one), measured into the trace (``"detached": true``) but reported to nobody, and the
-next `on_step_begin` after the coordinator answers takes the new schedule. Only a rank
-that has no schedule yet (the first one is fetched in-band) waits. When the window ends
-without the coordinator, the next `on_step_begin` raises the `CoordinatorError`.
-
 This module is the state machine only; its parts are its sibling modules.
 
 States (`_HookState`), and the calls that move between them (anything else is a `RankError`):
 
 ```
 NEED_SCHEDULE --on_step_begin (fetches the schedule)--> IN_STEP
-NEED_SCHEDULE --on_step_begin (coordinator reconnecting: the schedule in force)--> IN_STEP
 BETWEEN_STEPS --on_step_begin--> IN_STEP
 IN_STEP --on_instruction_begin--> IN_INSTRUCTION --on_instruction_end--> IN_STEP
 IN_STEP --on_step_end--> BETWEEN_STEPS, or NEED_SCHEDULE after the round's last step (reports)
-                          or after a step run while reconnecting (reports nothing)
 IN_STEP, IN_INSTRUCTION --abort_step (the training step failed)--> BETWEEN_STEPS
 any --close--> CLOSED
 ```
@@ -112,10 +101,6 @@ class _Exchange:
             self._error = exc
         finally:
             self._done.set()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
 
     def result(self) -> Any:
         self._done.wait()
@@ -280,8 +265,6 @@ class PerseusOptimizer:
         self._instr_microbatch: int | None = None
         self._step_start_s = 0.0
         self._step_start_mj = 0.0
-        self._detached = False
-        """The step in progress runs while the coordinator is away: it is reported to nobody."""
         self._iter_time: list[float] = []
         self._iter_energy: list[float] = []
         self._time_breakdown: dict[str, list[list[float]]] = {}
@@ -350,22 +333,7 @@ class PerseusOptimizer:
     def on_step_begin(self) -> None:
         """Mark the beginning of an iteration (fetches the schedule at a round's start)."""
         self._expect(_HookState.NEED_SCHEDULE, _HookState.BETWEEN_STEPS, call="on_step_begin")
-        if self._state is _HookState.NEED_SCHEDULE and self._coordinator_away():
-            if not self._detached:
-                logger.warning(
-                    "Rank %d: the coordinator is unreachable; training on with round %d's "
-                    "schedule until it is back",
-                    self.rank,
-                    self.round,
-                )
-            self._detached = True
-            self._iter_time, self._iter_energy = [], []  # measured, reported to nobody
-            self._time_breakdown = {name: [] for name in INSTRUCTIONS}
-            self._energy_breakdown = {name: [] for name in INSTRUCTIONS}
-        elif self._state is _HookState.NEED_SCHEDULE:
-            if self._detached:
-                logger.warning("Rank %d: the coordinator is back", self.rank)
-            self._detached = False
+        if self._state is _HookState.NEED_SCHEDULE:
             self._fetch_schedule()
             self._step_in_round = 0
             self._iter_time, self._iter_energy = [], []
@@ -379,17 +347,6 @@ class PerseusOptimizer:
         self._sync()
         self._step_start_mj = self._energy_mj()
         self._step_start_s = time.perf_counter()
-
-    def _coordinator_away(self) -> bool:
-        """The round's exchange is waiting for a coordinator that went away, and this rank
-        has a schedule to keep training with."""
-        pending = self._pending
-        return (
-            self.round >= 0
-            and pending is not None
-            and not pending.done
-            and self._coordinator.reconnecting
-        )
 
     def on_instruction_begin(
         self, name: str, *, stage: int | None = None, microbatch: int | None = None
@@ -470,20 +427,16 @@ class PerseusOptimizer:
         self._schedule.finish_step(self.step)
         self._iter_time.append(iter_time_s)
         self._iter_energy.append(iter_energy_j)
-        record: dict[str, Any] = {
-            "kind": "step",
-            "round": self.round,
-            "step": self.step,
-            "iter_time_s": iter_time_s,
-            "iter_energy_j": iter_energy_j,
-        }
-        if self._detached:
-            record["detached"] = True
-        self._write_trace(record)
+        self._write_trace(
+            {
+                "kind": "step",
+                "round": self.round,
+                "step": self.step,
+                "iter_time_s": iter_time_s,
+                "iter_energy_j": iter_energy_j,
+            }
+        )
         self.step += 1
-        if self._detached:  # the round's exchange is still reconnecting
-            self._state = _HookState.NEED_SCHEDULE
-            return
         self._step_in_round += 1
         if self._step_in_round < self.steps_per_round:
             self._state = _HookState.BETWEEN_STEPS
@@ -511,7 +464,7 @@ class PerseusOptimizer:
             self._time_breakdown[name].pop()
             self._energy_breakdown[name].pop()
         self._schedule.start_step()
-        self._state = _HookState.NEED_SCHEDULE if self._detached else _HookState.BETWEEN_STEPS
+        self._state = _HookState.BETWEEN_STEPS
         logger.warning(
             "Rank %d: step %d failed; its measurements are dropped", self.rank, self.step
         )
