@@ -25,6 +25,7 @@ accepts a rank's identical registration or result again.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -54,6 +55,8 @@ __all__ = [
     "check_server_url",
     "reconnect_window_s",
 ]
+
+logger = logging.getLogger(__name__)
 
 RECONNECT_ENV = "PERSEUS_RECONNECT_S"
 DEFAULT_RECONNECT_S = 120.0
@@ -209,7 +212,7 @@ class CoordinatorClient:
         backoff = _BACKOFF_FIRST_S
         while True:
             try:
-                return self._send(method, path, content, params, timeout_s)
+                answer = self._send(method, path, content, params, timeout_s)
             except CoordinatorError as exc:
                 retryable = getattr(exc, "_retryable", False) or (
                     # "job unknown" after an outage: the restart may not have restored it yet
@@ -220,6 +223,14 @@ class CoordinatorClient:
                 now = time.monotonic()
                 if first_failure is None:
                     first_failure = now
+                    logger.warning(
+                        "%s %s: %s; retrying for up to %g s (%s)",
+                        method,
+                        path,
+                        exc,
+                        self.reconnect_s,
+                        RECONNECT_ENV,
+                    )
                 left = first_failure + self.reconnect_s - now
                 if left <= 0:
                     raise type(exc)(
@@ -231,6 +242,15 @@ class CoordinatorClient:
                 time.sleep(min(left, random.uniform(0.5, 1.0) * backoff))
                 backoff = min(_BACKOFF_CAP_S, backoff * 2)
                 self.retries += 1
+                continue
+            if first_failure is not None:
+                logger.warning(
+                    "%s %s went through after %.1f s: the coordinator is back",
+                    method,
+                    path,
+                    time.monotonic() - first_failure,
+                )
+            return answer
 
     def _send(
         self,
