@@ -128,7 +128,8 @@ def test_bad_layouts_are_named(overrides, message):
         PerseusOptimizer(**single_rank_layout(**overrides), gpu=EmulatedGPU(0))
 
 
-def test_unreachable_coordinator_names_the_url(process_group):
+def test_unreachable_coordinator_names_the_url(process_group, monkeypatch):
+    monkeypatch.setenv("PERSEUS_RECONNECT_S", "0")  # no wait for a restart
     url = f"http://127.0.0.1:{free_port()}"
     gpu = EmulatedGPU(0)
     with pytest.raises(CoordinatorError, match=f"Cannot reach the Perseus coordinator at {url}"):
