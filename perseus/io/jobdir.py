@@ -5,6 +5,7 @@ dump_dir/<job_id>/
 ├── job.json                 the job's record (its id included)        coordinator, dump_data
 ├── scheduler.json           the scheduler's name and arguments         coordinator, dump_data
 ├── ranks.json               every rank's RankInfo                      coordinator, dump_data
+├── ranks.partial.jsonl      RankInfos so far, one a line (registering) coordinator, dump_data
 ├── N.sched.json             round N's FrequencySchedules               coordinator, dump_data
 ├── N.prof.json              round N's ProfilingResults                 coordinator, dump_data
 ├── deployed_plan.json       the plan the scheduler deployed            coordinator, dump_data
@@ -39,6 +40,7 @@ class JobDir:
     JOB = "job.json"
     SCHEDULER = "scheduler.json"
     RANKS = "ranks.json"
+    REGISTERING = "ranks.partial.jsonl"
     DEPLOYED_PLAN = "deployed_plan.json"
     EVICTED = "evicted"
     FAILED = "failed"
@@ -88,6 +90,18 @@ class JobDir:
     @property
     def ranks(self) -> Path:
         return self.path / self.RANKS
+
+    @property
+    def registering(self) -> Path:
+        """The ranks registered so far, one JSON line each, until ``ranks.json`` is written."""
+        return self.path / self.REGISTERING
+
+    def append_registration(self, line: str) -> None:
+        """Append one rank's registration (a JSON line) to `registering`; one ``write`` to a
+        file opened for appending, so concurrent appends never interleave."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with self.registering.open("a", encoding="utf-8") as f:
+            f.write(line if line.endswith("\n") else line + "\n")
 
     @property
     def deployed_plan(self) -> Path:

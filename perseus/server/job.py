@@ -11,8 +11,9 @@ previous round's results, asks the scheduler for the next schedules and resolves
 future. If the barrier is not complete `round_timeout_s` after the round's first request,
 a timer fails the future (504 for every waiting rank) and the job (409 afterwards).
 
-With `dump_data`, what a restarted coordinator needs is on disk as soon as it is known: the
-ranks when the last one registers, a round's results when its last result arrives (so
+With `dump_data`, what a restarted coordinator needs is on disk as soon as it is known: each
+rank's registration before it is answered (``ranks.partial.jsonl``), all ranks
+(``ranks.json``) when the last one registers, a round's results when its last result arrives (so
 the job's last round is kept too), the schedules and the deployed plan when a round
 completes (older rounds pruned to `dump_keep_rounds`), and a ``failed`` marker when the job
 fails (a failed job is never restored). A rank's identical registration or result sent
@@ -226,7 +227,11 @@ class CoordinatedJob:
             )
         self.ranks[info.rank] = info
         self._coords[coords] = info.rank
-        if len(self.ranks) == self.info.world_size:
+        complete = len(self.ranks) == self.info.world_size  # decided before any await
+        if self.dumping:  # on disk before the rank hears back: a restart keeps it
+            line = info.model_dump_json()
+            await self._dump(asyncio.to_thread(self.dir.append_registration, line))
+        if complete:
             await self._start()
 
     async def _start(self) -> None:
@@ -254,6 +259,7 @@ class CoordinatedJob:
         self.phase = JobPhase.RUNNING
         if self.dumping:
             await self._dump(save_ranks(rank_infos, self.dir.path))
+            await self._dump(asyncio.to_thread(self.dir.registering.unlink, missing_ok=True))
         logger.info("Job %s: all %d ranks registered", self.job_id, len(rank_infos))
         self._maybe_complete()
 

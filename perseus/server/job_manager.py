@@ -36,6 +36,7 @@ from perseus.io.plan_file import load_plan
 from perseus.protocol import (
     JobInfo,
     JobRecord,
+    RankInfo,
     load_ranks,
 )
 from perseus.server.job import CoordinatedJob, JobPhase
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 _METADATA = re.compile(r"[A-Za-z0-9._+-]{1,64}")
 _MAX_META_BYTES = 1 << 20
+_MAX_RANK_LINE_BYTES = 64 << 10
+"""A RankInfo line: a few ranks and at most a few thousand frequencies."""
 """``scheduler.json`` is a name and a few arguments: anything larger is not ours."""
 
 
@@ -201,7 +204,7 @@ class JobManager:
                 f"{job_dir.job.name} is the record of job {info.job_id!r}, not of {job_dir.name!r}"
             )
         args = self._trusted_scheduler(job_dir)
-        rank_infos = []
+        rank_infos: list[RankInfo] = []
         if job_dir.ranks.is_file():
             try:
                 rank_infos = load_ranks(job_dir.path)
@@ -212,8 +215,11 @@ class JobManager:
                 raise UntrustedDumpError(
                     f"{job_dir.ranks.name} does not hold ranks 0..{info.world_size - 1} once each"
                 )
+        elif job_dir.registering.is_file():
+            rank_infos = _registered_so_far(job_dir, info)
+        complete = len(rank_infos) == info.world_size
         plan = None
-        if rank_infos and job_dir.deployed_plan.is_file():
+        if complete and job_dir.deployed_plan.is_file():
             try:
                 plan = load_plan(job_dir.deployed_plan)
             except (ValueError, PerseusError) as exc:
@@ -229,7 +235,7 @@ class JobManager:
                 job._coords[rank_info.dp_rank, rank_info.pp_rank, rank_info.tp_rank] = (
                     rank_info.rank
                 )
-            if rank_infos:
+            if complete:
                 job.scheduler = await asyncio.to_thread(
                     build_scheduler, self.scheduler_cls, info, rank_infos, self.settings, args
                 )
@@ -241,9 +247,11 @@ class JobManager:
             del self.jobs[job.job_id]
             raise
         logger.info(
-            "Restored job %s at round %d%s",
+            "Restored job %s at round %d (%d of %d ranks registered)%s",
             info.job_id,
             job.round.number,
+            len(rank_infos),
+            info.world_size,
             " with its deployed plan" if plan is not None else "",
         )
         return job
@@ -255,3 +263,42 @@ class JobManager:
         tasks = [t for job in self.jobs.values() for t in job._tasks]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _registered_so_far(job_dir: JobDir, info: JobRecord) -> list[RankInfo]:
+    """The ranks of ``ranks.partial.jsonl`` (a job killed while its ranks registered).
+
+    A last line without its newline was being written when the coordinator died: that rank
+    never heard back and registers again, so it is skipped. Anything else that is not a
+    valid, distinct rank of the job makes the dump untrusted.
+    """
+    path = job_dir.registering
+    if path.stat().st_size > info.world_size * _MAX_RANK_LINE_BYTES:
+        raise UntrustedDumpError(f"{path.name} is larger than {info.world_size} ranks can be")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    # What follows the last newline is empty, or torn (being written when it was killed).
+    lines = text.split("\n")[:-1]
+    ranks: dict[int, RankInfo] = {}
+    coords: set[tuple[int, int, int]] = set()
+    for number, line in enumerate(lines, 1):
+        try:
+            rank = RankInfo.model_validate_json(line)
+        except ValueError as exc:
+            raise UntrustedDumpError(f"{path.name} line {number} is not valid: {exc}") from None
+        where = (rank.dp_rank, rank.pp_rank, rank.tp_rank)
+        if (
+            not 0 <= rank.rank < info.world_size
+            or rank.rank in ranks
+            or where in coords
+            or info.layout.out_of_range(
+                rank=rank.rank, dp_rank=rank.dp_rank, pp_rank=rank.pp_rank, tp_rank=rank.tp_rank
+            )
+            is not None
+        ):
+            raise UntrustedDumpError(
+                f"{path.name} line {number}: rank {rank.rank} at {where} is not a new rank of "
+                f"job {info.job_id}"
+            )
+        ranks[rank.rank] = rank
+        coords.add(where)
+    return [ranks[r] for r in sorted(ranks)]
