@@ -147,3 +147,18 @@ def test_502_503_504_are_retried_other_errors_are_not(flaky) -> None:
         pytest.raises(CoordinatorError, match=r"503 Service Unavailable: restarting \(retried"),
     ):
         client.request("GET", "/info")
+
+
+def test_job_unknown_after_an_outage_is_retried_until_the_window_ends(flaky) -> None:
+    url, statuses = flaky
+    unknown = (404, "Unknown job id 'j': register the job first")
+    statuses.extend([503, unknown, unknown])  # restarting, then not restored yet
+    with CoordinatorClient(url, reconnect_s=30) as client:
+        assert client.request("GET", "/schedule/j") == {"ok": True}
+        assert client.retries == 3
+    statuses.extend([503] + [unknown] * 100)  # a job the restart did not restore
+    with (
+        CoordinatorClient(url, reconnect_s=1) as client,
+        pytest.raises(JobNotFoundError, match=r"Unknown job id 'j'.*\(retried for 1 s"),
+    ):
+        client.request("GET", "/schedule/j")
