@@ -97,11 +97,15 @@ class JobDir:
         return self.path / self.REGISTERING
 
     def append_registration(self, line: str) -> None:
-        """Append one rank's registration (a JSON line) to `registering`; one ``write`` to a
-        file opened for appending, so concurrent appends never interleave."""
+        """Append one rank's registration (a JSON line) to `registering`: a single
+        ``write(2)`` with ``O_APPEND``, so concurrent appends never interleave."""
         self.path.mkdir(parents=True, exist_ok=True)
-        with self.registering.open("a", encoding="utf-8") as f:
-            f.write(line if line.endswith("\n") else line + "\n")
+        data = (line if line.endswith("\n") else line + "\n").encode()
+        fd = os.open(self.registering, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
     @property
     def deployed_plan(self) -> Path:

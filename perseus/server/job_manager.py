@@ -50,9 +50,9 @@ logger = logging.getLogger(__name__)
 
 _METADATA = re.compile(r"[A-Za-z0-9._+-]{1,64}")
 _MAX_META_BYTES = 1 << 20
+"""``scheduler.json`` is a name and a few arguments: anything larger is not ours."""
 _MAX_RANK_LINE_BYTES = 64 << 10
 """A RankInfo line: a few ranks and at most a few thousand frequencies."""
-"""``scheduler.json`` is a name and a few arguments: anything larger is not ours."""
 
 
 class UntrustedDumpError(ConfigurationError):
