@@ -135,6 +135,7 @@ class CoordinatorClient:
         self.reconnect_s = reconnect_window_s(reconnect_s)
         self.retries = 0
         """How many requests this client has sent again after an outage (for logs/tests)."""
+        self._closed = False
         self._owned = client is None
         self._http = client or httpx.Client(
             timeout=httpx.Timeout(self.timeout_s),
@@ -218,8 +219,8 @@ class CoordinatorClient:
                     # "job unknown" after an outage: the restart may not have restored it yet
                     isinstance(exc, JobNotFoundError) and first_failure is not None
                 )
-                if not retryable or self.reconnect_s <= 0:
-                    raise
+                if not retryable or self.reconnect_s <= 0 or self._closed:
+                    raise  # (a closed client's requests fail: nobody waits for them)
                 now = time.monotonic()
                 if first_failure is None:
                     first_failure = now
@@ -323,7 +324,9 @@ class CoordinatorClient:
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        """Close the httpx client this object made (an injected one stays open)."""
+        """Close the httpx client this object made (an injected one stays open); requests
+        in flight are not retried any more."""
+        self._closed = True
         if self._owned:
             self._http.close()
 
