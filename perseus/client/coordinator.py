@@ -241,6 +241,8 @@ class CoordinatorClient:
                         status_code=exc.status_code,
                     ) from exc
                 time.sleep(min(left, random.uniform(0.5, 1.0) * backoff))
+                if self._closed:
+                    raise
                 backoff = min(_BACKOFF_CAP_S, backoff * 2)
                 self.retries += 1
                 continue
@@ -288,6 +290,10 @@ class CoordinatorClient:
                 url=url,
             )
             raise (_retryable(error) if isinstance(exc, httpx.ConnectTimeout) else error) from exc
+        except RuntimeError as exc:
+            if not self._closed:
+                raise
+            raise CoordinatorError(f"{method} {url}: the client was closed", url=url) from exc
         except httpx.HTTPError as exc:
             error = CoordinatorError(f"{method} {url} failed: {type(exc).__name__}: {exc}", url=url)
             raise (_retryable(error) if isinstance(exc, _CONNECTION_ERRORS) else error) from exc

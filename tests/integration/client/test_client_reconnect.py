@@ -162,3 +162,24 @@ def test_job_unknown_after_an_outage_is_retried_until_the_window_ends(flaky) -> 
         pytest.raises(JobNotFoundError, match=r"Unknown job id 'j'.*\(retried for 1 s"),
     ):
         client.request("GET", "/schedule/j")
+
+
+def test_closing_the_client_stops_its_retries() -> None:
+    """The last round's long-poll is abandoned when a rank closes its hook: no retrying."""
+    client = CoordinatorClient(f"http://127.0.0.1:{free_port()}", reconnect_s=60)
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            client.request("GET", "/info")
+        except CoordinatorError as exc:
+            errors.append(exc)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    time.sleep(0.5)
+    closed_at = time.monotonic()
+    client.close()
+    asking.join(timeout=10)
+    assert not asking.is_alive() and time.monotonic() - closed_at < 3
+    assert len(errors) == 1 and "retried for" not in str(errors[0])
