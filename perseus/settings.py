@@ -34,6 +34,9 @@ class PerseusSettings(BaseSettings):
         max_jobs: Live jobs at most; registering one more answers 503 until one ends.
         header_timeout_s: Seconds a connection may take to send its request headers
             before it is closed (``perseus serve``).
+        dump_keep_rounds: With `dump_data`, how many rounds' schedules and results
+            (``N.sched.json``, ``N.prof.json``) each job keeps; older ones are deleted as
+            new rounds are written (``PERSEUS_DUMP_KEEP_ROUNDS``; 0 keeps every round).
     """
 
     model_config = SettingsConfigDict(env_prefix="PERSEUS_", extra="forbid", validate_default=True)
@@ -69,6 +72,7 @@ class PerseusSettings(BaseSettings):
                 "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
             )
         return value
+    dump_keep_rounds: int = Field(default=10, ge=0, le=1_000_000)
 
     @field_validator("scheduler")
     @classmethod

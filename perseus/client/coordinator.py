@@ -5,11 +5,31 @@ the `perseus.errors` tree: an unreachable coordinator, a timeout or a transport 
 `CoordinatorError` that names the URL; an error answer is a `JobNotFoundError` (404) or a
 `CoordinatorError` carrying the status code and the coordinator's ``detail``. The httpx
 client is injectable (`transport=` or `client=`), so tests can talk to an in-process app.
+
+Reconnection: a coordinator that restarts (``kill -9`` and a restart on the same dump
+dir, a rolling upgrade) is waited for. A request that meets a connection error (refused,
+reset, closed mid-answer), a 502, a 503 (a proxy's, or the coordinator shutting down), a
+504 from a proxy (the coordinator's own 504, a JSON ``detail``, says a round timed out and
+the job failed: final), or, once such an outage has been seen, a 404
+"job unknown", is sent again with capped exponential backoff (0.1 s doubling to 5 s, with
+full jitter so thousands of ranks do not reconnect in step) until `reconnect_s` (default
+``PERSEUS_RECONNECT_S``, else 120 s; 0 turns retrying off) has passed since the first
+failure; then the last error is raised as before, saying how long it retried. A read
+timeout is not retried (the request already waited its whole timeout), nor is any other
+status. A restarted coordinator restores its jobs before it accepts a connection, so a 404
+after an outage means the job was not restored (evicted, failed, or a dump it refused):
+the rank fails when the window ends. Retried requests are safe to repeat: the coordinator
+accepts a rank's identical registration or result again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
+import random
+import time
 from types import TracebackType
 from typing import Any
 
@@ -29,7 +49,52 @@ from perseus.protocol import (
     RankInfo,
 )
 
-__all__ = ["CoordinatorClient", "check_server_url"]
+__all__ = [
+    "DEFAULT_RECONNECT_S",
+    "RECONNECT_ENV",
+    "CoordinatorClient",
+    "check_server_url",
+    "reconnect_window_s",
+]
+
+logger = logging.getLogger(__name__)
+
+RECONNECT_ENV = "PERSEUS_RECONNECT_S"
+DEFAULT_RECONNECT_S = 120.0
+MAX_RECONNECT_S = 7 * 24 * 3600.0
+_BACKOFF_FIRST_S = 0.1
+_BACKOFF_CAP_S = 5.0
+_RETRY_STATUS = frozenset({502, 503, 504})
+_CONNECTION_ERRORS = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
+"""Transport errors that mean the coordinator went away (not that it is slow)."""
+
+
+def reconnect_window_s(value: float | str | None = None) -> float:
+    """How long a request keeps retrying an unreachable coordinator: `value`, else
+    ``PERSEUS_RECONNECT_S``, else 120 s. `ConfigurationError` unless it is a finite number
+    of seconds in [0, 1 week] (0: fail at the first error, as before)."""
+    source = "reconnect_s"
+    if value is None:
+        value = os.environ.get(RECONNECT_ENV)
+        source = RECONNECT_ENV
+        if value is None or not str(value).strip():
+            return DEFAULT_RECONNECT_S
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_RECONNECT_S):
+        raise ConfigurationError(
+            f"{source}={value!r} must be a number of seconds between 0 and {MAX_RECONNECT_S:g} "
+            f"(how long a rank waits for a restarted coordinator; default {DEFAULT_RECONNECT_S:g})"
+        )
+    return seconds
 
 
 def check_server_url(server_url: str) -> str:
@@ -53,6 +118,8 @@ class CoordinatorClient:
             ``base_url`` does not matter. Its owner closes it, not `close`.
         token: The coordinator's token (``PERSEUS_TOKEN``), sent as
             ``Authorization: Bearer <token>`` with every request; None sends none.
+        reconnect_s: How long a request waits for an unreachable or restarting coordinator
+            (see the module docstring); default ``PERSEUS_RECONNECT_S``, else 120 s.
 
     Each job's credential (``X-Perseus-Job-Token``) is kept from `register_job`'s answer
     (or given with `set_job_token`, on the ranks that did not register) and sent with every
@@ -67,6 +134,7 @@ class CoordinatorClient:
         transport: httpx.BaseTransport | None = None,
         client: httpx.Client | None = None,
         token: str | None = None,
+        reconnect_s: float | None = None,
     ) -> None:
         if transport is not None and client is not None:
             raise ConfigurationError("Pass a transport or a client, not both")
@@ -75,6 +143,10 @@ class CoordinatorClient:
         self._job_tokens: dict[str, str] = {}
         self._registered_token: str | None = None
         self.timeout_s = float(timeout_s)
+        self.reconnect_s = reconnect_window_s(reconnect_s)
+        self.retries = 0
+        """How many requests this client has sent again after an outage (for logs/tests)."""
+        self._closed = False
         self._owned = client is None
         self._http = client or httpx.Client(
             timeout=httpx.Timeout(self.timeout_s),
@@ -165,14 +237,70 @@ class CoordinatorClient:
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> Any:
-        """One request; returns the decoded JSON answer or raises a `CoordinatorError`."""
-        url = f"{self.server_url}{path}"
-        timeout = self.timeout_s if timeout_s is None else timeout_s
+        """One request, retried through a coordinator outage (module docstring); returns
+        the decoded JSON answer or raises a `CoordinatorError`."""
         content = None
         if body is not None:
             content = (
                 body.model_dump_json() if hasattr(body, "model_dump_json") else json.dumps(body)
             )
+        first_failure: float | None = None
+        backoff = _BACKOFF_FIRST_S
+        while True:
+            try:
+                answer = self._send(method, path, content, params, timeout_s)
+            except CoordinatorError as exc:
+                retryable = getattr(exc, "_retryable", False) or (
+                    # "job unknown" after an outage: the restart may not have restored it yet
+                    isinstance(exc, JobNotFoundError) and first_failure is not None
+                )
+                if not retryable or self.reconnect_s <= 0 or self._closed:
+                    raise  # (a closed client's requests fail: nobody waits for them)
+                now = time.monotonic()
+                if first_failure is None:
+                    first_failure = now
+                    logger.warning(
+                        "%s %s: %s; retrying for up to %g s (%s)",
+                        method,
+                        path,
+                        exc,
+                        self.reconnect_s,
+                        RECONNECT_ENV,
+                    )
+                left = first_failure + self.reconnect_s - now
+                if left <= 0:
+                    raise type(exc)(
+                        f"{exc} (retried for {now - first_failure:.0f} s, "
+                        f"{RECONNECT_ENV}={self.reconnect_s:g})",
+                        url=exc.url,
+                        status_code=exc.status_code,
+                    ) from exc
+                time.sleep(min(left, random.uniform(0.5, 1.0) * backoff))
+                if self._closed:
+                    raise
+                backoff = min(_BACKOFF_CAP_S, backoff * 2)
+                self.retries += 1
+                continue
+            if first_failure is not None:
+                logger.warning(
+                    "%s %s went through after %.1f s: the coordinator is back",
+                    method,
+                    path,
+                    time.monotonic() - first_failure,
+                )
+            return answer
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        content: str | None,
+        params: dict[str, Any] | None,
+        timeout_s: float | None,
+    ) -> Any:
+        """One attempt. The errors a retry may cure carry ``_retryable = True``."""
+        url = f"{self.server_url}{path}"
+        timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
             response = self._http.request(
                 method,
@@ -183,21 +311,27 @@ class CoordinatorClient:
                 timeout=httpx.Timeout(self.timeout_s, read=timeout),
             )
         except httpx.ConnectError as exc:
-            raise CoordinatorError(
-                f"Cannot reach the Perseus coordinator at {self.server_url}: {exc}. "
-                "Is it running (perseus serve) and is the URL right?",
-                url=url,
+            raise _retryable(
+                CoordinatorError(
+                    f"Cannot reach the Perseus coordinator at {self.server_url}: {exc}. "
+                    "Is it running (perseus serve) and is the URL right?",
+                    url=url,
+                )
             ) from exc
         except httpx.TimeoutException as exc:
-            raise CoordinatorError(
+            error = CoordinatorError(
                 f"The Perseus coordinator at {self.server_url} did not answer {method} {path} "
                 f"within {timeout:g} s ({type(exc).__name__})",
                 url=url,
-            ) from exc
+            )
+            raise (_retryable(error) if isinstance(exc, httpx.ConnectTimeout) else error) from exc
+        except RuntimeError as exc:
+            if not self._closed:
+                raise
+            raise CoordinatorError(f"{method} {url}: the client was closed", url=url) from exc
         except httpx.HTTPError as exc:
-            raise CoordinatorError(
-                f"{method} {url} failed: {type(exc).__name__}: {exc}", url=url
-            ) from exc
+            error = CoordinatorError(f"{method} {url} failed: {type(exc).__name__}: {exc}", url=url)
+            raise (_retryable(error) if isinstance(exc, _CONNECTION_ERRORS) else error) from exc
         if response.is_success:
             if path == REGISTER_JOB_URL:
                 self._registered_token = response.headers.get(JOB_TOKEN_HEADER)
@@ -210,23 +344,32 @@ class CoordinatorClient:
                     url=url,
                     status_code=response.status_code,
                 ) from exc
+        coordinator_said = False
         try:
-            detail = response.json().get("detail", response.text)
-        except (ValueError, AttributeError):
+            detail = response.json()["detail"]
+            coordinator_said = True
+        except (ValueError, TypeError, KeyError):
             detail = response.text[:500]
         if not isinstance(detail, str):
             detail = json.dumps(detail)
-        error = JobNotFoundError if response.status_code == 404 else CoordinatorError
-        raise error(
+        kind = JobNotFoundError if response.status_code == 404 else CoordinatorError
+        error = kind(
             f"The Perseus coordinator at {url} answered {response.status_code} "
             f"{response.reason_phrase}: {detail}",
             url=url,
             status_code=response.status_code,
         )
+        if response.status_code in _RETRY_STATUS and not (
+            response.status_code == 504 and coordinator_said
+        ):
+            raise _retryable(error)
+        raise error
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        """Close the httpx client this object made (an injected one stays open)."""
+        """Close the httpx client this object made (an injected one stays open); requests
+        in flight are not retried any more."""
+        self._closed = True
         if self._owned:
             self._http.close()
 
@@ -240,3 +383,9 @@ class CoordinatorClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _retryable(error: CoordinatorError) -> CoordinatorError:
+    """Mark `error` as one a later attempt may cure (the coordinator went away)."""
+    error._retryable = True  # type: ignore[attr-defined]
+    return error

@@ -25,6 +25,14 @@ locked clock and takes each instruction's energy from the emulator: exactly what
 to the energy counter (see `perseus.client.emulation`); iteration energies always come from
 the counter.
 
+While the coordinator is away (killed, restarting), the round's exchange retries for up to
+``PERSEUS_RECONNECT_S`` (default 120 s; `perseus.client.coordinator`) and the rank waits
+where it waits every round: in the next `on_step_begin`, between two steps, with its GPU
+at the clock of its last instruction. All ranks of a job stop at the same step boundary
+(the round barrier), so no rank runs a step its pipeline peers do not run; when the
+restarted coordinator answers, training carries on with its schedule. If the window ends
+first, `on_step_begin` raises the `CoordinatorError`.
+
 This module is the state machine only; its parts are its sibling modules.
 
 States (`_HookState`), and the calls that move between them (anything else is a `RankError`):

@@ -117,7 +117,8 @@ class Coordinator:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Coordinator:
-        self.port = free_port()
+        """Start the server; a restart (after `stop` or `kill`) reuses the same port."""
+        self.port = self.port or free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "ZEUS_"))}
         env.update(
             {
@@ -142,7 +143,7 @@ class Coordinator:
             "--round-timeout",
             str(self.round_timeout_s),
         ]
-        with self.log_path.open("wb") as log:
+        with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
@@ -173,6 +174,13 @@ class Coordinator:
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the server (no shutdown, nothing flushed): a crashed coordinator."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
 

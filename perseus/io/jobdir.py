@@ -5,17 +5,21 @@ dump_dir/<job_id>/
 ├── job.json                 the job's record (its id included)        coordinator, dump_data
 ├── scheduler.json           the scheduler's name and arguments         coordinator, dump_data
 ├── ranks.json               every rank's RankInfo                      coordinator, dump_data
+├── ranks.partial.jsonl      RankInfos so far, one a line (registering) coordinator, dump_data
 ├── N.sched.json             round N's FrequencySchedules               coordinator, dump_data
 ├── N.prof.json              round N's ProfilingResults                 coordinator, dump_data
 ├── deployed_plan.json       the plan the scheduler deployed            coordinator, dump_data
 ├── evicted                  marker: the job was evicted (not restored) coordinator, dump_data
+├── failed                   marker + reason: the job failed (not restored) coordinator, dump_data
 ├── instruction_profile.csv  the profile a sweep measured               scheduler, always
 └── frontier/                the solved time–energy frontier            scheduler, always
 ```
 
 There is one job directory, ``dump_dir/<job_id>``. `dump_data` decides whether the
 coordinator dumps its state there; the schedulers' products (profile, frontier) are
-written there whether or not it is on.
+written there whether or not it is on. Only the last `dump_keep_rounds` rounds' ``N.sched.json``
+and ``N.prof.json`` are kept (`prune_rounds`); a restarted coordinator needs only the last
+round's number, the ranks and the deployed plan.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 __all__ = ["JobDir"]
 
 _ROUND_FILE = re.compile(r"(\d+)\.sched\.json")
+_ROUND_DATA = re.compile(r"(\d+)\.(?:sched|prof)\.json")
 
 
 class JobDir:
@@ -35,8 +40,10 @@ class JobDir:
     JOB = "job.json"
     SCHEDULER = "scheduler.json"
     RANKS = "ranks.json"
+    REGISTERING = "ranks.partial.jsonl"
     DEPLOYED_PLAN = "deployed_plan.json"
     EVICTED = "evicted"
+    FAILED = "failed"
     PROFILE = "instruction_profile.csv"
     FRONTIER = "frontier"
 
@@ -51,12 +58,12 @@ class JobDir:
     @classmethod
     def restorable(cls, dump_dir: str | os.PathLike[str]) -> list[JobDir]:
         """The job directories under `dump_dir` a restarted coordinator restores, by name:
-        those with a job record and not evicted."""
+        those with a job record, neither evicted nor failed (those stay down)."""
         root = Path(dump_dir)
         if not root.is_dir():
             return []
         dirs = (cls(p) for p in sorted(root.iterdir()))
-        return [d for d in dirs if d.job.is_file() and not d.evicted.exists()]
+        return [d for d in dirs if d.job.is_file() and not d.ended]
 
     def __repr__(self) -> str:
         return f"JobDir({str(self.path)!r})"
@@ -85,12 +92,37 @@ class JobDir:
         return self.path / self.RANKS
 
     @property
+    def registering(self) -> Path:
+        """The ranks registered so far, one JSON line each, until ``ranks.json`` is written."""
+        return self.path / self.REGISTERING
+
+    def append_registration(self, line: str) -> None:
+        """Append one rank's registration (a JSON line) to `registering`: a single
+        ``write(2)`` with ``O_APPEND``, so concurrent appends never interleave."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        data = (line if line.endswith("\n") else line + "\n").encode()
+        fd = os.open(self.registering, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    @property
     def deployed_plan(self) -> Path:
         return self.path / self.DEPLOYED_PLAN
 
     @property
     def evicted(self) -> Path:
         return self.path / self.EVICTED
+
+    @property
+    def failed(self) -> Path:
+        return self.path / self.FAILED
+
+    @property
+    def ended(self) -> bool:
+        """The job was evicted or failed: a restarted coordinator leaves it down."""
+        return self.evicted.exists() or self.failed.exists()
 
     @property
     def profile(self) -> Path:
@@ -114,3 +146,24 @@ class JobDir:
             return []
         found = (_ROUND_FILE.fullmatch(p.name) for p in self.path.iterdir())
         return sorted(int(m.group(1)) for m in found if m)
+
+    def prune_rounds(self, keep: int) -> list[Path]:
+        """Delete the schedules and results of every round but the last `keep` (the
+        newest ``N.sched.json``'s N and the `keep` - 1 before it); 0 keeps everything.
+        Returns the deleted paths; a file that vanished meanwhile is skipped."""
+        if keep <= 0 or not self.path.is_dir():
+            return []
+        rounds = self.rounds()
+        if len(rounds) <= keep:
+            return []
+        oldest_kept = rounds[-keep]
+        deleted = []
+        for p in self.path.iterdir():
+            m = _ROUND_DATA.fullmatch(p.name)
+            if m and int(m.group(1)) < oldest_kept:
+                try:
+                    p.unlink()
+                except FileNotFoundError:
+                    continue
+                deleted.append(p)
+        return sorted(deleted)

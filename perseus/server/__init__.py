@@ -16,8 +16,10 @@ Routes (`perseus.server.routes`): ``GET /info``, ``POST /register_job`` → job 
 With `dump_data`, each job's ``job.json``, ``scheduler.json``, ``ranks.json``,
 ``N.sched.json``, ``N.prof.json`` and ``deployed_plan.json`` are written under
 ``dump_dir/<job_id>/`` (`perseus.io.jobdir.JobDir` names them), and a coordinator started
-on the same `dump_dir` restores those jobs: their ranks get the deployed plan again. Jobs idle longer than
-`max_job_idle_time` are evicted by a background task.
+on the same `dump_dir` restores the live ones before it accepts a connection (their ranks,
+retrying meanwhile, get the deployed plan again); failed and evicted jobs stay down, and a
+dump it cannot trust is refused with a warning (`perseus.server.job_manager`). Jobs idle
+longer than `max_job_idle_time` are evicted by a background task.
 
 With `PerseusSettings.token`, every request but ``GET /healthz`` needs the bearer token and
 every request under a job id the job's credential (`perseus.server.auth`); bodies over

@@ -10,11 +10,20 @@ When the last rank has asked (and every rank has registered), one task observes 
 previous round's results, asks the scheduler for the next schedules and resolves the
 future. If the barrier is not complete `round_timeout_s` after the round's first request,
 a timer fails the future (504 for every waiting rank) and the job (409 afterwards).
+
+With `dump_data`, what a restarted coordinator needs is on disk as soon as it is known: each
+rank's registration before it is answered (``ranks.partial.jsonl``), all ranks
+(``ranks.json``) when the last one registers, a round's results when its last result arrives (so
+the job's last round is kept too), the schedules and the deployed plan when a round
+completes (older rounds pruned to `dump_keep_rounds`), and a ``failed`` marker when the job
+fails (a failed job is never restored). A rank's identical registration or result sent
+again (a client retrying through a coordinator outage) is accepted without effect.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -136,6 +145,8 @@ class CoordinatedJob:
         self.lock = asyncio.Lock()
         self.last_active = time.monotonic()
         self._persisted_plan: str | None = None
+        self._results_dumped = False
+        """The current `results` (all ranks) were written when the last one arrived."""
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = JobStats(info.world_size, info.dp_degree)
         """What the operator's view shows (`perseus.server.stats`)."""
@@ -185,6 +196,10 @@ class CoordinatedJob:
             self.failure = JobFailedError(str(error), status_code=status)
             self.phase = JobPhase.FAILED
             logger.error("Job %s failed: %s", self.job_id, error)
+            if self.dumping and self.dir.path.is_dir():
+                # Small and rare: written at once, so a restart never revives the job.
+                with contextlib.suppress(OSError):
+                    atomic_write_text(self.dir.failed, f"{status} {error}\n")
         if self.round.timer is not None:
             self.round.timer.cancel()
 
@@ -213,6 +228,8 @@ class CoordinatedJob:
                 f"MHz values, got {info.available_frequencies!r}"
             )
         if info.rank in self.ranks:
+            if self.ranks[info.rank] == info:
+                return  # the same registration again (a retry after a lost answer)
             raise RankConflictError(
                 f"Rank {info.rank} is already registered with job {self.job_id}; every rank "
                 "registers once (a restarted job registers a new job)"
@@ -225,7 +242,11 @@ class CoordinatedJob:
             )
         self.ranks[info.rank] = info
         self._coords[coords] = info.rank
-        if len(self.ranks) == self.info.world_size:
+        complete = len(self.ranks) == self.info.world_size  # decided before any await
+        if self.dumping:  # on disk before the rank hears back: a restart keeps it
+            line = info.model_dump_json()
+            await self._dump(asyncio.to_thread(self.dir.append_registration, line))
+        if complete:
             await self._start()
 
     async def _start(self) -> None:
@@ -253,6 +274,7 @@ class CoordinatedJob:
         self.phase = JobPhase.RUNNING
         if self.dumping:
             await self._dump(save_ranks(rank_infos, self.dir.path))
+            await self._dump(asyncio.to_thread(self.dir.registering.unlink, missing_ok=True))
         logger.info("Job %s: all %d ranks registered", self.job_id, len(rank_infos))
         self._maybe_complete()
 
@@ -326,6 +348,7 @@ class CoordinatedJob:
     async def _complete(self, rnd: Round) -> None:
         results = [self.results[r] for r in sorted(self.results)]
         self.results = {}
+        results_dumped, self._results_dumped = self._results_dumped, False
         name = self.scheduler_cls.__name__
         started = time.perf_counter()
         try:
@@ -351,9 +374,13 @@ class CoordinatedJob:
             _fail_round(rnd, error)
             return
         if self.dumping:
-            if results:
+            if results and not results_dumped:
                 await self._dump(save_prof(results, self.dir.path, rnd.number - 1))
             await self._dump(save_sched(schedules, self.dir.path, rnd.number))
+            if self.settings.dump_keep_rounds:
+                await self._dump(
+                    asyncio.to_thread(self.dir.prune_rounds, self.settings.dump_keep_rounds)
+                )
             if plan is not None:
                 text = plan.model_dump_json() + "\n"
                 if text != self._persisted_plan:
@@ -393,6 +420,8 @@ class CoordinatedJob:
                 f"job {self.job_id}; report round {self.round.number - 1}'s result before asking"
             )
         if result.rank in self.results:
+            if self.results[result.rank] == result:
+                return  # the same result again (a retry after a lost answer)
             raise RankConflictError(
                 f"Rank {result.rank} already reported its result for round "
                 f"{self.round.number - 1} of job {self.job_id}; report once per round"
@@ -409,6 +438,12 @@ class CoordinatedJob:
                 ) from None
         self.results[result.rank] = result
         self.stats.add(self.round.number - 1, result)
+        if self.dumping and len(self.results) == self.info.world_size:
+            # The round's results are complete: write them now, not when the next round
+            # starts (the job's last round has no next round).
+            self._results_dumped = True
+            results = [self.results[r] for r in sorted(self.results)]
+            await self._dump(save_prof(results, self.dir.path, self.round.number - 1))
 
     async def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
         self.touch()

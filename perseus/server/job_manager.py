@@ -1,5 +1,16 @@
 """All jobs of one coordinator: registration, idle eviction, and restoring the jobs a
-previous coordinator persisted under `dump_dir` (one job: `perseus.server.job`)."""
+previous coordinator persisted under `dump_dir` (one job: `perseus.server.job`).
+
+Restoring (`JobManager.reload`, before the server accepts a connection) brings back every
+live job: its record as stored (credentials included), its scheduler with the arguments it
+was registered with, its ranks, its round number (the last dumped round + 1) and its
+deployed plan (`FrequencyScheduler.resume`). Evicted and failed jobs (their marker files)
+stay down. A dump it cannot trust is refused with a warning and left as it is, never
+imported or re-interpreted: an unreadable or inconsistent ``job.json``, ``ranks.json`` or
+``deployed_plan.json``; a missing or corrupted ``scheduler.json``; a ``scheduler.json``
+naming another scheduler than the one this coordinator runs (compared as text, before
+anything is imported) or arguments that scheduler refuses.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +28,7 @@ from perseus.errors import (
     CoordinatorError,
     InvalidJobError,
     JobNotFoundError,
+    PerseusError,
     ScheduleError,
     SolverError,
 )
@@ -26,18 +38,27 @@ from perseus.io.plan_file import load_plan
 from perseus.protocol import (
     JobInfo,
     JobRecord,
+    RankInfo,
     load_ranks,
 )
 from perseus.server.job import CoordinatedJob, JobPhase
 from perseus.settings import PerseusSettings
 from schedulers.base import build_scheduler, check_scheduler_args
-from schedulers.registry import resolve_scheduler, scheduler_ref
+from schedulers.registry import scheduler_ref
 
-__all__ = ["JobManager"]
+__all__ = ["JobManager", "UntrustedDumpError"]
 
 logger = logging.getLogger(__name__)
 
 _METADATA = re.compile(r"[A-Za-z0-9._+-]{1,64}")
+_MAX_META_BYTES = 1 << 20
+"""``scheduler.json`` is a name and a few arguments: anything larger is not ours."""
+_MAX_RANK_LINE_BYTES = 64 << 10
+"""A RankInfo line: a few ranks and at most a few thousand frequencies."""
+
+
+class UntrustedDumpError(ConfigurationError):
+    """A job's dump cannot be trusted: the job is not restored."""
 
 
 class JobManager:
@@ -148,7 +169,7 @@ class JobManager:
         return evicted
 
     async def reload(self) -> list[str]:
-        """Bring back the jobs persisted under `dump_dir` (a restarted coordinator)."""
+        """Bring back the live jobs persisted under `dump_dir` (a restarted coordinator)."""
         if not self.settings.dump_data:
             return []
         restored = []
@@ -158,7 +179,9 @@ class JobManager:
             try:
                 job = await self._reload_job(job_dir)
             except Exception as exc:
-                logger.warning("Could not restore the job in %s: %s", job_dir.path, exc)
+                logger.warning(
+                    "Refused to restore the job in %s (left as it is): %s", job_dir.path, exc
+                )
                 continue
             restored.append(job.job_id)
         if restored:
@@ -167,37 +190,98 @@ class JobManager:
             )
         return restored
 
+    def _trusted_scheduler(self, job_dir: JobDir) -> dict[str, Any]:
+        """The job's scheduler arguments, if its ``scheduler.json`` names this coordinator's
+        scheduler; `UntrustedDumpError` otherwise. Nothing is imported."""
+        path = job_dir.scheduler
+        if not path.is_file():
+            raise UntrustedDumpError(
+                f"{path.name} is missing: the job's scheduler is unknown (not restored with "
+                f"{self.scheduler_cls.__name__} in its place)"
+            )
+        if path.stat().st_size > _MAX_META_BYTES:
+            raise UntrustedDumpError(f"{path.name} is larger than {_MAX_META_BYTES} bytes")
+        try:
+            meta = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UntrustedDumpError(f"{path.name} is not valid JSON: {exc}") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("scheduler"), str):
+            raise UntrustedDumpError(f"{path.name} has no scheduler name")
+        expected = scheduler_ref(self.scheduler_cls)
+        if meta["scheduler"] != expected:
+            raise UntrustedDumpError(
+                f"{path.name} names scheduler {meta['scheduler'][:200]!r}, but this "
+                f"coordinator runs {expected!r} (PERSEUS_SCHEDULER); start a coordinator "
+                "with that scheduler to restore it"
+            )
+        args = meta.get("scheduler_args", {})
+        if not isinstance(args, dict):
+            raise UntrustedDumpError(f"{path.name}: scheduler_args is not a JSON object")
+        check_scheduler_args(self.scheduler_cls, args)
+        return args
+
     async def _reload_job(self, job_dir: JobDir) -> CoordinatedJob:
-        info = JobRecord.model_validate_json(job_dir.job.read_text())
-        if job_dir.scheduler.is_file():
-            meta = json.loads(job_dir.scheduler.read_text())
-            scheduler_cls = resolve_scheduler(meta["scheduler"])
-            args = dict(meta.get("scheduler_args", {}))
-        else:
-            scheduler_cls, args = self.scheduler_cls, self.settings.scheduler_args
-        job = self._new_job(info, scheduler_cls, args)
+        try:
+            info = JobRecord.model_validate_json(job_dir.job.read_bytes())
+        except ValueError as exc:
+            raise UntrustedDumpError(
+                f"{job_dir.job.name} is not a valid job record: {exc}"
+            ) from None
+        if info.job_id != job_dir.name:
+            raise UntrustedDumpError(
+                f"{job_dir.job.name} is the record of job {info.job_id!r}, not of {job_dir.name!r}"
+            )
+        args = self._trusted_scheduler(job_dir)
+        rank_infos: list[RankInfo] = []
+        if job_dir.ranks.is_file():
+            try:
+                rank_infos = load_ranks(job_dir.path)
+            except ValueError as exc:
+                raise UntrustedDumpError(f"{job_dir.ranks.name} is not valid: {exc}") from None
+            ids = sorted(r.rank for r in rank_infos)
+            if ids != list(range(info.world_size)):
+                raise UntrustedDumpError(
+                    f"{job_dir.ranks.name} does not hold ranks 0..{info.world_size - 1} once each"
+                )
+        elif job_dir.registering.is_file():
+            rank_infos = _registered_so_far(job_dir, info)
+        complete = len(rank_infos) == info.world_size
+        plan = None
+        if complete and job_dir.deployed_plan.is_file():
+            try:
+                plan = load_plan(job_dir.deployed_plan)
+            except (ValueError, PerseusError) as exc:
+                raise UntrustedDumpError(
+                    f"{job_dir.deployed_plan.name} is not a valid plan: {exc}"
+                ) from None
+        job = self._new_job(info, self.scheduler_cls, args)
         try:
             rounds = job_dir.rounds()
             job.round = job._new_round(rounds[-1] + 1 if rounds else 0)
-            if job_dir.ranks.is_file():
-                for rank_info in load_ranks(job_dir.path):
-                    job.ranks[rank_info.rank] = rank_info
-                    job._coords[rank_info.dp_rank, rank_info.pp_rank, rank_info.tp_rank] = (
-                        rank_info.rank
-                    )
-            if len(job.ranks) == info.world_size:
-                rank_infos = [job.ranks[r] for r in sorted(job.ranks)]
+            for rank_info in rank_infos:
+                job.ranks[rank_info.rank] = rank_info
+                job._coords[rank_info.dp_rank, rank_info.pp_rank, rank_info.tp_rank] = (
+                    rank_info.rank
+                )
+            if complete:
                 job.scheduler = await asyncio.to_thread(
-                    build_scheduler, scheduler_cls, info, rank_infos, self.settings, args
+                    build_scheduler, self.scheduler_cls, info, rank_infos, self.settings, args
                 )
                 job.phase = JobPhase.RUNNING
-                if job_dir.deployed_plan.is_file():
-                    plan = load_plan(job_dir.deployed_plan)
+                if plan is not None:
                     await asyncio.to_thread(job.scheduler.resume, plan)
                     job._persisted_plan = plan.model_dump_json() + "\n"
         except BaseException:
             del self.jobs[job.job_id]
             raise
+        logger.info(
+            "Restored job %s at round %d (%d of %d ranks registered)%s",
+            info.job_id,
+            job.round.number,
+            len(rank_infos),
+            info.world_size,
+            " with its deployed plan" if plan is not None else "",
+        )
         return job
 
     async def close(self) -> None:
@@ -207,3 +291,42 @@ class JobManager:
         tasks = [t for job in self.jobs.values() for t in job._tasks]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _registered_so_far(job_dir: JobDir, info: JobRecord) -> list[RankInfo]:
+    """The ranks of ``ranks.partial.jsonl`` (a job killed while its ranks registered).
+
+    A last line without its newline was being written when the coordinator died: that rank
+    never heard back and registers again, so it is skipped. Anything else that is not a
+    valid, distinct rank of the job makes the dump untrusted.
+    """
+    path = job_dir.registering
+    if path.stat().st_size > info.world_size * _MAX_RANK_LINE_BYTES:
+        raise UntrustedDumpError(f"{path.name} is larger than {info.world_size} ranks can be")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    # What follows the last newline is empty, or torn (being written when it was killed).
+    lines = text.split("\n")[:-1]
+    ranks: dict[int, RankInfo] = {}
+    coords: set[tuple[int, int, int]] = set()
+    for number, line in enumerate(lines, 1):
+        try:
+            rank = RankInfo.model_validate_json(line)
+        except ValueError as exc:
+            raise UntrustedDumpError(f"{path.name} line {number} is not valid: {exc}") from None
+        where = (rank.dp_rank, rank.pp_rank, rank.tp_rank)
+        if (
+            not 0 <= rank.rank < info.world_size
+            or rank.rank in ranks
+            or where in coords
+            or info.layout.out_of_range(
+                rank=rank.rank, dp_rank=rank.dp_rank, pp_rank=rank.pp_rank, tp_rank=rank.tp_rank
+            )
+            is not None
+        ):
+            raise UntrustedDumpError(
+                f"{path.name} line {number}: rank {rank.rank} at {where} is not a new rank of "
+                f"job {info.job_id}"
+            )
+        ranks[rank.rank] = rank
+        coords.add(where)
+    return [ranks[r] for r in sorted(ranks)]

@@ -37,10 +37,12 @@ def _finish(procs, timeout_s):
 
 def test_unreachable_coordinator_fails_every_rank_naming_the_url(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
-    spec = DemoJob(nproc=2, layers="1,3", microbatches=2, steps=2)
+    # The ranks wait PERSEUS_RECONNECT_S for a coordinator (a restart), then fail.
+    spec = DemoJob(nproc=2, layers="1,3", microbatches=2, steps=2, env={"PERSEUS_RECONNECT_S": "2"})
     procs = launch_ranks(spec, url, tmp_path / "trace", master_port=free_port())
     (rc0, err0), (rc1, err1) = _finish(procs, 60)
     assert rc0 == 1 and rc1 == 1, (err0, err1)
+    assert "(retried for 2 s, PERSEUS_RECONNECT_S=2)" in err0
     assert (
         f"perseus.train rank 0: error: CoordinatorError: Cannot reach the Perseus coordinator at {url}"
         in err0

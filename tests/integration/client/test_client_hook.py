@@ -137,7 +137,8 @@ def test_without_driver_or_opt_in_the_hook_refuses_naming_the_opt_in(
         PerseusOptimizer(**single_rank_layout())
 
 
-def test_unreachable_coordinator_names_the_url(process_group):
+def test_unreachable_coordinator_names_the_url(process_group, monkeypatch):
+    monkeypatch.setenv("PERSEUS_RECONNECT_S", "0")  # no wait for a restart
     url = f"http://127.0.0.1:{free_port()}"
     gpu = EmulatedGPU(0)
     with pytest.raises(CoordinatorError, match=f"Cannot reach the Perseus coordinator at {url}"):

@@ -154,7 +154,10 @@ def test_every_registration_status(client):
     r = client.post(f"/register_rank/{job_id}", json=no_freqs.model_dump())
     assert r.status_code == 422
     assert client.post(f"/register_rank/{job_id}", json=infos[0].model_dump()).status_code == 200
-    r = client.post(f"/register_rank/{job_id}", json=infos[0].model_dump())
+    # The same registration again is a client's retry after a lost answer: accepted as is.
+    assert client.post(f"/register_rank/{job_id}", json=infos[0].model_dump()).status_code == 200
+    other = infos[0].model_copy(update={"available_frequencies": [1000]})
+    r = client.post(f"/register_rank/{job_id}", json=other.model_dump())
     assert r.status_code == 409 and "already registered" in r.json()["detail"]
     same_coords = infos[0].model_copy(update={"rank": 1})
     r = client.post(f"/register_rank/{job_id}", json=same_coords.model_dump())
@@ -173,7 +176,9 @@ def test_schedule_and_result_statuses(client):
     assert r.status_code == 409 and "before any schedule" in r.json()["detail"]
     assert all(r.status_code == 200 for r in ask_all(str(client.base_url), job_id, [0, 1]))
     assert client.post(f"/result/{job_id}", json=result(0)).status_code == 200
-    r = client.post(f"/result/{job_id}", json=result(0))
+    # The same result again is a client's retry; a different one is a conflict.
+    assert client.post(f"/result/{job_id}", json=result(0)).status_code == 200
+    r = client.post(f"/result/{job_id}", json=result(0, t=2.0))
     assert r.status_code == 409 and "once per round" in r.json()["detail"]
 
 

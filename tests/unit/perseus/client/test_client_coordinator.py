@@ -148,7 +148,7 @@ def test_an_unreachable_coordinator_names_the_url():
         probe.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed once the block ends
     with (
-        CoordinatorClient(url, timeout_s=5) as client,
+        CoordinatorClient(url, timeout_s=5, reconnect_s=0) as client,  # no wait for a restart
         pytest.raises(CoordinatorError, match=f"Cannot reach the Perseus coordinator at {url}"),
     ):
         client.register_job(job_info(1))

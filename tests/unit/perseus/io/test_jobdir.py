@@ -35,7 +35,29 @@ def test_rounds_and_restorable(tmp_path: Path) -> None:
     a.job.write_text("{}")
     b.job.write_text("{}")
     b.evicted.write_text("idle\n")
-    assert JobDir.restorable(tmp_path) == [a]
+    c.job.write_text("{}")
+    c.failed.write_text("409 Round 3 timed out\n")
+    assert b.ended and c.ended and not a.ended
+    assert JobDir.restorable(tmp_path) == [a], "evicted and failed jobs stay down"
+
+
+def test_prune_rounds_keeps_the_last_n_rounds(tmp_path: Path) -> None:
+    d = JobDir.of(tmp_path, "job")
+    assert d.prune_rounds(3) == []  # no directory yet
+    d.path.mkdir()
+    for n in (0, 1, 2, 5, 9, 10):
+        d.schedules(n).write_text("[]")
+        d.results(n).write_text("[]")
+    d.job.write_text("{}")
+    d.deployed_plan.write_text("{}")
+    assert d.prune_rounds(0) == [] and d.rounds() == [0, 1, 2, 5, 9, 10]  # 0 keeps all
+    deleted = d.prune_rounds(3)
+    assert sorted(p.name for p in deleted) == sorted(
+        f"{n}.{kind}.json" for n in (0, 1, 2) for kind in ("sched", "prof")
+    )
+    assert d.rounds() == [5, 9, 10] and d.results(5).is_file()
+    assert d.job.is_file() and d.deployed_plan.is_file()
+    assert d.prune_rounds(3) == [] and d.prune_rounds(10) == []
 
 
 def test_seed_helpers_write_job_dir_names(tmp_path: Path) -> None:
