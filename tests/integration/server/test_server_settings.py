@@ -90,7 +90,7 @@ def test_create_app_checks_scheduler_args_up_front():
             {"PERSEUS_SCHEDULER": "AllMaxFrequency", "PERSEUS_SCHEDULER_ARGS": '{"x": 1}'},
             "Invalid scheduler_args",
         ),
-        ({"PERSEUS_DUMP_KEEP_ROUNDS": "-1"}, "dump_keep_rounds"),
+        ({"PERSEUS_DUMP_KEEP_ROUNDS": "-1"}, "PERSEUS_DUMP_KEEP_ROUNDS"),
     ],
 )
 def test_perseus_serve_exits_2_with_a_clear_message(env, message):
