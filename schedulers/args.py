@@ -80,7 +80,10 @@ class SweepArgs(SchedulerArgs):
         "after early_stop_after energy rises in a row",
     )
     coarse_step: int = Field(
-        default=4, ge=1, description="the coarse pass measures every coarse_step-th level"
+        default=4,
+        ge=1,
+        description="the coarse pass measures every coarse_step-th supported clock (every "
+        "level when freq_step is as coarse)",
     )
     stop_margin: float = Field(
         default=0.03,

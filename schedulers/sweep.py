@@ -23,13 +23,14 @@ incomplete rounds in a row are an error naming the silent ranks.
 The ``coarse`` sweep (`SweepArgs.sweep`, the default) cuts the rounds a profile costs:
 
 ```
-WARMUP ──▶ SWEEP (every coarse_step-th level, high → low) ──▶ REFINE ──▶ DONE
+WARMUP ──▶ SWEEP (every coarse_step-th clock, high → low) ──▶ REFINE ──▶ DONE
 ```
 
-Its SWEEP measures every ``coarse_step``-th level (and the lowest) and stops an
-instruction once its energy has been more than ``stop_margin`` above its minimum so far
-for ``early_stop_after`` levels in a row: past its energy-optimal clock, measured against
-the minimum rather than the previous level, so that the noise of a power-capped plateau
+Its SWEEP measures every ``coarse_step``-th supported clock (every level when ``freq_step``
+is that coarse already) and stops an instruction once its energy has been more than
+``stop_margin`` above its minimum so far for ``early_stop_after`` levels in a row: past its
+energy-optimal clock, measured against the minimum rather than the previous level, so that
+the noise of a power-capped plateau
 (energies a few percent apart in any order) does not stop it at the top, as it stops the
 ``full`` sweep on the real Bloom A40 profile. REFINE (``refine``, on by default) then
 measures, per instruction, only skipped levels next to the points that shape its
@@ -84,11 +85,9 @@ def _default_metric(group: Hashable, m: RoundMeasurement) -> float:
 
 
 def coarse_levels(levels: Sequence[int], step: int) -> list[int]:
-    """Every `step`-th of `levels` (descending) from the top, and the lowest."""
-    out = list(levels[::step])
-    if levels and out[-1] != levels[-1]:
-        out.append(levels[-1])
-    return out
+    """Every `step`-th of `levels` (descending) from the top. The few below the last one are
+    left to REFINE, which bisects them only if the instruction is cheapest there."""
+    return list(levels[::step])
 
 
 def _lower_hull(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
@@ -135,10 +134,14 @@ def refine_levels(
             chosen.add(f)
     freqs = sorted(measured, reverse=True)
     out: set[int] = set()
+    cheapest = hull[-1][2]
     for f in chosen:
         k = freqs.index(f)
-        for other in (freqs[k - 1] if k > 0 else f, freqs[k + 1] if k + 1 < len(freqs) else f):
-            lo, hi = min(f, other), max(f, other)
+        higher = freqs[k - 1] if k > 0 else f
+        # Below the lowest point measured only when it is the cheapest: the coarse pass
+        # ended there without seeing the energy rise.
+        lower = freqs[k + 1] if k + 1 < len(freqs) else (0 if f == cheapest else f)
+        for lo, hi in ((f, higher), (lower, f)):
             skipped = [lv for lv in levels if lo < lv < hi]
             if skipped:
                 out.add(skipped[len(skipped) // 2])
@@ -183,8 +186,11 @@ class InstructionSweep:
                 "The coarse sweep measures each instruction on its own; a grouped sweep "
                 "(one clock per round for a whole group) needs sweep='full'"
             )
+        # coarse_step counts the GPU's clocks: with freq_step ≥ coarse_step the levels are
+        # coarse already and the pass takes them all.
+        step = max(1, round(args.coarse_step / args.freq_step))
         self.pass_levels: list[int] = (
-            coarse_levels(self.levels, args.coarse_step) if self.coarse else self.levels
+            coarse_levels(self.levels, step) if self.coarse else self.levels
         )
         """The SWEEP phase's levels, one per round (every level for ``full``)."""
         self.stop_margin = args.stop_margin

@@ -18,11 +18,22 @@ from schedulers.zeus import ZeusArgs
 LEVELS = list(range(1500, 690, -30))  # 28 levels, 1500 … 690 MHz
 
 
-def test_coarse_levels_take_every_step_th_and_the_lowest():
-    assert coarse_levels([10, 9, 8, 7, 6, 5], 2) == [10, 8, 6, 5]
-    assert coarse_levels([10, 9, 8, 7, 6], 2) == [10, 8, 6]
+def test_coarse_levels_take_every_step_th():
+    assert coarse_levels([10, 9, 8, 7, 6, 5], 2) == [10, 8, 6]
     assert coarse_levels([10, 9, 8], 1) == [10, 9, 8]
-    assert coarse_levels([10, 9, 8], 5) == [10, 8]
+    assert coarse_levels([10, 9, 8], 5) == [10]
+
+
+def test_below_the_lowest_point_only_when_it_is_the_cheapest():
+    falling = {1500: (0.10, 40.0), 1380: (0.11, 38.0), 1260: (0.12, 37.0)}
+    assert refine_levels(falling, LEVELS[:10], 1.0) == [1440, 1320, 1230]
+    rising = {1500: (0.10, 40.0), 1380: (0.11, 38.0), 1260: (0.12, 39.0)}
+    assert 1230 not in refine_levels(rising, LEVELS[:10], 1.0)
+
+
+def _down_to(lowest: int) -> list[int]:
+    """The levels down to `lowest` (the tests' measured points span them all)."""
+    return [f for f in LEVELS if f >= lowest]
 
 
 def _convex(f: int) -> tuple[float, float]:
@@ -40,7 +51,7 @@ def _line(f: int) -> tuple[float, float]:
 def test_a_straight_hull_refines_only_next_to_the_fastest_and_the_cheapest():
     measured = {f: _line(f) for f in (1500, 1380, 1260, 1140, 1020)}
     # Bisection: the middle skipped level between each anchor and its measured neighbour.
-    assert refine_levels(measured, LEVELS, 0.0005) == [1440, 1080]
+    assert refine_levels(measured, _down_to(1020), 0.0005) == [1440, 1080]
 
 
 def test_a_bend_refines_its_neighbours_and_a_gentle_one_does_not():
@@ -50,17 +61,17 @@ def test_a_bend_refines_its_neighbours_and_a_gentle_one_does_not():
 
     measured = {f: corner(f) for f in (1500, 1380, 1260, 1140, 1020, 900)}
     # The hull bends at 1020 MHz (t = 0.147 s); the anchors are 1500 and 900.
-    got = refine_levels(measured, LEVELS, 0.0005)
+    got = refine_levels(measured, _down_to(900), 0.0005)
     assert 1080 in got and 960 in got  # either side of the bend
     assert 1320 not in got and 1200 not in got  # the straight stretch between
-    assert refine_levels(measured, LEVELS, 0.5) == [1440, 960]  # anchors only
+    assert refine_levels(measured, _down_to(900), 0.5) == [1440, 960]  # anchors only
 
 
 def test_dominated_points_are_no_anchor_and_done_means_nothing_left():
     measured = {1500: (0.10, 40.0), 1470: (0.11, 41.0), 1440: (0.105, 39.0)}
     # 1470 is slower and dearer than 1500: not on the hull. The anchors 1500 and 1440 have
     # nothing skipped between them and their neighbours.
-    assert refine_levels(measured, LEVELS, 0.0) == []
+    assert refine_levels(measured, _down_to(1440), 0.0) == []
     assert refine_levels({1500: (0.1, 40.0)}, LEVELS, 0.0) == []
 
 
