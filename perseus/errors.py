@@ -21,6 +21,7 @@ PerseusError                       400  bad input (the root's default)
 │                                       rejected its input: a PerseusError or ValueError)
 └── RankError                      400  a rank misbehaved (died mid-round, wrong order)
     ├── InvalidRankError           422  rank/dp/pp/tp out of range, duplicate coordinates
+    ├── InvalidResultError         422  a result whose shapes do not fit the rank's schedule
     └── RankConflictError          409  the same rank registered twice, result reported twice
 ```
 
@@ -36,6 +37,7 @@ __all__ = [
     "CoordinatorError",
     "InvalidJobError",
     "InvalidRankError",
+    "InvalidResultError",
     "JobFailedError",
     "JobNotFoundError",
     "PerseusError",
@@ -135,6 +137,12 @@ class RankError(PerseusError):
 
 class InvalidRankError(RankError):
     """A rank (or its dp/pp/tp coordinates) does not fit the job."""
+
+    http_status = 422
+
+
+class InvalidResultError(RankError):
+    """A rank's result that cannot be its schedule's (refused; the rank may send it again)."""
 
     http_status = 422
 

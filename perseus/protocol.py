@@ -10,7 +10,7 @@ import asyncio
 import os
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -56,8 +56,35 @@ REPORT_RESULT_URL = "/result/{job_id}"
 STRAGGLER_URL = "/straggler/{job_id}"
 INFO_URL = "/info"
 
+JOB_TOKEN_HEADER = "X-Perseus-Job-Token"
+"""The job credential: answered by ``POST /register_job``, required by every route under
+the job's id (``/register_rank``, ``/schedule``, ``/result``, ``/straggler``)."""
+MAX_FREQUENCIES = 1024
+"""Most clocks a rank may list in `RankInfo.available_frequencies` (GPUs have ~200)."""
+
 
 InstructionKind = Literal["forward", "backward", "backward_input", "backward_weight"]
+
+# Bounds of a measurement, checked where it arrives. Beyond them a number is a unit mistake
+# or a broken meter, and a sum of a window's worth of them could overflow to inf (1e308
+# each) or poison every mean (NaN): a measurement is finite, a time positive, an energy
+# non-negative, each below a bound that keeps any sum the schedulers take finite.
+MAX_TIME_S = 1e6
+"""A time above 11.6 days (per iteration or per instruction) is a unit mistake."""
+MAX_ENERGY_J = 1e10
+"""An energy above 10 GJ (a 1 kW GPU for 116 days) is a unit mistake."""
+MAX_ITERATIONS = 10_000
+"""Iterations in one profiling window (one round's result)."""
+MAX_FREQUENCIES = 1024
+"""SM clocks one GPU reports (an A100 has 81, an H100 about 100)."""
+MAX_FREQ_MHZ = 100_000
+
+Seconds = Annotated[float, Field(gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)]
+"""A measured time: finite, > 0, at most `MAX_TIME_S`."""
+Joules = Annotated[float, Field(ge=0.0, le=MAX_ENERGY_J, allow_inf_nan=False)]
+"""A measured energy: finite, >= 0, at most `MAX_ENERGY_J`."""
+FreqMHz = Annotated[int, Field(gt=0, le=MAX_FREQ_MHZ)]
+"""An SM clock in MHz."""
 
 
 class PipelineSpec(BaseModel):
@@ -194,6 +221,10 @@ class JobRecord(JobInfo):
     """
 
     job_id: str = Field(min_length=1)
+    token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", repr=False)
+    """SHA-256 (hex) of the job credential (`JOB_TOKEN_HEADER`) the coordinator handed
+    out; the credential itself is never stored. None: a job registered before
+    credentials existed."""
 
     @field_validator("job_id")
     @classmethod
@@ -201,16 +232,20 @@ class JobRecord(JobInfo):
         return job_id
 
     @classmethod
-    def register(cls, info: JobInfo, scheduler_name: str) -> JobRecord:
+    def register(
+        cls, info: JobInfo, scheduler_name: str, *, token_sha256: str | None = None
+    ) -> JobRecord:
         """A new record for `info` with a fresh id: timestamp, scheduler, a unique suffix,
-        metadata."""
+        metadata; `token_sha256` is the hash of its credential."""
         job_id = f"{datetime.now().strftime('%F-%H-%M-%S')}+{scheduler_name}+{uuid.uuid4().hex[:8]}"
         if info.job_metadata:
             job_id += f"+{info.job_metadata}"
         # The pipeline goes in as the validated instance: validating its orders again would
         # rebuild its DAG a second time on the request path.
         fields = info.model_dump(exclude={"pipeline"})
-        return cls.model_validate({**fields, "job_id": job_id, "pipeline": info.pipeline})
+        return cls.model_validate(
+            {**fields, "job_id": job_id, "pipeline": info.pipeline, "token_sha256": token_sha256}
+        )
 
 
 class RankInfo(BaseModel):
@@ -221,14 +256,18 @@ class RankInfo(BaseModel):
         dp_rank: Data parallel rank of the reporting process.
         pp_rank: Pipeline parallel rank of the reporting process.
         tp_rank: Tensor parallel rank of the reporting process.
-        available_frequencies: List of available frequencies (MHz) for the rank's GPU.
+        available_frequencies: List of available frequencies (MHz) for the rank's GPU, each
+            positive and at most `MAX_FREQ_MHZ` (the profile's keys, `OfflineProfilingResult`).
+        emulated: The rank's GPU is emulated (`GPU.emulated`): what it measures is the
+            emulator's model, and the profile and plan made from it say so.
     """
 
     rank: int = Field(ge=0)
     dp_rank: int = Field(ge=0)
     pp_rank: int = Field(ge=0)
     tp_rank: int = Field(ge=0)
-    available_frequencies: list[int]
+    available_frequencies: list[FreqMHz] = Field(max_length=MAX_FREQUENCIES)
+    emulated: bool = False
 
 
 class FrequencySchedule(BaseModel):
@@ -244,24 +283,74 @@ class FrequencySchedule(BaseModel):
 class ProfilingResult(BaseModel):
     """Profiling results for a `FrequencySchedule` of a rank.
 
+    Every time is finite and > 0 (at most `MAX_TIME_S`), every energy finite and >= 0 (at
+    most `MAX_ENERGY_J`): a bad number is refused here (422 naming the field), before it
+    reaches the job or its scheduler. The coordinator also checks the breakdowns' shapes
+    against the job's schedule (`FrequencyScheduler.check_result`).
+
     Attributes:
         rank: Global rank of the reporting client.
         iter_time: Latency of all iterations within the profiling window, in seconds.
-        iter_energy: Energy of all iterations within the profiling window, in Joules.
+        iter_energy: Energy of all iterations within the profiling window, in Joules
+            (one per entry of `iter_time`).
         time_breakdown: Duration of each operation across iterations, e.g.
             ``{"forward": [[0.1, 0.12], [0.1, 0.11]]}`` (iteration × occurrence).
         energy_breakdown: Energy of each operation, same structure as `time_breakdown`.
     """
 
     rank: int = Field(ge=0)
-    iter_time: list[float]
-    iter_energy: list[float]
-    time_breakdown: dict[str, list[list[float]]] = Field(default_factory=dict)
-    energy_breakdown: dict[str, list[list[float]]] = Field(default_factory=dict)
+    iter_time: list[Seconds] = Field(min_length=1, max_length=MAX_ITERATIONS)
+    iter_energy: list[Joules] = Field(min_length=1, max_length=MAX_ITERATIONS)
+    time_breakdown: dict[
+        InstructionKind,
+        Annotated[
+            list[Annotated[list[Seconds], Field(max_length=MAX_ACTIONS)]],
+            Field(max_length=MAX_ITERATIONS),
+        ],
+    ] = Field(default_factory=dict)
+    energy_breakdown: dict[
+        InstructionKind,
+        Annotated[
+            list[Annotated[list[Joules], Field(max_length=MAX_ACTIONS)]],
+            Field(max_length=MAX_ITERATIONS),
+        ],
+    ] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> ProfilingResult:
+        iters = len(self.iter_time)
+        if len(self.iter_energy) != iters:
+            raise ValueError(
+                f"iter_energy has {len(self.iter_energy)} entries but iter_time has {iters}; "
+                "report one time and one energy per iteration"
+            )
+        for kind in sorted(set(self.time_breakdown) | set(self.energy_breakdown)):
+            times = self.time_breakdown.get(kind, [])
+            energies = self.energy_breakdown.get(kind, [])
+            shape_t, shape_e = [len(x) for x in times], [len(x) for x in energies]
+            if shape_t != shape_e:
+                raise ValueError(
+                    f"time_breakdown[{kind!r}] and energy_breakdown[{kind!r}] differ in shape "
+                    f"(entries per iteration {shape_t} vs {shape_e}); report one energy per "
+                    "duration"
+                )
+            if any(shape_t) and len(times) != iters:
+                raise ValueError(
+                    f"time_breakdown[{kind!r}] has {len(times)} iteration(s) but iter_time has "
+                    f"{iters}; report one list per iteration"
+                )
+        return self
+
+
+_TimeByFreq = Annotated[dict[FreqMHz, Seconds], Field(max_length=MAX_FREQUENCIES)]
+_EnergyByFreq = Annotated[dict[FreqMHz, Joules], Field(max_length=MAX_FREQUENCIES)]
 
 
 class OfflineProfilingResult(BaseModel):
     """Profiling results generated from offline profiling each instruction.
+
+    Times are finite and > 0, energies finite and >= 0 (bounded as in `ProfilingResult`),
+    frequencies positive MHz, at most `MAX_FREQUENCIES` per instruction.
 
     Attributes:
         rank: Global rank of the reporting client.
@@ -276,6 +365,7 @@ class OfflineProfilingResult(BaseModel):
         backward_input_time, backward_input_energy, backward_weight_time,
         backward_weight_energy: The same for the halves of a split backward (empty when
             the schedule runs full backwards).
+        emulated: Measured on an emulated GPU (the CSV's ``emulated`` column).
     """
 
     rank: int = Field(ge=0)
@@ -283,14 +373,15 @@ class OfflineProfilingResult(BaseModel):
     pp_rank: int = Field(ge=0)
     tp_rank: int = Field(ge=0)
     stage: int | None = Field(default=None, ge=0)
-    forward_time: dict[int, float]
-    forward_energy: dict[int, float]
-    backward_time: dict[int, float] = Field(default_factory=dict)
-    backward_energy: dict[int, float] = Field(default_factory=dict)
-    backward_input_time: dict[int, float] = Field(default_factory=dict)
-    backward_input_energy: dict[int, float] = Field(default_factory=dict)
-    backward_weight_time: dict[int, float] = Field(default_factory=dict)
-    backward_weight_energy: dict[int, float] = Field(default_factory=dict)
+    forward_time: _TimeByFreq
+    forward_energy: _EnergyByFreq
+    backward_time: _TimeByFreq = Field(default_factory=dict)
+    backward_energy: _EnergyByFreq = Field(default_factory=dict)
+    backward_input_time: _TimeByFreq = Field(default_factory=dict)
+    backward_input_energy: _EnergyByFreq = Field(default_factory=dict)
+    backward_weight_time: _TimeByFreq = Field(default_factory=dict)
+    backward_weight_energy: _EnergyByFreq = Field(default_factory=dict)
+    emulated: bool = False
 
     @model_validator(mode="after")
     def _normalise_stage(self) -> OfflineProfilingResult:
@@ -332,6 +423,7 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
                             freq,
                             times[freq],
                             energies[freq],
+                            res.emulated,
                         )
                     )
         return rows
@@ -349,6 +441,7 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
             - `instruction` is one of "forward", "backward", "backward_input",
               "backward_weight".
             - `time` and `energy` are already averaged over profiling iterations.
+            - An ``emulated`` column (true/false) follows when some entry is `emulated`.
         """
         write_profile_rows(filepath, self.rows())
 
@@ -358,17 +451,28 @@ class InstructionProfilingResult(RootModel[list[OfflineProfilingResult]]):
         ``stage,instruction,frequency,time,energy`` form (then rank = pp_rank = stage).
         One entry per (rank, dp_rank, pp_rank, tp_rank, stage)."""
         by_rank: dict[tuple[int, int, int, int, int], dict[str, dict[int, float]]] = {}
+        emulated: set[tuple[int, int, int, int, int]] = set()
         for row in read_profile_rows(filepath):
+            key = (row.rank, row.dp_rank, row.pp_rank, row.tp_rank, row.stage)
             entry = by_rank.setdefault(
-                (row.rank, row.dp_rank, row.pp_rank, row.tp_rank, row.stage),
-                {f"{i}_{q}": {} for i in INSTRUCTIONS for q in ("time", "energy")},
+                key, {f"{i}_{q}": {} for i in INSTRUCTIONS for q in ("time", "energy")}
             )
             entry[f"{row.instruction}_time"][row.frequency] = row.time
             entry[f"{row.instruction}_energy"][row.frequency] = row.energy
+            if row.emulated:
+                emulated.add(key)
         return cls(
             [
-                OfflineProfilingResult(rank=r, dp_rank=d, pp_rank=p, tp_rank=t, stage=s, **data)
-                for (r, d, p, t, s), data in sorted(by_rank.items())
+                OfflineProfilingResult(
+                    rank=key[0],
+                    dp_rank=key[1],
+                    pp_rank=key[2],
+                    tp_rank=key[3],
+                    stage=key[4],
+                    emulated=key in emulated,
+                    **data,
+                )
+                for key, data in sorted(by_rank.items())
             ]
         )
 

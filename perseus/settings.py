@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["PerseusSettings"]
@@ -26,6 +26,14 @@ class PerseusSettings(BaseSettings):
         dump_data: Whether to dump internal state (ranks, schedules, results) to `dump_dir`.
         dump_dir: Directory to dump state in (if enabled).
         max_job_idle_time: Seconds a job may stay idle before the coordinator evicts it.
+        token: The shared secret every request but ``GET /healthz`` must present as
+            ``Authorization: Bearer <token>`` (``PERSEUS_TOKEN``; at least 16 characters).
+            None: no authentication (only allowed on loopback by ``perseus serve``).
+        max_body_bytes: Request bodies larger than this are refused with 413, unread.
+        max_world_size: Jobs with a larger ``world_size`` are refused with 422.
+        max_jobs: Live jobs at most; registering one more answers 503 until one ends.
+        header_timeout_s: Seconds a connection may take to send its request headers
+            before it is closed (``perseus serve``).
     """
 
     model_config = SettingsConfigDict(env_prefix="PERSEUS_", extra="forbid", validate_default=True)
@@ -36,6 +44,31 @@ class PerseusSettings(BaseSettings):
     dump_data: bool = False
     dump_dir: str = "./dump"
     max_job_idle_time: int = Field(default=60 * 60 * 24 * 7, gt=0)
+    token: SecretStr | None = Field(default=None, repr=False)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_world_size: int = Field(default=65_536, ge=1)
+    max_jobs: int = Field(default=1024, ge=1)
+    header_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _check_token(cls, value: object) -> object:
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ValueError("the token must be a string")
+        value = value.strip()
+        if not value:
+            return None
+        if len(value) < 16 or any(c.isspace() for c in value) or not value.isprintable():
+            # Never echo the token itself.
+            raise ValueError(
+                "the token must be at least 16 printable characters without spaces, e.g. "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
 
     @field_validator("scheduler")
     @classmethod
@@ -52,6 +85,11 @@ class PerseusSettings(BaseSettings):
         if value.lower() not in valid:
             raise ValueError(f"log_level {value!r} is not one of {', '.join(valid)}")
         return value.lower()
+
+    @property
+    def token_value(self) -> str | None:
+        """The token in clear (for the auth middleware only; never log it)."""
+        return self.token.get_secret_value() if self.token is not None else None
 
     @property
     def scheduler_name(self) -> str:

@@ -11,6 +11,9 @@ Optional hooks, declared here with defaults and overridden by the schedulers tha
   scheduler goes straight back to running that plan (default: ignore it).
 - `on_straggler(dp_rank, slowdown)`: a data-parallel pipeline was announced slow
   (``POST /straggler/{job_id}``); the default refuses (a 400).
+- `check_result(result)`: called by the coordinator when a rank's result arrives, before
+  it is kept: raise `RankError` when it cannot be this job's (the default accepts any); a
+  refused result is a 422 for that rank, which may send a corrected one.
 
 Scheduler arguments (``PERSEUS_SCHEDULER_ARGS``) are a pydantic model the class names in
 ``Args`` (`schedulers.args`: shared groups declared once). `check_scheduler_args`
@@ -78,6 +81,11 @@ class FrequencyScheduler(abc.ABC):
 
     def resume(self, plan: Plan) -> None:  # noqa: B027 - a hook whose default is to do nothing
         """Go back to running `plan`, persisted before a coordinator restart (default: ignore)."""
+
+    def check_result(self, result: ProfilingResult) -> None:  # noqa: B027 - default: accept
+        """Refuse (`RankError`) a result that cannot be this job's, e.g. breakdowns whose
+        shapes do not match the rank's instructions. Called on the event loop: keep it
+        cheap and free of side effects (default: accept every result)."""
 
     def on_straggler(self, dp_rank: int, slowdown: float) -> None:
         """Data-parallel pipeline `dp_rank` runs `slowdown`× its normal time (1.0: recovered).

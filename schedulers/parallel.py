@@ -125,6 +125,7 @@ class Parallel3D:
         self.kinds = tuple(schedule.instruction_kinds())
         """The instruction kinds the job runs (every rank reports those it runs)."""
         self.rank_infos = rank_infos
+        self._by_rank = {info.rank: info for info in rank_infos}
         if len(rank_infos) != job_info.world_size:
             raise RankError(
                 f"Job {job_info.job_id}: {len(rank_infos)} rank(s) registered but "
@@ -165,8 +166,15 @@ class Parallel3D:
             out.append(cache[key].model_copy(update={"rank": info.rank}))
         return out
 
-    def _rank_numbers(self, info: RankInfo, res: ProfilingResult) -> _RankNumbers:
-        """One rank's means per kind and per (stage, kind), checked against its order."""
+    def check_result(self, res: ProfilingResult) -> None:
+        """Refuse (`RankError`, naming the rank, the kind and the job) a result whose
+        breakdowns do not hold one entry per instruction of the rank's order, per iteration."""
+        info = self._by_rank.get(res.rank)
+        if info is None:
+            raise RankError(f"Rank {res.rank} is not a rank of job {self.job_id}")
+        self._check_shapes(info, res)
+
+    def _check_shapes(self, info: RankInfo, res: ProfilingResult) -> None:
         if not res.iter_time or len(res.iter_time) != len(res.iter_energy):
             raise RankError(
                 f"Rank {info.rank} reported {len(res.iter_time)} iteration time(s) and "
@@ -175,7 +183,6 @@ class Parallel3D:
         iters = len(res.iter_time)
         occ = self._occurrences[info.pp_rank]
         where = f"pipeline rank {info.pp_rank} of the {self.schedule.name} schedule"
-        numbers = _RankNumbers()
         for name in [*self.kinds, *sorted(set(res.time_breakdown) - set(self.kinds))]:
             t_iters = res.time_breakdown.get(name, [])
             e_iters = res.energy_breakdown.get(name, [])
@@ -203,6 +210,19 @@ class Parallel3D:
                         f"{len(stages)} {name} per iteration; report one entry per executed "
                         f"{name}, in execution order"
                     )
+
+    def _rank_numbers(self, info: RankInfo, res: ProfilingResult) -> _RankNumbers:
+        """One rank's means per kind and per (stage, kind), checked against its order."""
+        self._check_shapes(info, res)
+        iters = len(res.iter_time)
+        occ = self._occurrences[info.pp_rank]
+        numbers = _RankNumbers()
+        for name in self.kinds:
+            t_iters = res.time_breakdown.get(name, [])
+            e_iters = res.energy_breakdown.get(name, [])
+            stages = occ.get(name, [])
+            if not stages:
+                continue
             t_all = [x for ts in t_iters for x in ts]
             e_all = [x for es in e_iters for x in es]
             numbers.time_s[name], numbers.energy_j[name] = _mean(t_all), _mean(e_all)

@@ -14,6 +14,7 @@ from perseus.errors import ConfigurationError
 from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
+from schedulers.args import SchedulerArgs
 from schedulers.pipeline import RoundMeasurement, StagePlan
 from schedulers.planning import DEFAULT_P2P_POWER_W, PlanningArgs, PlanningScheduler
 
@@ -91,6 +92,26 @@ class Perseus(PlanningScheduler):
     """
 
     Args = PerseusArgs
+
+    @classmethod
+    def check_job(cls, job_info: JobInfo, args: SchedulerArgs) -> None:
+        """Also refuse, at registration, a job whose frontier would not fit in memory
+        (counted from its orders or the default schedule's shape, without building it)."""
+        super().check_job(job_info, args)
+        from perseus.domain.schedule import instructions_per_stage
+        from perseus.planning import check_frontier_memory
+
+        assert isinstance(args, PerseusArgs)
+        if job_info.pipeline is not None:
+            name = job_info.pipeline.schedule
+            count = sum(len(order) for order in job_info.pipeline.orders)
+        else:
+            assert args.num_microbatches is not None  # super() refused a job without one
+            name = args.schedule
+            count = job_info.pp_degree * instructions_per_stage(
+                args.schedule, args.num_microbatches, args.num_chunks
+            )
+        check_frontier_memory(count, name)
 
     def __init__(
         self,

@@ -139,6 +139,11 @@ class PipelineScheduler(FrequencyScheduler):
         self._issued, self._observed = True, False
         return self.parallel.schedules_for(plan, overrides)
 
+    def check_result(self, result: ProfilingResult) -> None:
+        """The rank's breakdowns must hold one entry per instruction of its order, per
+        iteration (`Parallel3D.check_result`)."""
+        self.parallel.check_result(result)
+
     def observe(self, profiling_results: list[ProfilingResult]) -> None:
         self._observed = True
         self.on_measurement(self.parallel.measure(profiling_results), profiling_results)

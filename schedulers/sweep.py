@@ -373,6 +373,7 @@ class InstructionSweep:
                     pp_rank=pp,
                     tp_rank=first.tp_rank,
                     stage=stage,
+                    emulated=any(r.emulated for r in self.scheduler.stage_ranks[pp]),
                     **fields,
                 )
             )

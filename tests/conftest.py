@@ -25,12 +25,48 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, parts[0]))
 
 
+EMULATION_OPT_IN = {"ZEUS_GPU_BACKEND": "emulated"}
+"""The suite runs on emulated GPUs, and says so: `auto` (the default) never emulates by
+itself, so every test (and every subprocess it starts, which inherits the environment)
+opts in. Tests of the missing opt-in remove it (`no_driver_no_opt_in`)."""
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return (
+        "GPUs: emulated (tests/conftest.py sets ZEUS_GPU_BACKEND=emulated for every test; "
+        "no number measured here comes from a real GPU)"
+    )
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests never see the developer's PERSEUS_* / ZEUS_* settings."""
+    """Tests never see the developer's PERSEUS_* / ZEUS_* / ZEUSD_* settings; they opt in to
+    emulation."""
     for name in list(os.environ):
-        if name.startswith(("PERSEUS_", "ZEUS_")):
+        if name.startswith(("PERSEUS_", "ZEUS_", "ZEUSD_")):
             monkeypatch.delenv(name, raising=False)
+    for name, value in EMULATION_OPT_IN.items():
+        monkeypatch.setenv(name, value)
+
+
+def _nvidia_driver_present() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no nvidia-ml-py, or no driver: both mean no GPU to fall back from
+        return False
+    return True
+
+
+@pytest.fixture
+def no_driver_no_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test runs as a user on a machine without an NVIDIA driver who did not opt in to
+    emulated GPUs (skipped where a driver answers: there `auto` rightly finds the GPU)."""
+    if _nvidia_driver_present():
+        pytest.skip("an NVIDIA driver is present")
+    for name in EMULATION_OPT_IN:
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import socket
 import threading
 import time
@@ -30,23 +31,40 @@ import uvicorn
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule, make_schedule
 from perseus.io.profile_csv import save_profile
-from perseus.protocol import FrequencySchedule, JobInfo, PipelineSpec, ProfilingResult, RankInfo
+from perseus.protocol import (
+    JOB_TOKEN_HEADER,
+    FrequencySchedule,
+    JobInfo,
+    PipelineSpec,
+    ProfilingResult,
+    RankInfo,
+)
 from perseus.server import create_app
 from perseus.settings import PerseusSettings
+from zeus_power.serving import header_timeout_protocol
 
 FREQS = list(range(1500, 450, -75))  # 1500 … 525 MHz, 14 levels
 F_MAX = FREQS[0]
 
 
 @contextlib.contextmanager
-def running_server(settings: PerseusSettings, *, round_timeout_s: float = 30.0) -> Iterator[str]:
-    """Run the real coordinator app under uvicorn in a thread; yields its base URL."""
+def running_server(
+    settings: PerseusSettings, *, round_timeout_s: float = 30.0, serve_like_cli: bool = False
+) -> Iterator[str]:
+    """Run the real coordinator app under uvicorn in a thread; yields its base URL.
+    `serve_like_cli`: with `perseus serve`'s HTTP protocol (its header timeout)."""
     app = create_app(settings, round_timeout_s=round_timeout_s)
+    extra = {"http": header_timeout_protocol(settings.header_timeout_s)} if serve_like_cli else {}
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=2,
+        **extra,  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -221,10 +239,15 @@ class SimulatedJob:
         tp: int = 1,
         num_microbatches: int | None = None,
         schedule: PipelineSchedule | None = None,
+        token: str | None = None,
     ) -> None:
         """A job of `pp` pipeline ranks running 1F1B over `num_microbatches` that describes
-        no pipeline (an old client), or one that describes `schedule` at registration."""
+        no pipeline (an old client), or one that describes `schedule` at registration.
+        `token`: the coordinator's (default: ``PERSEUS_TOKEN``); the job's credential is
+        taken from the registration's answer and sent on every later request."""
         self.base_url = base_url
+        token = token if token is not None else os.environ.get("PERSEUS_TOKEN")
+        self.headers: dict[str, str] = {"authorization": f"Bearer {token}"} if token else {}
         self.truth = truth
         spec = None
         if schedule is not None:
@@ -240,12 +263,17 @@ class SimulatedJob:
         self.results: list[list[ProfilingResult]] = []
 
     async def register(self, client: httpx.AsyncClient) -> str:
-        r = await client.post(f"{self.base_url}/register_job", json=self.info.model_dump())
+        r = await client.post(
+            f"{self.base_url}/register_job", json=self.info.model_dump(), headers=self.headers
+        )
         r.raise_for_status()
         self.job_id = r.json()
+        self.headers[JOB_TOKEN_HEADER] = r.headers[JOB_TOKEN_HEADER]
         for info in self.infos:
             r = await client.post(
-                f"{self.base_url}/register_rank/{self.job_id}", json=info.model_dump()
+                f"{self.base_url}/register_rank/{self.job_id}",
+                json=info.model_dump(),
+                headers=self.headers,
             )
             r.raise_for_status()
         return self.job_id
@@ -253,7 +281,11 @@ class SimulatedJob:
     async def ask_all(self, client: httpx.AsyncClient) -> dict[int, FrequencySchedule]:
         responses = await asyncio.gather(
             *(
-                client.get(f"{self.base_url}/schedule/{self.job_id}", params={"rank": i.rank})
+                client.get(
+                    f"{self.base_url}/schedule/{self.job_id}",
+                    params={"rank": i.rank},
+                    headers=self.headers,
+                )
                 for i in self.infos
             )
         )
@@ -276,7 +308,11 @@ class SimulatedJob:
         results = self.results_for(schedules)
         self.results.append(results)
         for res in results:
-            r = await client.post(f"{self.base_url}/result/{self.job_id}", json=res.model_dump())
+            r = await client.post(
+                f"{self.base_url}/result/{self.job_id}",
+                json=res.model_dump(),
+                headers=self.headers,
+            )
             r.raise_for_status()
 
     async def run(

@@ -47,8 +47,15 @@ def serve(
             "is handed out again (default: ZEUS_BSO_TRIAL_TIMEOUT_S, else never).",
         ),
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Listen on a non-loopback --host without a token (ZEUS_BSO_TOKEN).",
+        ),
+    ] = False,
 ) -> None:
-    """Serve the batch-size optimizer over HTTP."""
+    """Serve the batch-size optimizer over HTTP (a non-loopback --host needs ZEUS_BSO_TOKEN)."""
     import uvicorn
     from pydantic import ValidationError
 
@@ -56,6 +63,7 @@ def serve(
     from zeus_power.bso.server.db import make_engine
     from zeus_power.bso.server.service import BSOService
     from zeus_power.errors import ZeusBSORuntimeError, ZeusConfigError
+    from zeus_power.serving import header_timeout_protocol, install_accept_error_filter, is_loopback
 
     overrides: dict[str, str | float] = {}
     if db_url is not None:
@@ -70,7 +78,13 @@ def serve(
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
-        raise typer.BadParameter(f"Invalid settings: {problems}") from exc
+        raise typer.BadParameter(f"Invalid settings: {problems}") from None
+    if settings.token is None and not is_loopback(host) and not insecure:
+        raise typer.BadParameter(
+            f"{host} is reachable from other machines and ZEUS_BSO_TOKEN is not set: set it "
+            "(clients send the same ZEUS_BSO_TOKEN), or pass --insecure",
+            param_hint="--host",
+        )
     # Fail here, with a usage error, rather than with a traceback in the server's startup:
     # a bad URL, an unreachable server, a path that cannot be created, a file that is not
     # a database. Creating the tables is idempotent; the server's startup does it again.
@@ -82,7 +96,14 @@ def serve(
             engine.dispose()
     except (ZeusConfigError, ZeusBSORuntimeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--db-url") from exc
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level)
+    install_accept_error_filter()
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level=settings.log_level,
+        http=header_timeout_protocol(settings.header_timeout_s),
+    )
 
 
 if __name__ == "__main__":

@@ -132,6 +132,8 @@ class HistoryEntry:
     power_limit_w: int | None = None
     """Power limit used, when the driver knows it (the simulator); None otherwise."""
     stage: str = field(default="")
+    emulated: bool = False
+    """The trial ran on emulated GPUs (its `TrainingResult` said so): a model's numbers."""
 
     # Zeus-compatible names.
     @property
@@ -247,6 +249,24 @@ class ZeusMaster:
             ZeusMasterError: The script exited without writing a valid result (its log
                 is in `logdir`), or ran past `timeout_s`.
         """
+        result = self._train_once(
+            job, batch_size, learning_rate, seed, logdir, rec_i, tries, eta_knob, cost_ub
+        )
+        return result.energy_j, result.time_s, result.reached
+
+    def _train_once(
+        self,
+        job: Job,
+        batch_size: int,
+        learning_rate: float,
+        seed: int,
+        logdir: str | Path,
+        rec_i: int,
+        tries: int,
+        eta_knob: float,
+        cost_ub: float,
+    ) -> TrainingResult:
+        """`run_job`, returning the script's whole `TrainingResult` (`emulated` included)."""
         check_eta_knob(eta_knob)
         logdir = Path(logdir)
         stem = f"rec{rec_i:02d}+try{tries:02d}"
@@ -318,7 +338,7 @@ class ZeusMaster:
             ) from exc
         if proc.returncode != 0:
             logger.info("%s exited with code %d (result written)", stem, proc.returncode)
-        return result.energy_j, result.time_s, result.reached
+        return result
 
     def run(
         self,
@@ -359,7 +379,7 @@ class ZeusMaster:
                 for tries in range(1, self.max_tries + 1):
                     trial = self.bso.next_trial(job.name)
                     cost_ub = trial.cost_ub if trial.cost_ub is not None else math.inf
-                    energy_j, time_s, reached = self.run_job(
+                    result = self._train_once(
                         job,
                         trial.batch_size,
                         job.scale_lr(trial.batch_size),
@@ -370,6 +390,7 @@ class ZeusMaster:
                         eta_knob,
                         cost_ub,
                     )
+                    energy_j, time_s, reached = result.energy_j, result.time_s, result.reached
                     record = self.bso.report(
                         job.name,
                         trial.trial_number,
@@ -384,6 +405,7 @@ class ZeusMaster:
                         reached=reached,
                         cost=record.cost if record.cost is not None else math.nan,
                         stage=trial.stage,
+                        emulated=result.emulated,
                     )
                     history.append(entry)
                     history_file.write(json.dumps(asdict(entry)) + "\n")

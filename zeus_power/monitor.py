@@ -7,6 +7,9 @@ monitor.begin_window("epoch")
 m = monitor.end_window("epoch")            # m.time_s, m.gpu_energy_j[0], m.total_energy_j
 ```
 
+A measurement taken on an emulated GPU says so (`Measurement.emulated`); the monitor never
+picks the emulator by itself (see `zeus_power.device.open_gpus`).
+
 Energy comes from each GPU's energy counter when it has one (Volta and newer); for GPUs
 without one a background thread polls `power_usage_mw()` every `poll_interval_s` while a
 window is open and integrates it. Each reading is taken as the power of the interval
@@ -43,6 +46,8 @@ class Measurement:
     """Elapsed time of the window, in seconds."""
     gpu_energy_j: dict[int, float] = field(default_factory=dict)
     """Energy of each GPU (by index) over the window, in joules."""
+    emulated: bool = False
+    """True when any measured GPU is emulated: the numbers are the emulator's, not measured."""
 
     @property
     def total_energy_j(self) -> float:
@@ -170,6 +175,8 @@ class ZeusMonitor:
             raise ZeusConfigError(f"GPU indices {indices} contain duplicates.")
         self.gpus: list[GPU] = list(gpus)
         self.gpu_indices: list[int] = indices
+        self.emulated = any(gpu.emulated for gpu in self.gpus)
+        """Whether any measured GPU is emulated (then every `Measurement` says so)."""
         self._time_fn = time_fn if time_fn is not None else time.monotonic
         self._counter_gpus = [gpu for gpu in self.gpus if gpu.supports_energy_counter()]
         polled = [gpu for gpu in self.gpus if not gpu.supports_energy_counter()]
@@ -215,7 +222,11 @@ class ZeusMonitor:
                     f"{sorted(self._windows)}."
                 )
             if cancel:
-                result = Measurement(time_s=0.0, gpu_energy_j=dict.fromkeys(self.gpu_indices, 0.0))
+                result = Measurement(
+                    time_s=0.0,
+                    gpu_energy_j=dict.fromkeys(self.gpu_indices, 0.0),
+                    emulated=self.emulated,
+                )
             else:
                 end_energy = self._energies_j()
                 end_s = self._time_fn()
@@ -225,6 +236,7 @@ class ZeusMonitor:
                         i: max(end_energy[i] - window.start_energy_j[i], 0.0)
                         for i in self.gpu_indices
                     },
+                    emulated=self.emulated,
                 )
             if self._integrator is not None and not self._windows:
                 self._integrator.stop()

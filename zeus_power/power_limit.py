@@ -81,6 +81,8 @@ class PowerLimitProfile(BaseModel):
     optimal_power_limit_w: int | None = None
     """The optimum when saved (informational: loading re-selects with the current selector)."""
     selector: str | None = None
+    emulated: bool = Field(default=False, exclude_if=lambda emulated: not emulated)
+    """Measured on emulated GPUs (the emulator's model); absent from files of real GPUs."""
 
 
 # --------------------------------------------------------------------------- states
@@ -363,6 +365,7 @@ class GlobalPowerLimitOptimizer:
             measurements=self.measurements,
             optimal_power_limit_w=self.state.optimal_power_limit_w,
             selector=repr(self.optimum_selector),
+            emulated=self.monitor.emulated,
         )
         self.profile_path.parent.mkdir(parents=True, exist_ok=True)
         self.profile_path.write_text(profile.model_dump_json(indent=2))

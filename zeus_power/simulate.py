@@ -87,6 +87,9 @@ class TraceTables(BaseModel):
     """Iterations per epoch of each batch size."""
     iterations: list[IterationRow] = Field(min_length=1)
     targets: list[TargetRow] = Field(min_length=1)
+    emulated: bool = Field(default=False, exclude_if=lambda emulated: not emulated)
+    """The iterations come from the emulated GPU's model (`make_emulator_tables`), not traces
+    of a real GPU; the simulated history says so."""
 
     @model_validator(mode="after")
     def _check_complete(self) -> TraceTables:
@@ -300,6 +303,7 @@ def simulate(
                     cost=record.cost,
                     power_limit_w=pl_opt,
                     stage=trial.stage,
+                    emulated=tables.emulated,
                 )
             )
             if reached:
@@ -390,4 +394,5 @@ def make_emulator_tables(
         iters_per_epoch=iters_per_epoch,
         iterations=iterations,
         targets=targets,
+        emulated=True,
     )

@@ -50,6 +50,8 @@ class TrainingResult(BaseModel):
     time_s: float = Field(ge=0.0, validation_alias=AliasChoices("time_s", "time"))
     reached: bool
     epochs: int | None = Field(default=None, ge=0)
+    emulated: bool = Field(default=False, exclude_if=lambda emulated: not emulated)
+    """Measured on emulated GPUs (e.g. `ZeusMonitor.emulated`); absent means real GPUs."""
 
     def write(self, path: str | Path) -> None:
         """Write this result as JSON to `path`."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from perseus.cli import demo as _demo
+from perseus.cli import gpud as _gpud
 from perseus.cli import plot as _plot
 from perseus.cli import profile as _profile
 from perseus.cli import serve as _serve
@@ -25,6 +26,7 @@ app.command("polish")(_solve.polish)
 app.add_typer(_plot.app, name="plot")
 app.command("serve")(_serve.serve)
 app.command("demo")(_demo.demo)
+app.command("gpud")(_gpud.gpud)
 app.add_typer(_profile.app, name="profile")
 app.add_typer(_bso.app, name="bso", help="The batch-size optimizer service (Zeus).")
 

@@ -95,3 +95,10 @@ def resolve_profile_path(value: str) -> Path:
     raise FileNotFoundError(
         f"Profile {value!r} is neither a file nor a shipped profile (shipped: {shipped})"
     )
+
+
+EMULATED_NOTE = (
+    "Profile measured on emulated GPUs: its times and energies are the emulator's model, "
+    'not measurements; the plans written from it say "emulated": true'
+)
+"""What the commands that read a profile print when its rows are marked emulated."""

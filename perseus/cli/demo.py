@@ -103,6 +103,12 @@ def demo(
         f"(torch.distributed.pipelining) over gloo, emulated A100 GPUs "
         f"({'nominal' if nominal else 'measured, stretched'} instruction times)"
     )
+    console.print(
+        "[yellow]Emulated GPUs[/]: the demo sets ZEUS_GPU_BACKEND=emulated for its ranks; every "
+        "time and energy below is the emulator's model, not a measurement, and the profile, "
+        "plan and summary it writes are marked emulated.",
+        highlight=False,
+    )
     result = run_demo(
         out,
         spec=spec,
@@ -113,7 +119,8 @@ def demo(
         max_slowdown=max_slowdown,
         console=console,
     )
-    table = Table(title=f"Per iteration, median of the last {measure_steps} iterations")
+    emulated = " (emulated GPUs)" if result.emulated else ""
+    table = Table(title=f"Per iteration, median of the last {measure_steps} iterations{emulated}")
     table.add_column("scheduler")
     table.add_column("iteration time (s)", justify="right")
     table.add_column("energy (J)", justify="right")

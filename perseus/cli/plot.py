@@ -22,10 +22,26 @@ def frontier(
         Path | None, typer.Option("--out", "-o", help="PNG path (default DIR/frontier.png).")
     ] = None,
 ) -> None:
-    """Energy vs iteration time of every frontier plan, with the LP lower bound."""
+    """Energy vs iteration time of every frontier plan, with the LP lower bound (and the
+    all-max and no-slowdown plans marked, when the directory has `all_max.json`)."""
+    from perseus.io.frontier_dir import read_frontier_table, read_reference_plan
+    from perseus.planning import choose_index
     from perseus.plotting import plot_frontier
 
-    typer.echo(str(plot_frontier(frontier_dir, out)))  # a path: never wrapped
+    reference = read_reference_plan(frontier_dir)
+    baseline = no_slowdown = None
+    if reference is not None:
+        table = read_frontier_table(frontier_dir)
+        k = choose_index(
+            table.iteration_time,
+            table.energy,
+            max_slowdown=0.0,
+            reference_s=reference.iteration_time,
+        )
+        baseline = (reference.iteration_time, reference.energy)
+        no_slowdown = (table.iteration_time[k], table.energy[k])
+    png = plot_frontier(frontier_dir, out, baseline=baseline, no_slowdown=no_slowdown)
+    typer.echo(str(png))  # a path: never wrapped
 
 
 @app.command("timeline")

@@ -83,7 +83,7 @@ def synth(
     ] = None,
 ) -> None:
     """Synthesize a profile, e.g. `perseus profile synth --gpu A40 --work 1,1,1,0.6 --out p.csv`."""
-    from perseus.io.profile_csv import write_profile_frame
+    from perseus.io.profile_csv import EMULATED_COLUMN, write_profile_frame
     from perseus.synth import check_stage_count, get_preset, stage_workloads, synthesize_profile
 
     if out.suffix != ".csv":  # the rule of InstructionProfilingResult.to_csv
@@ -117,10 +117,13 @@ def synth(
         min_freq_mhz=min_freq,
         backward_split=split_backward,
     )
+    # Every row is the emulator's model, not a measurement: the file says so.
+    frame[EMULATED_COLUMN] = "true"
     write_profile_frame(frame, out, float_format="%.8g")
     freqs = frame["frequency"]
     console.print(
-        f"Wrote {len(frame)} rows ({len(factors)} stages, {freqs.max()}→{freqs.min()} MHz) to {out}",
+        f"Wrote {len(frame)} rows ({len(factors)} stages, {freqs.max()}→{freqs.min()} MHz) to "
+        f"{out}, marked emulated (the emulator's model for the {gpu}, not measurements)",
         highlight=False,
     )
 

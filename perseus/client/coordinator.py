@@ -18,6 +18,7 @@ import httpx
 from perseus.errors import ConfigurationError, CoordinatorError, JobNotFoundError
 from perseus.protocol import (
     GET_SCHEDULE_URL,
+    JOB_TOKEN_HEADER,
     REGISTER_JOB_URL,
     REGISTER_RANK_URL,
     REPORT_RESULT_URL,
@@ -50,6 +51,12 @@ class CoordinatorClient:
             transport in tests).
         client: An httpx client to use instead; requests go to absolute URLs, so its
             ``base_url`` does not matter. Its owner closes it, not `close`.
+        token: The coordinator's token (``PERSEUS_TOKEN``), sent as
+            ``Authorization: Bearer <token>`` with every request; None sends none.
+
+    Each job's credential (``X-Perseus-Job-Token``) is kept from `register_job`'s answer
+    (or given with `set_job_token`, on the ranks that did not register) and sent with every
+    request under that job's id. Neither appears in this object's repr or its errors.
     """
 
     def __init__(
@@ -59,10 +66,14 @@ class CoordinatorClient:
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
         client: httpx.Client | None = None,
+        token: str | None = None,
     ) -> None:
         if transport is not None and client is not None:
             raise ConfigurationError("Pass a transport or a client, not both")
         self.server_url = check_server_url(server_url)
+        self._auth = {"authorization": f"Bearer {token.strip()}"} if token else {}
+        self._job_tokens: dict[str, str] = {}
+        self._registered_token: str | None = None
         self.timeout_s = float(timeout_s)
         self._owned = client is None
         self._http = client or httpx.Client(
@@ -74,6 +85,7 @@ class CoordinatorClient:
     # ------------------------------------------------------------------ the routes
     def register_job(self, job_info: JobInfo) -> str:
         """Register a job; returns its id."""
+        self._registered_token = None
         job_id = self.request("POST", REGISTER_JOB_URL, body=job_info)
         if not isinstance(job_id, str) or not job_id:
             raise CoordinatorError(
@@ -81,7 +93,30 @@ class CoordinatorClient:
                 f"{REGISTER_JOB_URL} with {job_id!r} instead of a job id",
                 url=self.server_url + REGISTER_JOB_URL,
             )
+        if self._registered_token:
+            self._job_tokens[job_id] = self._registered_token
         return job_id
+
+    def job_token(self, job_id: str) -> str | None:
+        """The credential of `job_id` this client holds (None: the coordinator gave none)."""
+        return self._job_tokens.get(job_id)
+
+    def set_job_token(self, job_id: str, token: str | None) -> None:
+        """Use `token` as `job_id`'s credential (a rank that learnt it from rank 0)."""
+        if token:
+            self._job_tokens[job_id] = token
+        else:
+            self._job_tokens.pop(job_id, None)
+
+    def _headers(self, path: str, has_body: bool) -> dict[str, str]:
+        """Headers of a request to `path`: content type, the token, the job's credential."""
+        headers = dict(self._auth)
+        if has_body:
+            headers["content-type"] = "application/json"
+        job_id = path.rpartition("/")[2]
+        if job_id in self._job_tokens:
+            headers[JOB_TOKEN_HEADER] = self._job_tokens[job_id]
+        return headers
 
     def register_rank(self, job_id: str, rank_info: RankInfo) -> None:
         """Register one rank of a job."""
@@ -144,7 +179,7 @@ class CoordinatorClient:
                 url,
                 content=content,
                 params=params,
-                headers={"content-type": "application/json"} if content is not None else None,
+                headers=self._headers(path, content is not None),
                 timeout=httpx.Timeout(self.timeout_s, read=timeout),
             )
         except httpx.ConnectError as exc:
@@ -164,6 +199,8 @@ class CoordinatorClient:
                 f"{method} {url} failed: {type(exc).__name__}: {exc}", url=url
             ) from exc
         if response.is_success:
+            if path == REGISTER_JOB_URL:
+                self._registered_token = response.headers.get(JOB_TOKEN_HEADER)
             try:
                 return response.json()
             except ValueError as exc:

@@ -56,6 +56,7 @@ from perseus.client.coordinator import CoordinatorClient, check_server_url
 from perseus.client.emulation import EmulationSettings, InstructionEmulator
 from perseus.client.frequency import FrequencyController
 from perseus.client.schedule import ScheduleValidator
+from perseus.client.timing import TIMINGS, EventTimer
 from perseus.client.trace import Trace
 from perseus.errors import ConfigurationError, RankError
 from perseus.protocol import (
@@ -71,6 +72,15 @@ from zeus_power.device.base import GPU
 __all__ = ["PerseusOptimizer"]
 
 logger = logging.getLogger(__name__)
+
+
+def _cuda_events(gpu: GPU) -> bool:
+    """Whether CUDA events can time this GPU's instructions (torch sees CUDA; a counter)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available()) and gpu.supports_energy_counter()
 
 
 class _HookState(enum.Enum):
@@ -140,6 +150,16 @@ class PerseusOptimizer:
             passes torch's schedule here.
         trace_dir: Write ``rank{R}.jsonl`` here (default: ``PERSEUS_TRACE_DIR``, if set).
         sync: Device synchronisation before each measurement (default: CUDA's, if any).
+        timing: How instructions are timed: ``"sync"`` (a device synchronisation and two
+            energy-counter reads around each one), ``"events"`` (CUDA events and a watcher
+            thread, one synchronisation per iteration, each instruction at its iteration's
+            mean power: `perseus.client.timing`; real CUDA GPUs with an energy counter
+            only), or ``"auto"``: events where they can run, else sync. On an H100, sync
+            timing cost +149 % per iteration and events +0.8 % (10 iterations a round;
+            ``docs/measurements/h100-2026-11-24``). Default: ``PERSEUS_TIMING``, else auto.
+        token: The coordinator's token (default: ``PERSEUS_TOKEN``, if set), sent with
+            every request. Rank 0 passes the job's credential, which the coordinator
+            answers when it registers the job, to the other ranks with the job id.
     """
 
     def __init__(
@@ -166,8 +186,15 @@ class PerseusOptimizer:
         trace_dir: str | os.PathLike[str] | None = None,
         sync: Callable[[], None] | None = None,
         pipeline: PipelineSpec | None = None,
+        timing: str | None = None,
+        token: str | None = None,
     ) -> None:
         self._state = _HookState.CLOSED  # until construction succeeds
+        timing = timing if timing is not None else os.environ.get("PERSEUS_TIMING", "auto")
+        if timing not in TIMINGS:
+            raise ConfigurationError(
+                f"timing={timing!r} (PERSEUS_TIMING) is not one of {', '.join(TIMINGS)}"
+            )
         check_layout(rank, dp_rank, pp_rank, tp_rank, dp_degree, pp_degree, tp_degree, world_size)
         for name, value in (("timeout_s", timeout_s), ("round_timeout_s", round_timeout_s)):
             if not (math.isfinite(value) and value > 0):
@@ -198,8 +225,14 @@ class PerseusOptimizer:
         if gpu is None:
             from zeus_power.device import open_gpus
 
+            # Emulated only when asked for (ZEUS_GPU_BACKEND=emulated): without a driver and
+            # without the opt-in this raises a GPUInitError that names it.
             gpu = open_gpus([device_id])[0]
         self.gpu = gpu
+        self.emulated = gpu.emulated
+        """This rank's GPU is emulated; the rank registers so, and its profile and plan say so."""
+        if self.emulated:
+            logger.info("Rank %d: GPU %d is emulated (%s)", rank, device_id, gpu.name())
         self._sync = sync if sync is not None else device_sync(device_id)
         # A GPU that runs no kernels itself offers a stand-in; real ones slow down by themselves.
         self._stand_in = gpu.stand_in
@@ -209,6 +242,16 @@ class PerseusOptimizer:
                 self._stand_in, emulation or EmulationSettings(), nominal_time_s=nominal_time_s
             )
         self._energy_counter = gpu.supports_energy_counter()
+        if timing == "auto":
+            timing = "events" if self._stand_in is None and _cuda_events(gpu) else "sync"
+        if timing == "events" and (self._stand_in is not None or not self._energy_counter):
+            raise ConfigurationError(
+                "timing='events' needs a real GPU with an energy counter; "
+                f"{gpu!r} is emulated or has none: use timing='sync'"
+            )
+        self.timing = timing
+        self._events: EventTimer | None = None
+        self._events_steps: list[tuple[int, int, float, list[Any]]] = []
         self.available_frequencies = sorted(gpu.supported_sm_clocks_mhz(), reverse=True)
         self._schedule = ScheduleValidator(
             rank=rank,
@@ -217,7 +260,11 @@ class PerseusOptimizer:
             expected_instructions=self.expected_instructions,
         )
 
-        self._coordinator = CoordinatorClient(self.server_url, timeout_s=self.timeout_s)
+        if token is None:
+            token = os.environ.get("PERSEUS_TOKEN") or None
+        self._coordinator = CoordinatorClient(
+            self.server_url, timeout_s=self.timeout_s, token=token
+        )
         self._trace: Trace | None = None
         self._freq: FrequencyController | None = None
 
@@ -230,10 +277,14 @@ class PerseusOptimizer:
                 job_metadata=job_metadata,
                 pipeline=pipeline,
             )
-            return self._coordinator.register_job(job_info)
+            job_id = self._coordinator.register_job(job_info)
+            # The job's credential travels with its id (ids never hold a newline).
+            return f"{job_id}\n{self._coordinator.job_token(job_id) or ''}"
 
         try:
-            self.job_id = share_job_id(dist, rank, register_job)
+            shared = share_job_id(dist, rank, register_job)
+            self.job_id, _, job_token = shared.partition("\n")
+            self._coordinator.set_job_token(self.job_id, job_token or None)
             self._coordinator.register_rank(
                 self.job_id,
                 RankInfo(
@@ -242,11 +293,17 @@ class PerseusOptimizer:
                     pp_rank=pp_rank,
                     tp_rank=tp_rank,
                     available_frequencies=self.available_frequencies,
+                    emulated=self.emulated,
                 ),
             )
             self._trace = Trace.open(trace_dir, rank)
-            self._write_trace({"kind": "job", "job_id": self.job_id, "rank": rank})
+            job_record: dict[str, Any] = {"kind": "job", "job_id": self.job_id, "rank": rank}
+            if self.emulated:
+                job_record["emulated"] = True  # the trace's times and energies are a model's
+            self._write_trace(job_record)
             self._freq = FrequencyController(gpu)
+            if self.timing == "events":
+                self._events = EventTimer(device_id, self._energy_mj, self._freq.request)
         except BaseException:
             self._coordinator.close()
             if self._trace is not None:
@@ -344,6 +401,10 @@ class PerseusOptimizer:
             self._energy_breakdown[name].append([])
         self._schedule.start_step()
         self._state = _HookState.IN_STEP
+        if self._events is not None:  # the counter is read off this thread
+            self._events.step_begin()
+            self._step_start_s = time.perf_counter()
+            return
         self._sync()
         self._step_start_mj = self._energy_mj()
         self._step_start_s = time.perf_counter()
@@ -361,8 +422,11 @@ class PerseusOptimizer:
         self._expect(_HookState.IN_STEP, call="on_instruction_begin")
         freq = self._schedule.begin(name, self.step)
         assert self._freq is not None
-        self._freq.request(freq)
         self._state = _HookState.IN_INSTRUCTION
+        if self._events is not None:  # the watcher asks for the clock when the GPU gets here
+            self._events.begin(name, freq, stage, microbatch)
+            return
+        self._freq.request(freq)
         self._sync()
         if self.emulator is None:
             self._instr_start_mj = self._energy_mj()
@@ -378,6 +442,11 @@ class PerseusOptimizer:
         """
         self._expect(_HookState.IN_INSTRUCTION, call="on_instruction_end")
         freq = self._schedule.end(name, self.step)
+        if self._events is not None:  # measured when the step ends (`_record_events`)
+            self._events.end()
+            self._schedule.advance()
+            self._state = _HookState.IN_STEP
+            return
         self._sync()
         if self.emulator is not None:
             compute_end_s = time.perf_counter()
@@ -397,17 +466,42 @@ class PerseusOptimizer:
         else:
             duration_s = time.perf_counter() - self._instr_start_s
             energy_j = self._energy_since(self._instr_start_mj, duration_s)
-        self._time_breakdown[name][-1].append(duration_s)
-        self._energy_breakdown[name][-1].append(energy_j)
+        self._measured(
+            name,
+            self._schedule.index,
+            stage if stage is not None else self._instr_stage,
+            microbatch if microbatch is not None else self._instr_microbatch,
+            freq,
+            duration_s,
+            energy_j,
+        )
+        self._schedule.advance()
+        self._state = _HookState.IN_STEP
+
+    def _measured(
+        self,
+        name: str,
+        index: int,
+        stage: int | None,
+        microbatch: int | None,
+        freq: int,
+        duration_s: float,
+        energy_j: float,
+        *,
+        slot: int = -1,
+        step: int | None = None,
+    ) -> None:
+        self._time_breakdown[name][slot].append(duration_s)
+        self._energy_breakdown[name][slot].append(energy_j)
         if self._trace is not None:
             record = {
                 "kind": "instruction",
                 "round": self.round,
-                "step": self.step,
-                "index": self._schedule.index,
+                "step": self.step if step is None else step,
+                "index": index,
                 "instruction": name,
-                "stage": stage if stage is not None else self._instr_stage,
-                "microbatch": microbatch if microbatch is not None else self._instr_microbatch,
+                "stage": stage,
+                "microbatch": microbatch,
                 "freq_mhz": freq,
                 "time_s": duration_s,
                 "energy_j": energy_j,
@@ -415,32 +509,25 @@ class PerseusOptimizer:
             if self.emulator is not None:
                 record["compute_s"] = self.emulator.last_compute_s
             self._trace.write(record)
-        self._schedule.advance()
-        self._state = _HookState.IN_STEP
 
     def on_step_end(self) -> None:
         """Mark the end of an iteration; reports the round's results after its last step."""
         self._expect(_HookState.IN_STEP, call="on_step_end")
-        self._sync()
-        iter_time_s = time.perf_counter() - self._step_start_s
-        iter_energy_j = self._energy_since(self._step_start_mj, iter_time_s)
-        self._schedule.finish_step(self.step)
-        self._iter_time.append(iter_time_s)
-        self._iter_energy.append(iter_energy_j)
-        self._write_trace(
-            {
-                "kind": "step",
-                "round": self.round,
-                "step": self.step,
-                "iter_time_s": iter_time_s,
-                "iter_energy_j": iter_energy_j,
-            }
-        )
+        if self._events is not None:
+            self._events_step_end()
+        else:
+            self._sync()
+            iter_time_s = time.perf_counter() - self._step_start_s
+            iter_energy_j = self._energy_since(self._step_start_mj, iter_time_s)
+            self._schedule.finish_step(self.step)
+            self._step_measured(self.step, iter_time_s, iter_energy_j)
         self.step += 1
         self._step_in_round += 1
         if self._step_in_round < self.steps_per_round:
             self._state = _HookState.BETWEEN_STEPS
             return
+        if self._events is not None:
+            self._events_round_end()
         result = ProfilingResult(
             rank=self.rank,
             iter_time=self._iter_time,
@@ -454,6 +541,49 @@ class PerseusOptimizer:
         self._reported.clear()
         self._pending = _Exchange(self._exchange, result, name=f"perseus-round-rank{self.rank}")
 
+    def _step_measured(self, step: int, iter_time_s: float, iter_energy_j: float) -> None:
+        self._iter_time.append(iter_time_s)
+        self._iter_energy.append(iter_energy_j)
+        self._write_trace(
+            {
+                "kind": "step",
+                "round": self.round,
+                "step": step,
+                "iter_time_s": iter_time_s,
+                "iter_energy_j": iter_energy_j,
+            }
+        )
+
+    def _events_step_end(self) -> None:
+        """Events timing: the step's instruction times now, its energy at the round's end."""
+        assert self._events is not None
+        timings = self._events.step_end()
+        iter_time_s = time.perf_counter() - self._step_start_s
+        self._schedule.finish_step(self.step)
+        self._events_steps.append((self.step, self._step_in_round, iter_time_s, timings))
+
+    def _events_round_end(self) -> None:
+        """Events timing: each step's energy (read by the watcher), shared by time."""
+        assert self._events is not None
+        steps, self._events_steps = self._events_steps, []
+        for (step, slot, iter_time_s, timings), energy_j in zip(
+            steps, self._events.step_energies_j(), strict=True
+        ):
+            power_w = energy_j / iter_time_s if iter_time_s > 0 else 0.0
+            for index, t in enumerate(timings):
+                self._measured(
+                    t.name,
+                    index,
+                    t.stage,
+                    t.microbatch,
+                    t.freq_mhz,
+                    t.time_s,
+                    power_w * t.time_s,
+                    slot=slot,
+                    step=step,
+                )
+            self._step_measured(step, iter_time_s, energy_j)
+
     def abort_step(self) -> None:
         """Forget the step in progress after the training step failed: its instructions'
         measurements are dropped and the next `on_step_begin` starts the step again (same
@@ -463,6 +593,8 @@ class PerseusOptimizer:
         for name in INSTRUCTIONS:
             self._time_breakdown[name].pop()
             self._energy_breakdown[name].pop()
+        if self._events is not None:
+            self._events.discard()
         self._schedule.start_step()
         self._state = _HookState.BETWEEN_STEPS
         logger.warning(
@@ -481,6 +613,9 @@ class PerseusOptimizer:
                 "Rank %d: the last round's report did not reach the coordinator", self.rank
             )
         try:
+            if self._events is not None:
+                events, self._events = self._events, None
+                events.close()
             if self._freq is not None:
                 freq, self._freq = self._freq, None
                 freq.close()

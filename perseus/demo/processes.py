@@ -86,7 +86,8 @@ class Coordinator:
         dump_dir: The coordinator's dump directory (profiles, frontiers land here).
         log_path: Where the server's stdout/stderr go.
         round_timeout_s: How long a round's barrier waits for every rank.
-        env: Extra environment variables for the server process.
+        env: Extra environment variables for the server process (with ``PERSEUS_TOKEN``,
+            the start-up probe sends it).
         startup_timeout_s: How long to wait for ``GET /info`` to answer.
     """
 
@@ -151,8 +152,10 @@ class Coordinator:
                     f"{self._proc.returncode} while starting; its log ({self.log_path}):\n"
                     f"{log_tail(self.log_path)}"
                 )
+            token = self.extra_env.get("PERSEUS_TOKEN")
+            auth = {"authorization": f"Bearer {token}"} if token else {}
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/info", timeout=2.0).status_code == 200:
+                if httpx.get(self.url + "/info", timeout=2.0, headers=auth).status_code == 200:
                     return self
             if time.monotonic() > deadline:
                 self.stop()

@@ -41,6 +41,8 @@ class DemoResult:
     planned_energy_saved: float
     """What the profile's accounting predicts for the deployed plan against all-max."""
     planned_slowdown: float
+    emulated: bool = True
+    """The numbers come from emulated GPUs (the profile's and the plan's own marks)."""
 
     @property
     def energy_saved(self) -> float:
@@ -95,7 +97,10 @@ def run_demo(
     (default: the zero-bubble schedule `zb` on an uneven split).
 
     Perseus picks the least-energy frontier plan at most `max_slowdown` slower than the
-    fastest one. Writes under `out_dir`: ``profile.csv`` (the online instruction profile),
+    fastest one. The ranks run on emulated GPUs: the demo opts in (``ZEUS_GPU_BACKEND=emulated``
+    in their environment, `DemoJob.environment`) and every file it writes says so (the
+    profile's ``emulated`` column, the plan's and the summary's ``"emulated": true``).
+    Writes under `out_dir`: ``profile.csv`` (the online instruction profile),
     ``frontier/`` and ``frontier.png`` (the time–energy frontier, the all-max point marked),
     ``timeline.png`` (the deployed plan's per-stage Gantt chart), ``plan.json`` (the
     deployed plan), ``summary.json``, and the logs and traces of both runs.
@@ -192,6 +197,7 @@ def run_demo(
         timeline_png=timeline_png,
         planned_energy_saved=1.0 - planned.energy_j / all_max.energy_j,
         planned_slowdown=planned.iteration_time_s / all_max.iteration_time_s - 1.0,
+        emulated=profile.emulated or plan.emulated,
     )
     atomic_write_text(
         out / "summary.json",
@@ -206,6 +212,8 @@ def run_demo(
                     "slowdown": result.planned_slowdown,
                 },
                 "job": {k: v for k, v in spec.__dict__.items() if k != "env"},
+                # Every figure above is the emulator's model, not a GPU's measurement.
+                "emulated": result.emulated,
             },
             indent=2,
         )

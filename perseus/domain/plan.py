@@ -14,7 +14,9 @@ Plan files are JSON, never code::
 with one list per pipeline rank ("stage" here), in that rank's execution order
 (`FrequencySchedule.frequencies`). A plan for a schedule that is not built in (one a job
 described, e.g. torch's ``ScheduleInterleavedZeroBubble``) also carries ``"orders"``: each
-rank's ``[stage, kind, microbatch]`` actions, from which its DAG is rebuilt.
+rank's ``[stage, kind, microbatch]`` actions, from which its DAG is rebuilt. A plan made
+from measurements of emulated GPUs carries ``"emulated": true`` (absent means false, so plan
+files from real GPUs are unchanged and older files read as before).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class Plan(BaseModel):
     energy: float
     frequencies: list[list[tuple[str, int]]]
     orders: list[list[tuple[int, str, int]]] | None = None
+    emulated: bool = Field(default=False, exclude_if=lambda emulated: not emulated)
+    """Made from an emulated GPU's numbers (the emulator's model, not a measurement)."""
 
     @field_validator("version")
     @classmethod
@@ -111,6 +115,7 @@ class Plan(BaseModel):
         *,
         p2p_power_w: float,
         evaluation: Evaluation,
+        emulated: bool = False,
     ) -> Plan:
         check_plan_shape(schedule, frequencies)
         return cls(
@@ -126,6 +131,7 @@ class Plan(BaseModel):
                 for order, freqs in zip(schedule.orders, frequencies, strict=True)
             ],
             orders=None if schedule.builtin else schedule.actions(),
+            emulated=emulated,
         )
 
     def pipeline_schedule(self) -> PipelineSchedule:

@@ -136,6 +136,8 @@ class InstructionProfile:
         self._options = dict(options)
         self.num_stages = len(stages)
         self.source = source
+        self.emulated = False
+        """Some rows were measured on emulated GPUs (set by `from_rows`): a model's numbers."""
         self.gpus_per_stage = 1
         """GPUs whose energies a stage's rows sum (the tensor-parallel degree; set by
         `from_rows`): a stage's blocking power may be this many GPUs' worth."""
@@ -185,6 +187,7 @@ class InstructionProfile:
                 options[stage, instruction] = InstructionOptions(freqs, times, energies)
         profile = cls(options, source=source)
         profile.gpus_per_stage = max(len(m) for m in members.values())
+        profile.emulated = any(r.emulated for r in rows)
         return profile
 
     @classmethod
@@ -267,6 +270,7 @@ class InstructionProfile:
             options[stage, "backward_weight"] = o.scaled(1.0 - f)
         split = InstructionProfile(options, source=self.source)
         split.gpus_per_stage = self.gpus_per_stage
+        split.emulated = self.emulated
         return split
 
     # ---------------------------------------------------------------- queries

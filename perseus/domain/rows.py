@@ -23,3 +23,5 @@ class ProfileRow(NamedTuple):
     frequency: int
     time: float
     energy: float
+    emulated: bool = False
+    """Measured on an emulated GPU: the numbers are the emulator's model, not a GPU's."""

@@ -449,7 +449,7 @@ def attach(
         device_id: This rank's GPU index (default: ``LOCAL_RANK``, else 0).
         job_metadata: Free text appended to the job id.
         **hook_options: Passed to `PerseusOptimizer` (``steps_per_round``, ``trace_dir``,
-            ``gpu``, ``emulation``, ``timeout_s``, ...).
+            ``gpu``, ``emulation``, ``timeout_s``, ``token`` (default ``PERSEUS_TOKEN``), ...).
 
     Returns:
         A `PipelineAttachment`: ``close()`` it (or use it as a context manager) when

@@ -3,8 +3,11 @@
 ``frontier.csv`` has the columns `FRONTIER_COLUMNS` (``index,iteration_time,energy,
 lower_bound,plan``), one row per point, fastest first; ``plan`` is the point's plan file
 relative to the directory (``plans/plan_NNNNN.json``, written by `perseus.io.plan_file`).
-`perseus.planning.Frontier` writes and reads whole frontiers through this module; `perseus
-choose` and the plot read only the table.
+``all_max.json`` beside it is the reference plan (every instruction at its maximum clock),
+the baseline that slowdowns are measured against: where the top clock is power-capped the
+frontier's first points are faster than it. `perseus.planning.Frontier` writes and reads
+whole frontiers through this module; `perseus choose` and the plot read only the table
+(and the reference's iteration time, `read_reference_time`).
 """
 
 from __future__ import annotations
@@ -26,12 +29,17 @@ __all__ = [
     "FRONTIER_COLUMNS",
     "FrontierRow",
     "FrontierTable",
+    "REFERENCE_PLAN",
     "read_frontier_dir",
     "read_frontier_table",
+    "read_reference_plan",
+    "read_reference_time",
     "write_frontier_dir",
 ]
 
 FRONTIER_COLUMNS = ("index", "iteration_time", "energy", "lower_bound", "plan")
+REFERENCE_PLAN = "all_max.json"
+"""The reference (all-max) plan's file in a frontier directory."""
 
 
 class FrontierRow(NamedTuple):
@@ -43,14 +51,21 @@ class FrontierRow(NamedTuple):
     plan: Plan
 
 
-def write_frontier_dir(out_dir: str | os.PathLike[str], rows: Sequence[FrontierRow]) -> Path:
+def write_frontier_dir(
+    out_dir: str | os.PathLike[str], rows: Sequence[FrontierRow], reference: Plan | None = None
+) -> Path:
     """Write ``frontier.csv`` and ``plans/plan_NNNNN.json`` (one plan file per row, old
-    plan files removed first); returns the path of ``frontier.csv``."""
+    plan files removed first), and the `reference` plan as ``all_max.json`` (an old one
+    is removed when there is none); returns the path of ``frontier.csv``."""
     out = Path(out_dir)
     plans = out / "plans"
     plans.mkdir(parents=True, exist_ok=True)
     for old in plans.glob("plan_*.json"):
         old.unlink()
+    if reference is None:
+        (out / REFERENCE_PLAN).unlink(missing_ok=True)
+    else:
+        save_plan(reference, out / REFERENCE_PLAN)
     table = []
     for k, row in enumerate(rows):
         rel = f"plans/plan_{k:05d}.json"
@@ -141,3 +156,25 @@ def read_frontier_table(out_dir: str | os.PathLike[str]) -> FrontierTable:
         columns["plan"].append(plan)
     order = sorted(range(len(rows)), key=columns["index"].__getitem__)
     return FrontierTable(**{c: [values[k] for k in order] for c, values in columns.items()})
+
+
+def read_reference_plan(out_dir: str | os.PathLike[str]) -> Plan | None:
+    """The reference (all-max) plan of a frontier directory, validated; ``None`` for a
+    directory written without one (its first row is then the all-max time)."""
+    path = Path(out_dir) / REFERENCE_PLAN
+    if not path.exists():
+        return None
+    plan = load_plan(path)
+    if not (math.isfinite(plan.iteration_time) and plan.iteration_time > 0):
+        raise PlanError(
+            f"{str(path)!r}: iteration_time must be a positive number of seconds, got "
+            f"{plan.iteration_time!r}"
+        )
+    return plan
+
+
+def read_reference_time(out_dir: str | os.PathLike[str], table: FrontierTable) -> float:
+    """The iteration time slowdowns are measured against: the reference plan's, else (a
+    directory without ``all_max.json``) the fastest row's."""
+    plan = read_reference_plan(out_dir)
+    return plan.iteration_time if plan is not None else table.iteration_time[0]

@@ -10,6 +10,11 @@ each. Every row is validated where it enters: integers for ids, a known instruct
 non-negative energy (J), a plausible implied power (energy / time; see
 `perseus.domain.profile.check_implied_power`), no second row for the same rank, stage, instruction and frequency.
 Errors name the file and line.
+
+Either form may carry one more column, ``emulated`` (``true``/``false``; absent or empty:
+false): rows measured on an emulated GPU say so. The writer adds it only when some row is
+emulated, so profiles from real GPUs keep exactly the columns above, and readers that
+predate the column ignore it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CSV_COLUMNS",
+    "EMULATED_COLUMN",
     "SHORT_CSV_COLUMNS",
     "load_profile",
     "read_profile_rows",
@@ -55,6 +61,9 @@ CSV_COLUMNS = (
 )
 SHORT_CSV_COLUMNS = PROFILE_COLUMNS
 _ID_COLUMNS = ("stage", "rank", "dp_rank", "pp_rank", "tp_rank")
+EMULATED_COLUMN = "emulated"
+"""The optional column that marks rows measured on an emulated GPU."""
+_BOOLEANS = {"": False, "false": False, "0": False, "true": True, "1": True}
 
 
 def _check_suffix(path: Path) -> None:
@@ -120,6 +129,12 @@ def read_profile_rows(path: str | os.PathLike[str]) -> list[ProfileRow]:
             raise ProfileError(
                 f"{path}:{lineno}: energy must be a non-negative number, got {row['energy']!r}"
             )
+        emulated = _BOOLEANS.get(row.get(EMULATED_COLUMN, "").lower())
+        if emulated is None:
+            raise ProfileError(
+                f"{path}:{lineno}: {EMULATED_COLUMN} must be true or false, got "
+                f"{row[EMULATED_COLUMN][:40]!r}"
+            )
         key = (rank, dp_rank, pp_rank, tp_rank, stage, instruction, freq)
         if key in seen:
             raise ProfileError(
@@ -128,7 +143,18 @@ def read_profile_rows(path: str | os.PathLike[str]) -> list[ProfileRow]:
             )
         seen.add(key)
         rows.append(
-            ProfileRow(rank, dp_rank, pp_rank, tp_rank, stage, instruction, freq, time_s, energy_j)
+            ProfileRow(
+                rank,
+                dp_rank,
+                pp_rank,
+                tp_rank,
+                stage,
+                instruction,
+                freq,
+                time_s,
+                energy_j,
+                emulated,
+            )
         )
     if not rows:
         raise ProfileError(f"Profile {str(path)!r} has no rows")
@@ -136,12 +162,16 @@ def read_profile_rows(path: str | os.PathLike[str]) -> list[ProfileRow]:
 
 
 def write_profile_rows(path: str | os.PathLike[str], rows: Iterable[ProfileRow]) -> None:
-    """Write rows in the long form, atomically (times and energies round-trip exactly)."""
+    """Write rows in the long form, atomically (times and energies round-trip exactly).
+
+    With an ``emulated`` column when some row was measured on an emulated GPU."""
     path = Path(path)
     _check_suffix(path)
+    rows = list(rows)
+    emulated = any(r.emulated for r in rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    writer.writerow(CSV_COLUMNS + ((EMULATED_COLUMN,) if emulated else ()))
     for r in rows:
         writer.writerow(
             [
@@ -154,6 +184,7 @@ def write_profile_rows(path: str | os.PathLike[str], rows: Iterable[ProfileRow])
                 r.frequency,
                 repr(float(r.time)),
                 repr(float(r.energy)),
+                *(("true" if r.emulated else "false",) if emulated else ()),
             ]
         )
     atomic_write_text(path, buf.getvalue())

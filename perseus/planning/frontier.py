@@ -4,6 +4,12 @@
 (`perseus.planning.problem.PipelineProblem`), runs `perseus.solver.compute_frontier` and
 turns every point's option choice back into per-stage frequencies. `Frontier.write` and
 `Frontier.read` go through `perseus.io.frontier_dir`.
+
+The frontier starts at the minimum iteration time over all profiled clocks. The all-max
+plan (`Frontier.all_max`) is the baseline: slowdowns are measured against its time, so
+"no slowdown" (``max_slowdown=0``) is the cheapest plan with ``T ≤ T(all-max)`` whatever
+clocks it uses, and plans faster than all-max (power-capped top clocks) have a negative
+slowdown.
 """
 
 from __future__ import annotations
@@ -21,7 +27,12 @@ from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule
 from perseus.domain.units import max_slowdown_problem
 from perseus.errors import ScheduleError, SolverError
-from perseus.io.frontier_dir import FrontierRow, read_frontier_dir, write_frontier_dir
+from perseus.io.frontier_dir import (
+    FrontierRow,
+    read_frontier_dir,
+    read_reference_plan,
+    write_frontier_dir,
+)
 from perseus.memory import memory_shortfall
 from perseus.planning.problem import PipelineProblem
 from perseus.solver.frontier import compute_frontier
@@ -41,22 +52,27 @@ def choose_index(
     *,
     max_slowdown: float | None = None,
     deadline_s: float | None = None,
+    reference_s: float | None = None,
 ) -> int:
-    """Index of the minimum-energy point with ``T ≤ (1 + max_slowdown)·T_fastest`` or ``T ≤ deadline_s``.
+    """Index of the minimum-energy point with ``T ≤ (1 + max_slowdown)·T_ref`` or ``T ≤ deadline_s``.
 
     The one choice rule, used by `Frontier.choose` and by `perseus choose` (which reads only
-    ``frontier.csv``). Points are fastest first; ties in energy go to the faster point.
+    ``frontier.csv`` and the reference's time). ``T_ref`` is `reference_s`, the all-max
+    plan's time (default: the fastest point's, as in frontiers cut off at all-max). Points
+    are fastest first; ties in energy go to the faster point.
     """
     if (max_slowdown is None) == (deadline_s is None):
         raise SolverError("Pass exactly one of max_slowdown= or deadline_s= to choose a plan")
     if not times_s:
         raise SolverError("The frontier has no points")
     fastest = times_s[0]
+    if reference_s is not None and not (math.isfinite(reference_s) and reference_s > 0):
+        raise SolverError(f"reference_s must be a positive number of seconds, got {reference_s!r}")
     if max_slowdown is not None:
         problem = max_slowdown_problem(max_slowdown)
         if problem:
             raise SolverError(problem)
-        limit = fastest * (1 + max_slowdown)
+        limit = (fastest if reference_s is None else reference_s) * (1 + max_slowdown)
     else:
         assert deadline_s is not None
         if not math.isfinite(deadline_s):
@@ -66,7 +82,7 @@ def choose_index(
     if not fits:
         raise SolverError(
             f"No plan meets an iteration time of {limit:.6f} s: the fastest plan takes "
-            f"{fastest:.6f} s (all GPUs at maximum frequency); relax the deadline"
+            f"{fastest:.6f} s; relax the deadline"
         )
     return min(fits, key=lambda k: energies_j[k])
 
@@ -126,7 +142,13 @@ class FrontierPoint:
 
 
 class Frontier:
-    """A Pareto set of plans, fastest first. Build with `solve_frontier` or `Frontier.read`."""
+    """A Pareto set of plans, fastest first. Build with `solve_frontier` or `Frontier.read`.
+
+    `all_max` is the reference plan (every instruction at its maximum clock), the baseline
+    slowdowns are measured against; it need not be on the frontier (where the top clock
+    is power-capped, cheaper plans are faster). ``None`` (frontiers written before it was
+    kept): the fastest point stands for it.
+    """
 
     def __init__(
         self,
@@ -136,14 +158,19 @@ class Frontier:
         p2p_power_w: float,
         lp_curve: LPCurve | None = None,
         stats: dict[str, float] | None = None,
+        all_max: FrontierPoint | None = None,
+        emulated: bool = False,
     ):
         if not points:
             raise SolverError("A frontier needs at least one point")
         self.points = points
+        self.all_max = all_max
         self.schedule = schedule
         self.p2p_power_w = float(p2p_power_w)
         self.lp_curve = lp_curve
         self.stats = dict(stats or {})
+        self.emulated = emulated
+        """Solved from an emulated GPU's profile: its plans say so."""
 
     def __len__(self) -> int:
         return len(self.points)
@@ -155,38 +182,59 @@ class Frontier:
         )
 
     # ------------------------------------------------------------------ choosing
+    @property
+    def reference_time_s(self) -> float:
+        """The all-max plan's iteration time (the fastest point's when it is unknown)."""
+        base = self.all_max if self.all_max is not None else self.points[0]
+        return base.iteration_time_s
+
     def choose(
         self, *, max_slowdown: float | None = None, deadline_s: float | None = None
     ) -> FrontierPoint:
-        """The minimum-energy plan with ``T ≤ (1 + max_slowdown)·T_fastest`` or ``T ≤ deadline_s``.
+        """The minimum-energy plan with ``T ≤ (1 + max_slowdown)·T_all-max`` or ``T ≤ deadline_s``.
 
-        Times are compared with a relative tolerance of 1e-9.
+        ``max_slowdown=0`` is the cheapest plan no slower than all-max. Times are compared
+        with a relative tolerance of 1e-9.
         """
         k = choose_index(
             [p.iteration_time_s for p in self.points],
             [p.energy_j for p in self.points],
             max_slowdown=max_slowdown,
             deadline_s=deadline_s,
+            reference_s=self.reference_time_s,
         )
         return self.points[k]
 
+    def slowdown(self, point: FrontierPoint) -> float:
+        """`point`'s iteration time relative to all-max, minus one (negative: faster)."""
+        return point.iteration_time_s / self.reference_time_s - 1
+
     # ------------------------------------------------------------------ files
+    def _plan(self, p: FrontierPoint) -> Plan:
+        compute = p.compute_energy_j if math.isfinite(p.compute_energy_j) else math.nan
+        evaluation = Evaluation(
+            iteration_time_s=p.iteration_time_s,
+            energy_j=p.energy_j,
+            compute_energy_j=compute,
+            blocking_energy_j=p.energy_j - compute,
+        )
+        return Plan.from_frequencies(
+            self.schedule,
+            p.frequencies,
+            p2p_power_w=self.p2p_power_w,
+            evaluation=evaluation,
+            emulated=self.emulated,
+        )
+
     def write(self, out_dir: str | os.PathLike[str]) -> Path:
-        """Write ``frontier.csv`` and ``plans/plan_NNNNN.json`` (one Plan file per point)."""
-        rows = []
-        for p in self.points:
-            compute = p.compute_energy_j if math.isfinite(p.compute_energy_j) else math.nan
-            evaluation = Evaluation(
-                iteration_time_s=p.iteration_time_s,
-                energy_j=p.energy_j,
-                compute_energy_j=compute,
-                blocking_energy_j=p.energy_j - compute,
-            )
-            plan = Plan.from_frequencies(
-                self.schedule, p.frequencies, p2p_power_w=self.p2p_power_w, evaluation=evaluation
-            )
-            rows.append(FrontierRow(p.iteration_time_s, p.energy_j, p.lower_bound_j, plan))
-        return write_frontier_dir(out_dir, rows)
+        """Write ``frontier.csv``, ``plans/plan_NNNNN.json`` (one Plan file per point) and
+        the all-max plan as ``all_max.json``."""
+        rows = [
+            FrontierRow(p.iteration_time_s, p.energy_j, p.lower_bound_j, self._plan(p))
+            for p in self.points
+        ]
+        reference = self._plan(self.all_max) if self.all_max is not None else None
+        return write_frontier_dir(out_dir, rows, reference)
 
     @classmethod
     def read(cls, out_dir: str | os.PathLike[str]) -> Frontier:
@@ -194,6 +242,15 @@ class Frontier:
         ``index`` order whatever the file's row order (see `read_frontier_table`)."""
         rows = read_frontier_dir(out_dir)
         schedule = rows[0].plan.pipeline_schedule()  # the table has at least one row
+        reference = read_reference_plan(out_dir)
+        all_max = None
+        if reference is not None:
+            all_max = FrontierPoint(
+                reference.iteration_time,
+                reference.energy,
+                math.nan,
+                reference.stage_frequencies(),
+            )
         points = [
             FrontierPoint(
                 row.iteration_time,
@@ -204,7 +261,13 @@ class Frontier:
             )
             for row in rows
         ]
-        return cls(points, schedule=schedule, p2p_power_w=rows[0].plan.p2p_power)
+        return cls(
+            points,
+            schedule=schedule,
+            p2p_power_w=rows[0].plan.p2p_power,
+            all_max=all_max,
+            emulated=any(row.plan.emulated for row in rows),
+        )
 
 
 def check_frontier_memory(num_instructions: int, schedule_name: str) -> None:
@@ -270,6 +333,14 @@ def solve_frontier(
             )
         )
     ]
+    max_freqs = problem.solver.choices_to_labels(problem.solver.reference_choice())
+    all_max = FrontierPoint(
+        solution.reference_time_s,
+        solution.reference_energy_j,
+        float(solution.lp_curve.lower_bound(solution.reference_time_s)),
+        [max_freqs[idx] for idx in problem.stage_index],
+        compute_energy_j=solution.reference_compute_energy_j,
+    )
     stats = {**solution.stats, "wall_s": time.perf_counter() - t0}
     return Frontier(
         points,
@@ -277,4 +348,6 @@ def solve_frontier(
         p2p_power_w=p2p_power_w,
         lp_curve=solution.lp_curve,
         stats=stats,
+        all_max=all_max,
+        emulated=profile.emulated,
     )

@@ -212,10 +212,15 @@ def make_plan(
     frequencies: list[list[int]],
     p2p_power_w: float,
 ) -> Plan:
-    """A plan file's model for `frequencies`, with its exact time and energy."""
+    """A plan file's model for `frequencies`, with its exact time and energy (marked
+    emulated when the profile is)."""
     evaluation = evaluate(profile, schedule, frequencies, p2p_power_w)
     return Plan.from_frequencies(
-        schedule, frequencies, p2p_power_w=p2p_power_w, evaluation=evaluation
+        schedule,
+        frequencies,
+        p2p_power_w=p2p_power_w,
+        evaluation=evaluation,
+        emulated=profile.emulated,
     )
 
 

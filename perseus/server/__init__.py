@@ -16,6 +16,11 @@ With `dump_data`, each job's ``job.json``, ``scheduler.json``, ``ranks.json``,
 ``dump_dir/<job_id>/`` (`perseus.io.jobdir.JobDir` names them), and a coordinator started
 on the same `dump_dir` restores those jobs: their ranks get the deployed plan again. Jobs idle longer than
 `max_job_idle_time` are evicted by a background task.
+
+With `PerseusSettings.token`, every request but ``GET /healthz`` needs the bearer token and
+every request under a job id the job's credential (`perseus.server.auth`); bodies over
+`max_body_bytes` are refused unread (413), as are jobs over `max_world_size` ranks (422)
+and jobs beyond `max_jobs` (503).
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from perseus.errors import ConfigurationError
+from perseus.server.auth import JobTokenMiddleware
 from perseus.server.errors import install_error_handlers
 from perseus.server.job_manager import JobManager
 from perseus.server.routes import router
 from perseus.settings import PerseusSettings
 from schedulers.base import check_scheduler_args
 from schedulers.registry import resolve_scheduler
+from zeus_power.serving import BearerAuthMiddleware, BodyLimitMiddleware
 
 __all__ = ["DEFAULT_ROUND_TIMEOUT_S", "create_app"]
 
@@ -93,4 +100,12 @@ def create_app(
     app.state.round_timeout_s = round_timeout_s
     app.include_router(router)
     install_error_handlers(app)
+    # Outermost first: the token, then the body's size, then the job's credential; all
+    # before a body is read or a route runs (see perseus.server.auth).
+    token = settings.token_value
+    app.add_middleware(JobTokenMiddleware, state=app.state, enabled=token is not None)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BearerAuthMiddleware, token=token, open_paths=[("GET", "/healthz")], realm="perseus"
+    )
     return app

@@ -25,6 +25,7 @@ from perseus.domain.plan import Plan
 from perseus.errors import (
     CoordinatorError,
     InvalidRankError,
+    InvalidResultError,
     JobFailedError,
     PerseusError,
     RankConflictError,
@@ -144,6 +145,11 @@ class CoordinatedJob:
     def busy(self) -> bool:
         """A scheduler call is in flight (the job must not be evicted)."""
         return self.round.completing or self.lock.locked()
+
+    @property
+    def emulated(self) -> bool:
+        """Some rank registered an emulated GPU: the job's numbers are the emulator's."""
+        return any(info.emulated for info in self.ranks.values())
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -293,7 +299,10 @@ class CoordinatedJob:
         if results:
             self.scheduler.observe(results)
         schedules = self.scheduler.next_schedule()
-        return schedules, self.scheduler.deployed_plan()
+        plan = self.scheduler.deployed_plan()
+        if plan is not None and self.emulated and not plan.emulated:
+            plan = plan.model_copy(update={"emulated": True})  # the persisted plan says so
+        return schedules, plan
 
     async def _complete(self, rnd: Round) -> None:
         results = [self.results[r] for r in sorted(self.results)]
@@ -360,6 +369,16 @@ class CoordinatedJob:
                 f"Rank {result.rank} already reported its result for round "
                 f"{self.round.number - 1} of job {self.job_id}; report once per round"
             )
+        if self.scheduler is not None:
+            # Shapes against the job's schedule, before the result is kept: a refused result
+            # leaves the job as it was, and the rank may send a corrected one.
+            try:
+                self.scheduler.check_result(result)
+            except (PerseusError, ValueError) as exc:
+                raise InvalidResultError(
+                    f"Result of rank {result.rank} for round {self.round.number - 1} of job "
+                    f"{self.job_id} refused: {exc}"
+                ) from None
         self.results[result.rank] = result
 
     async def announce_straggler(self, dp_rank: int, slowdown: float) -> None:

@@ -17,6 +17,7 @@ from perseus.errors import (
     InvalidJobError,
     JobNotFoundError,
     ScheduleError,
+    SolverError,
 )
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
@@ -74,8 +75,27 @@ class JobManager:
         self.jobs[job.job_id] = job
         return job
 
-    async def create_job(self, info: JobInfo) -> str:
-        """Register a job; returns its new id."""
+    async def create_job(self, info: JobInfo, *, token_sha256: str | None = None) -> str:
+        """Register a job; returns its new id. `token_sha256`: the hash of the credential
+        its ranks will present (stored with the job, dumped in ``job.json``).
+
+        Raises:
+            InvalidJobError: (422) bad metadata, a world size over `max_world_size`, or a
+                job the scheduler cannot run.
+            CoordinatorError: (503) `max_jobs` jobs are live already.
+        """
+        if info.world_size > self.settings.max_world_size:
+            raise InvalidJobError(
+                f"world_size {info.world_size} is over this coordinator's limit of "
+                f"{self.settings.max_world_size} ranks (PERSEUS_MAX_WORLD_SIZE)"
+            )
+        live = sum(1 for job in self.jobs.values() if job.phase is not JobPhase.FAILED)
+        if live >= self.settings.max_jobs:
+            raise CoordinatorError(
+                f"This coordinator already runs {live} live jobs, its limit "
+                "(PERSEUS_MAX_JOBS): try again when one has ended or been evicted",
+                status_code=503,
+            )
         if info.job_metadata and not _METADATA.fullmatch(info.job_metadata):
             raise InvalidJobError(
                 f"job_metadata {info.job_metadata!r} becomes part of the job id (a URL path "
@@ -85,9 +105,9 @@ class JobManager:
         try:
             checked = check_scheduler_args(self.scheduler_cls, self.settings.scheduler_args)
             self.scheduler_cls.check_job(info, checked)
-        except (ConfigurationError, ScheduleError) as exc:
+        except (ConfigurationError, ScheduleError, SolverError) as exc:
             raise InvalidJobError(str(exc)) from None
-        record = JobRecord.register(info, self.scheduler_cls.__name__)
+        record = JobRecord.register(info, self.scheduler_cls.__name__, token_sha256=token_sha256)
         job = self._new_job(record, self.scheduler_cls, self.settings.scheduler_args)
         if job.dumping:
             meta = {

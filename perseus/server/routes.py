@@ -7,15 +7,17 @@ The protocol (wire models in `perseus.protocol`): ``GET /info``,
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from perseus.protocol import (
     GET_SCHEDULE_URL,
     INFO_URL,
+    JOB_TOKEN_HEADER,
     REGISTER_JOB_URL,
     REGISTER_RANK_URL,
     REPORT_RESULT_URL,
@@ -25,6 +27,8 @@ from perseus.protocol import (
     ProfilingResult,
     RankInfo,
 )
+from perseus.server.auth import hash_token, new_job_token
+from perseus.server.errors import error_responses
 from perseus.server.job_manager import JobManager
 
 __all__ = ["StragglerReport", "router"]
@@ -58,29 +62,58 @@ def _version() -> str:
         return "0+unknown"
 
 
-@router.get(INFO_URL)
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_+-]{1,64}")
+
+
+def _public_args(args: dict[str, Any]) -> dict[str, Any]:
+    """Scheduler arguments as ``/info`` shows them: numbers, flags and plain words (a
+    schedule's name) as they are, anything else (a file path, a list) ``"<redacted>"``, so
+    that they reveal nothing of the coordinator's file system."""
+
+    def public(value: Any) -> Any:
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, str) and _PLAIN_WORD.fullmatch(value):
+            return value
+        return "<redacted>"
+
+    return {name: public(value) for name, value in args.items()}
+
+
+# Every status a route can answer, each with its body (`ErrorBody`), so that the OpenAPI
+# schema is the truth (checked by schemathesis in tests/integration/server/test_server_openapi.py).
+# A job that failed answers every later call with its failure's status (400, 409, 422, 500);
+# a body that is not even text is a 400 (FastAPI's "There was an error parsing the body").
+_JOB = (400, 401, 403, 404, 409, 413, 422, 500)
+
+
+@router.get(INFO_URL, responses=error_responses(401, 500))
 async def info(manager: JobManagerDep) -> dict[str, Any]:
     """The scheduler this coordinator runs, its arguments, and the Perseus version."""
     return {
         "scheduler": manager.scheduler_cls.__name__,
-        "scheduler_args": manager.settings.scheduler_args,
+        "scheduler_args": _public_args(manager.settings.scheduler_args),
         "version": _version(),
     }
 
 
-@router.post(REGISTER_JOB_URL)
-async def register_job(job_info: JobInfo, manager: JobManagerDep) -> str:
-    """Register a job (``job_id`` empty); returns the new job id."""
-    return await manager.create_job(job_info)
+@router.post(REGISTER_JOB_URL, responses=error_responses(400, 401, 413, 422, 500, 503))
+async def register_job(job_info: JobInfo, manager: JobManagerDep, response: Response) -> str:
+    """Register a job (``job_id`` empty); returns the new job id, and its credential in the
+    ``X-Perseus-Job-Token`` header (every route under the job id needs it)."""
+    token = new_job_token()
+    job_id = await manager.create_job(job_info, token_sha256=hash_token(token))
+    response.headers[JOB_TOKEN_HEADER] = token
+    return job_id
 
 
-@router.post(REGISTER_RANK_URL)
+@router.post(REGISTER_RANK_URL, responses=error_responses(*_JOB))
 async def register_rank(job_id: str, rank_info: RankInfo, manager: JobManagerDep) -> None:
     """Register one rank; the last one starts the job's scheduler."""
     await manager.get(job_id).register_rank(rank_info)
 
 
-@router.get(GET_SCHEDULE_URL)
+@router.get(GET_SCHEDULE_URL, responses=error_responses(*_JOB, 503, 504))
 async def get_schedule(
     job_id: str, rank: Annotated[int, Query(ge=0)], manager: JobManagerDep
 ) -> FrequencySchedule:
@@ -88,13 +121,13 @@ async def get_schedule(
     return await manager.get(job_id).get_schedule(rank)
 
 
-@router.post(REPORT_RESULT_URL)
+@router.post(REPORT_RESULT_URL, responses=error_responses(*_JOB))
 async def report_result(job_id: str, result: ProfilingResult, manager: JobManagerDep) -> None:
     """Report the results of the rank's last schedule."""
     await manager.get(job_id).report_result(result)
 
 
-@router.post(STRAGGLER_URL)
+@router.post(STRAGGLER_URL, responses=error_responses(*_JOB))
 async def announce_straggler(job_id: str, report: StragglerReport, manager: JobManagerDep) -> None:
     """Announce that a data-parallel pipeline runs slow (slowdown 1.0: it recovered)."""
     await manager.get(job_id).announce_straggler(report.dp_rank, report.slowdown)

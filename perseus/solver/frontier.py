@@ -3,7 +3,7 @@
 `compute_frontier` runs, for one `SolverProblem` (DAG, option tables, blocking power ``P``):
 
 1. the parametric LP (`perseus.solver.lp`) from the slowest useful iteration time down to
-   the all-max-frequency time ``T_fast``, breakpoint to breakpoint;
+   the minimum time ``T_min`` (every node at its fastest option), breakpoint to breakpoint;
 2. every LP breakpoint, and LP solutions inside LP segments wider than ``resolution_s``
    (there the optimal durations move linearly between the two breakpoints' durations), is
    rounded to discrete plans in four ways (`perseus.solver.rounding`), each following
@@ -25,12 +25,15 @@
    from a frontier plan (tiny instances then match brute force);
 5. every plan is scored with the exact accounting (`SolverProblem.score`: ``T`` = longest
    path, ``E = Σ eᵢ + P·(S·T − Σ tᵢ)``), and the Pareto set is kept: time strictly
-   increasing, energy strictly decreasing. Its first point is at ``T_fast`` exactly (the
-   all-max plan, i.e. every node at its reference option, or a cheaper plan with the same
-   time), so its energy is at most the all-max energy. Plans faster than all-max
-   (possible when profiled time is not monotone in frequency, e.g. power-capped top
-   clocks) are not reported; each is slowed to just above ``T_fast`` instead
-   (`Rounder.stretch`), which keeps most of its saving.
+   increasing, energy strictly decreasing. Its first point is at ``T_min`` exactly (the
+   all-fastest plan, or a cheaper plan with the same time).
+
+The *reference* plan (every node at its reference option, the largest label: all-max
+frequency) is reported beside the points as the baseline (`FrontierSolution.reference_*`).
+Where profiled time is not monotone in the label (power-capped top clocks), ``T_min`` is
+below the reference time ``T_ref``: the frontier then holds plans both faster and cheaper
+than the reference. ``T_ref`` is a rounding target of its own and the cheapest point with
+``T ≤ T_ref`` (the "no slowdown" plan) survives `max_points` thinning.
 
 Every point carries the LP lower bound at its time: no plan that finishes within that
 time can use less energy.
@@ -79,6 +82,10 @@ class FrontierSolution:
     compute_energy_j: np.ndarray
     choice: np.ndarray
     lp_curve: LPCurve
+    reference_time_s: float = math.nan
+    """The reference (all-max) plan's exact iteration time: the baseline, not a point."""
+    reference_energy_j: float = math.nan
+    reference_compute_energy_j: float = math.nan
     stats: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -118,30 +125,37 @@ def compute_frontier(
         problem: The DAG, its option tables and the blocking power.
         progress: Called with the fraction done (0..1) as the sweep proceeds.
         resolution_s: Time spacing of the plans built between LP breakpoints (and in
-            any wider hole of the Pareto set); default ``(T_slowest − T_fast) / 2000``.
-        max_points: Keep at most this many points (spread evenly in time, fastest and
-            slowest always kept); ``None`` keeps the whole Pareto set.
+            any wider hole of the Pareto set); default ``(T_slowest − T_min) / 2000``.
+        max_points: Keep at most this many points (spread evenly in time; the fastest, the
+            slowest and the cheapest with ``T ≤ T_ref`` always kept); ``None`` keeps the
+            whole Pareto set.
     """
     t0 = time.perf_counter()
     if max_points is not None and max_points < 2:
         raise SolverError(f"max_points must be at least 2 (or None for all), got {max_points!r}")
     rounder = Rounder(problem)
 
+    # The reference (all-max) plan: the baseline, and a candidate like any other.
     all_max = problem.reference_choice()
-    t_fast_arr, e_fast_arr, c_fast_arr = problem.score(all_max[:, None])
-    t_fast = float(t_fast_arr[0])
-    store = ParetoStore(problem.n, t_fast)
-    store.add(t_fast_arr, e_fast_arr, c_fast_arr, all_max[:, None])
-    anchored = rounder.anchor(all_max, t_fast)[:, None]  # same time, less energy
-    store.add(*problem.score(anchored), anchored)
+    t_ref_arr, e_ref_arr, c_ref_arr = problem.score(all_max[:, None])
+    t_ref = float(t_ref_arr[0])
+    # The fastest plan: every node at its fastest option, whatever its label.
+    fastest = problem.fastest_choice()
+    t_min = float(problem.score(fastest[:, None])[0][0])
+    store = ParetoStore(problem.n, t_min)
+    for choice, deadline in ((all_max, t_ref), (fastest, t_min)):
+        store.add(*problem.score(choice[:, None]), choice[:, None])
+        anchored = rounder.anchor(choice, deadline)[:, None]  # same time, less energy
+        store.add(*problem.score(anchored), anchored)
+        times = problem.choices_to_arrays(choice)[0]
+        reclaimed = rounder.round(times[:, None], np.array([deadline]))
+        store.add(*problem.score(reclaimed), reclaimed)
     fast_times = problem.choices_to_arrays(all_max)[0]
-    reclaimed = rounder.round(fast_times[:, None], np.array([t_fast]))
-    store.add(*problem.score(reclaimed), reclaimed)
 
     t_slow = float(
         problem.makespan(np.array([h.time_s[-1] for h in problem.hulls])[problem.type_of])
     )
-    span = max(t_slow - t_fast, 0.0)
+    span = max(t_slow - t_min, 0.0)
     if resolution_s is None:
         resolution_s = span / 2000 if span > 0 else 1.0
     if not (math.isfinite(resolution_s) and resolution_s > 0):
@@ -154,20 +168,13 @@ def compute_frontier(
     pending_d: list[np.ndarray] = []
     pending_t: list[float] = []
     carry: list[tuple[np.ndarray, float]] = []  # last rounded breakpoint (steps, time)
-    counter = {"candidates": 3}
+    counter = {"candidates": 7}
 
     def add(steps: np.ndarray) -> np.ndarray:
         choice = rounder.options(steps)
         T, E, C = problem.score(choice, exact=False)
         store.add(T, E, C, choice)
         counter["candidates"] += steps.shape[1]
-        faster = np.less(T, t_fast)
-        if faster.any():
-            # Plans faster than all-max exist where profiled time is not monotone in
-            # frequency (power-capped top clocks). They are not reported, but slowed to
-            # just above T_fast they can be much cheaper than the all-max-time plans.
-            stretched = rounder.options(rounder.stretch(steps[:, faster], t_fast))
-            store.add(*problem.score(stretched, exact=False), stretched)
         return T
 
     def mixes(slow: np.ndarray, fast: np.ndarray, count: int) -> list[np.ndarray]:
@@ -210,31 +217,25 @@ def compute_frontier(
         if len(pending_t) >= _BATCH:
             process()
 
-    state: dict[str, tuple[float, np.ndarray, float]] = {}
-    lp_span = max(t_slow - t_fast, 1e-300)
+    state: dict[str, tuple[float, np.ndarray]] = {}
+    lp_span = max(t_slow - t_min, 1e-300)
 
     def on_breakpoint(lam: float, cost: float, d: np.ndarray) -> bool:
         prev = state.get("prev")
-        energy = cost + problem.p2p_power_w * problem.num_resources * lam
         if prev is not None:
-            lam_prev, d_prev, energy_prev = prev
+            lam_prev, d_prev = prev
             # Inside a long LP segment the optimum moves linearly from one breakpoint's
             # durations to the other's: round interior LP solutions too, slowest first
-            # (targets are mixed in the order they come), down to the all-max time.
-            lo_t = max(lam, t_fast)
-            count = min(_SEGMENT_TARGETS, math.ceil((lam_prev - lo_t) / resolution_s) - 1)
-            for frac in np.linspace(1, 0, count + 2)[1:-1] if count > 0 else []:
-                t_mid = lo_t + frac * (lam_prev - lo_t)
+            # (targets are mixed in the order they come), down to the minimum time.
+            count = min(_SEGMENT_TARGETS, math.ceil((lam_prev - lam) / resolution_s) - 1)
+            mids = [lam + f * (lam_prev - lam) for f in np.linspace(1, 0, count + 2)[1:-1]]
+            if lam < t_ref < lam_prev:  # the all-max time falls inside this LP segment
+                mids = sorted([*mids, t_ref], reverse=True)
+            for t_mid in mids:
                 w = (t_mid - lam) / (lam_prev - lam)
                 target(d + w * (d_prev - d), t_mid)
-            if lam < t_fast < lam_prev:  # the all-max time falls inside this LP segment
-                w = (t_fast - lam) / (lam_prev - lam)
-                target(d + w * (d_prev - d), t_fast)
-            if lam < t_fast and energy >= energy_prev:
-                return True  # convex: faster LP points only cost more; done
-        if lam >= t_fast * (1 - _TIME_RTOL):
-            target(d.copy(), max(lam, t_fast))
-        state["prev"] = (lam, d.copy(), energy)
+        target(d.copy(), lam)
+        state["prev"] = (lam, d.copy())
         if progress is not None:
             progress(0.95 * min(1.0, max(0.0, (t_slow - lam) / lp_span)))
         return False
@@ -285,7 +286,7 @@ def compute_frontier(
             break
 
     # Score the survivors with evaluate's exact summation order, then re-filter.
-    final = ParetoStore(problem.n, t_fast)
+    final = ParetoStore(problem.n, t_min)
     for lo in range(0, len(store.time), 4 * _BATCH):
         block = store.choice[lo : lo + 4 * _BATCH].T.astype(np.int64)
         final.add(*problem.score(block, exact=True), block)
@@ -296,13 +297,15 @@ def compute_frontier(
         want = np.linspace(store.time[0], store.time[-1], max_points)
         picks = np.searchsorted(store.time, want)
         picks = np.clip(picks, 0, len(idx) - 1)
-        idx = np.unique(np.concatenate([[0, len(idx) - 1], picks]))
+        # The cheapest point no slower than the reference (energy falls with time).
+        no_slowdown = np.searchsorted(store.time, t_ref * (1 + _TIME_RTOL), side="right") - 1
+        idx = np.unique(np.concatenate([[0, no_slowdown, len(idx) - 1], picks]))
     bounds = curve.lower_bound(store.time[idx])
     energy = store.energy[idx]
     # A plan at an LP vertex can meet the bound up to rounding noise.
     bounds = np.where(bounds <= energy * (1 + 1e-9), np.minimum(bounds, energy), bounds)
-    if store.time[0] != t_fast:  # pragma: no cover - the all-max plan is a candidate
-        raise SolverError("Internal error: the frontier lost the all-max plan")
+    if store.time[0] != t_min:  # pragma: no cover - the all-fastest plan is a candidate
+        raise SolverError("Internal error: the frontier lost the all-fastest plan")
     stats = {
         "lp_breakpoints": float(len(curve.time_s)),
         "candidates": float(counter["candidates"]),
@@ -318,5 +321,8 @@ def compute_frontier(
         compute_energy_j=store.compute[idx],
         choice=store.choice[idx].T,
         lp_curve=curve,
+        reference_time_s=t_ref,
+        reference_energy_j=float(e_ref_arr[0]),
+        reference_compute_energy_j=float(c_ref_arr[0]),
         stats=stats,
     )

@@ -5,8 +5,10 @@ The input is generic (`perseus.planning` builds it from a profile and a pipeline
 - nodes ``0..n-1``, numbered in a topological order of the DAG, and its edges;
 - every node's option *type*; per type an `OptionTable` of options, each with a time (s),
   an energy (J) and an integer label (for clock plans the SM frequency, in MHz). The option
-  with the largest label is the *reference* option (the maximum frequency), whose plan
-  sets the fastest iteration time the frontier reports;
+  with the largest label is the *reference* option (the maximum frequency): its plan is the
+  baseline the frontier reports beside its points. Nothing assumes options are monotone in
+  their label: the fastest option of a type may have any label (a power-capped top clock
+  runs slower than the one below it);
 - the blocking power ``P`` (W) every resource draws while it is not running a node;
 - the resources (for pipelines the GPUs of the stages), each an ordered index array of the
   nodes it runs. Only their count ``S`` enters the accounting.
@@ -320,6 +322,15 @@ class SolverProblem:
     def reference_choice(self) -> np.ndarray:
         """Option index of every node's reference option (its largest label)."""
         best = np.array([int(np.argmax(o.label)) for o in self.type_options], dtype=np.int64)
+        return best[self.type_of]
+
+    def fastest_choice(self) -> np.ndarray:
+        """Option index of every node's fastest option (least energy among equally fast
+        ones), whatever its label: its plan's time is the minimum iteration time."""
+        best = np.array(
+            [int(np.lexsort((o.energy_j, o.time_s))[0]) for o in self.type_options],
+            dtype=np.int64,
+        )
         return best[self.type_of]
 
 

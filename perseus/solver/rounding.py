@@ -319,41 +319,6 @@ class Rounder:
             step[lv] = new
             latest_start[lv] = latest_finish - level.step_time.take(new)
 
-    def stretch(self, step: np.ndarray, t_floor: float) -> np.ndarray:
-        """Plans faster than `t_floor` slowed to just at or above it, then reclaimed.
-
-        For each plan (staircase positions ``(n, K)``), slack is first reclaimed up to
-        `t_floor`; then one critical instruction (no slack) takes a slower staircase step
-        that lengthens the iteration by at least what is still missing: the instruction
-        and step that overshoot least. Leftover slack is then reclaimed at the new time.
-        Plans where no step is slow enough stay faster than `t_floor`.
-        """
-        pb = self.problem
-        step = step.copy()
-        self.reclaim(step, np.full(step.shape[1], t_floor))
-        times = self.times(step)
-        start, finish = pb.start_finish(times)
-        T = finish.max(axis=0)
-        slack = pb.latest_starts(times, T) - start
-        critical = slack <= 1e-12 * np.maximum(T, 1.0)
-        need = times + (t_floor - T)  # (n, K): a critical instruction's duration to reach t_floor
-        # Per type, the fastest staircase step at least `need` long (sorted steps, so a
-        # binary search keeps memory at (n, K) instead of (n, steps, K)).
-        first = np.zeros(need.shape, dtype=np.int64)
-        for k, rows in enumerate(self._type_rows):
-            if len(rows):
-                first[rows] = np.searchsorted(
-                    self.step_time[k, : self.step_count[k]], need[rows], side="left"
-                )
-        ok = critical & (first < self.step_count[pb.type_of][:, None])
-        first = np.where(ok, first, 0)
-        overshoot = np.where(ok, self.times(first) - need, np.inf)
-        who = overshoot.argmin(axis=0)
-        cols = np.flatnonzero(np.isfinite(overshoot[who, np.arange(step.shape[1])]))
-        step[who[cols], cols] = first[who[cols], cols]
-        self.reclaim(step, np.asarray(pb.makespan(self.times(step))))
-        return step
-
     def neighbours(self, step: np.ndarray, max_columns: int) -> np.ndarray | None:
         """All plans that differ from plan `step` ``(n,)`` in one or two instructions.
 

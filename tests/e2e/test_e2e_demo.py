@@ -57,6 +57,14 @@ def test_demo_compares_all_max_and_perseus_and_writes_its_artifacts(tmp_path):
     assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["energy_saved"] > 0.0
+    # The demo opted in to emulated GPUs, says so, and so does every file it wrote.
+    text = " ".join(result.output.split())
+    assert "Emulated GPUs: the demo sets ZEUS_GPU_BACKEND=emulated" in text
+    assert "(emulated GPUs)" in text
+    assert summary["emulated"] is True
+    assert json.loads((out / "plan.json").read_text())["emulated"] is True
+    assert (out / "profile.csv").read_text().splitlines()[0].endswith(",emulated")
+    assert load_profile(out / "profile.csv").emulated
     assert f"{100 * summary['energy_saved']:.1f} %" in result.output
     plan = load_plan(out / "plan.json")
     assert plan.num_stages == 2 and any(f < 1410 for s in plan.stage_frequencies() for f in s)

@@ -78,6 +78,30 @@ def coordinator(tmp_path_factory):
 def test_executed_order_is_torchs_pipeline_order(
     tmp_path, coordinator, name, chunks, microbatches, with_eval
 ):
+    run_and_check(tmp_path, coordinator, name, chunks, microbatches, with_eval)
+
+
+TOKEN = "e2e-token-0123456789abcdef"
+
+
+def test_a_job_runs_against_a_coordinator_with_a_token(tmp_path):
+    """PERSEUS_TOKEN on the coordinator and the ranks: every rank presents it, and rank 0
+    passes the job credential to the others (else their requests would get 403)."""
+    with Coordinator(
+        scheduler="AllMaxFrequency",
+        scheduler_args={},
+        dump_dir=tmp_path / "dump",
+        log_path=tmp_path / "coordinator.log",
+        env={"PERSEUS_TOKEN": TOKEN, "PERSEUS_DUMP_DATA": "true"},
+    ) as c:
+        log = run_and_check(tmp_path, c, "Schedule1F1B", 1, 4, False, token=TOKEN)
+        (job_dir,) = c.job_dirs()
+    assert '"token_sha256":"' in (job_dir / "job.json").read_text()
+    assert TOKEN not in log and TOKEN not in (tmp_path / "coordinator.log").read_text()
+
+
+def run_and_check(tmp_path, coordinator, name, chunks, microbatches, with_eval, token=None):
+    """Run the job; check every rank's executed order against torch's; returns the log."""
     trace_dir = tmp_path / "trace"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "ZEUS_"))}
     env.update(
@@ -86,6 +110,8 @@ def test_executed_order_is_torchs_pipeline_order(
         PERSEUS_TRACE_DIR=str(trace_dir),
         OMP_NUM_THREADS="1",
     )
+    if token is not None:
+        env["PERSEUS_TOKEN"] = token
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", str(RANKS), "--max-restarts", "0", str(JOB),
@@ -111,3 +137,4 @@ def test_executed_order_is_torchs_pipeline_order(
                 if r["kind"] == "instruction" and r["step"] == step
             ]
             assert executed == expected[rank], (name, rank, step)
+    return log

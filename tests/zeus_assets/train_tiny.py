@@ -73,20 +73,32 @@ def main() -> int:
         energy_j += m.total_energy_j
         print(f"epoch {epoch} accuracy {accuracy:.4f} bs {env.batch_size}", flush=True)
         if env.converged(accuracy):
-            TrainingResult(energy_j=energy_j, time_s=time_s, reached=True, epochs=epoch).write(
-                env.result_path
-            )
+            TrainingResult(
+                energy_j=energy_j,
+                time_s=time_s,
+                reached=True,
+                epochs=epoch,
+                emulated=monitor.emulated,
+            ).write(env.result_path)
             return 0
         cost = zeus_cost(energy_j, time_s, env.eta_knob, env.max_power_w)
         next_cost = cost * (epoch + 1) / epoch
         if next_cost > env.cost_thresh:
-            TrainingResult(energy_j=energy_j, time_s=time_s, reached=False, epochs=epoch).write(
-                env.result_path
-            )
+            TrainingResult(
+                energy_j=energy_j,
+                time_s=time_s,
+                reached=False,
+                epochs=epoch,
+                emulated=monitor.emulated,
+            ).write(env.result_path)
             raise ZeusCostThresholdExceededError(time_s, energy_j, cost, next_cost, env.cost_thresh)
-    TrainingResult(energy_j=energy_j, time_s=time_s, reached=False, epochs=env.max_epochs).write(
-        env.result_path
-    )
+    TrainingResult(
+        energy_j=energy_j,
+        time_s=time_s,
+        reached=False,
+        epochs=env.max_epochs,
+        emulated=monitor.emulated,
+    ).write(env.result_path)
     return 0
 
 

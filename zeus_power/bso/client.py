@@ -15,6 +15,7 @@ of one model; their count and max power limit enter the cost.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import httpx
@@ -53,6 +54,8 @@ class BatchSizeOptimizer:
         job: The job specification.
         rank: Rank of this process; only rank 0 asks for a batch size and reports.
         timeout_s: Timeout of each HTTP request.
+        token: The server's token, sent as ``Authorization: Bearer <token>`` (default:
+            ``ZEUS_BSO_TOKEN``, if set).
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class BatchSizeOptimizer:
         rank: int = 0,
         *,
         timeout_s: float = 10.0,
+        token: str | None = None,
     ) -> None:
         if rank < 0:
             raise ZeusConfigError(f"rank must be >= 0, got {rank}.")
@@ -81,7 +85,10 @@ class BatchSizeOptimizer:
             number_of_gpus=len(monitor.gpus),
             gpu_model=monitor.gpus[0].name(),
         )
-        self._client = httpx.Client(base_url=self.server_url, timeout=timeout_s)
+        if token is None:
+            token = os.environ.get("ZEUS_BSO_TOKEN") or None
+        headers = {"authorization": f"Bearer {token.strip()}"} if token else None
+        self._client = httpx.Client(base_url=self.server_url, timeout=timeout_s, headers=headers)
         self.trial: TrialAssignment | None = None
         self.epochs = 0
         self._time_s = 0.0

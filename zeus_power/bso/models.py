@@ -9,7 +9,7 @@ the server shows. All models reject unknown fields.
 from __future__ import annotations
 
 import zlib
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
@@ -38,6 +38,30 @@ JobStage = Literal["pruning", "mab", "infeasible"]
 """Where the job's exploration stands; `infeasible` when no batch size reached the target."""
 
 
+# Every number is bounded and finite where it enters (issue #30): an integer must fit the
+# database's INTEGER column on every backend (32-bit on PostgreSQL), and no float may be
+# NaN or infinite (it would be stored, or break the JSON of every later answer).
+MAX_SQL_INT = 2**31 - 1
+"""The largest batch size, trial number or epoch count (a 32-bit SQL INTEGER)."""
+MAX_BATCH_SIZES = 1024
+"""Batch sizes one job may explore."""
+MAX_SEED = 2**63 - 1
+MAX_ENERGY_J = 1e15
+"""A trial's energy over all its GPUs: 1 MW for 30 years."""
+MAX_TIME_S = 1e9
+"""A trial's duration: 30 years."""
+MAX_POWER_W = 1e5
+"""A GPU's maximum power limit."""
+MAX_GPUS = 10**6
+MAX_ABS_METRIC = 1e15
+"""Bound of the target metric and the prior mean (any accuracy, loss or cost)."""
+
+BatchSize = Annotated[int, Field(gt=0, le=MAX_SQL_INT)]
+"""A batch size: positive, at most `MAX_SQL_INT`."""
+Finite = Annotated[float, Field(ge=-MAX_ABS_METRIC, le=MAX_ABS_METRIC, allow_inf_nan=False)]
+"""A finite number within ±`MAX_ABS_METRIC`."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -47,39 +71,41 @@ class JobSpec(_Model):
 
     job_id: str = Field(pattern=r"^[A-Za-z0-9_.:+\-]{1,128}$")
     """Unique, stable id of the job; recurrences of the job share it."""
-    batch_sizes: list[int] = Field(min_length=1)
-    """Feasible batch sizes (positive, distinct); stored ascending."""
-    default_batch_size: int
+    batch_sizes: list[int] = Field(min_length=1, max_length=MAX_BATCH_SIZES)
+    """Feasible batch sizes (positive, distinct, at most `MAX_SQL_INT`); stored ascending."""
+    default_batch_size: BatchSize
     """The batch size the job would use without the optimizer; one of `batch_sizes`."""
-    eta_knob: float = Field(default=0.5, ge=0.0, le=1.0)
+    eta_knob: float = Field(default=0.5, ge=0.0, le=1.0, allow_inf_nan=False)
     """η of the cost η·energy + (1 − η)·max_power·time."""
-    beta_knob: float | None = Field(default=2.0, ge=1.0)
+    beta_knob: float | None = Field(default=2.0, ge=1.0, le=1e6, allow_inf_nan=False)
     """Early stop when a trial's cost passes β × the best cost so far; None disables it."""
-    target_metric: float = 0.5
+    target_metric: Finite = 0.5
     """Validation metric that counts as converged."""
     higher_is_better_metric: bool = True
     """Whether the metric converges upwards (accuracy) or downwards (loss)."""
-    max_epochs: int = Field(default=100, ge=1)
+    max_epochs: int = Field(default=100, ge=1, le=MAX_SQL_INT)
     """A trial that has not converged after this many epochs fails."""
-    num_pruning_rounds: int = Field(default=2, ge=0)
+    num_pruning_rounds: int = Field(default=2, ge=0, le=1000)
     """Pruning rounds before Thompson sampling; 0 samples over all batch sizes at once."""
-    window_size: int = Field(default=10, ge=0)
+    window_size: int = Field(default=10, ge=0, le=MAX_SQL_INT)
     """Thompson sampling uses each arm's latest `window_size` costs; 0 uses all of them."""
-    mab_prior_mean: float = 0.0
+    mab_prior_mean: Finite = 0.0
     """Prior mean of an arm's reward (−cost)."""
-    mab_prior_precision: float = Field(default=0.0, ge=0.0)
+    mab_prior_precision: float = Field(default=0.0, ge=0.0, le=1e12, allow_inf_nan=False)
     """Prior precision of an arm's reward; 0 is uninformative."""
-    mab_num_explorations: int = Field(default=2, ge=1)
+    mab_num_explorations: int = Field(default=2, ge=1, le=MAX_SQL_INT)
     """Observations each surviving arm needs before sampling starts."""
-    mab_seed: int | None = None
-    """Seed of Thompson sampling; None derives one from `job_id`."""
+    mab_seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    """Seed of Thompson sampling (0 ≤ seed < 2**63); None derives one from `job_id`."""
 
     @field_validator("batch_sizes")
     @classmethod
     def _check_batch_sizes(cls, value: list[int]) -> list[int]:
-        bad = [b for b in value if b <= 0]
+        bad = [b for b in value if not 0 < b <= MAX_SQL_INT]
         if bad:
-            raise ValueError(f"batch sizes must be positive, got {bad}")
+            raise ValueError(
+                f"batch sizes must be positive and at most {MAX_SQL_INT}, got {bad[:10]}"
+            )
         if len(set(value)) != len(value):
             raise ValueError(f"batch sizes must be distinct, got {value}")
         return sorted(value)
@@ -110,11 +136,11 @@ class JobSpec(_Model):
 class JobConfig(JobSpec):
     """A job spec plus the facts about its GPUs that the cost needs (sent by the client)."""
 
-    max_power_w: float = Field(gt=0.0)
+    max_power_w: float = Field(gt=0.0, le=MAX_POWER_W, allow_inf_nan=False)
     """Maximum power limit of one GPU, in watts."""
-    number_of_gpus: int = Field(default=1, ge=1)
+    number_of_gpus: int = Field(default=1, ge=1, le=MAX_GPUS)
     """GPUs the job trains on; the cost uses max_power_w × number_of_gpus."""
-    gpu_model: str = ""
+    gpu_model: str = Field(default="", max_length=200)
     """GPU product name, for the record."""
 
     @property
@@ -140,12 +166,12 @@ class TrialAssignment(_Model):
 class TrialResult(_Model):
     """What the client reports when a trial ends."""
 
-    energy_j: float = Field(ge=0.0)
-    """Energy over all GPUs of the job."""
-    time_s: float = Field(ge=0.0)
+    energy_j: float = Field(ge=0.0, le=MAX_ENERGY_J, allow_inf_nan=False)
+    """Energy over all GPUs of the job (finite, at most `MAX_ENERGY_J`)."""
+    time_s: float = Field(ge=0.0, le=MAX_TIME_S, allow_inf_nan=False)
     converged: bool
     """Whether the target metric was reached."""
-    epochs: int | None = Field(default=None, ge=0)
+    epochs: int | None = Field(default=None, ge=0, le=MAX_SQL_INT)
     """Epochs run, for the record."""
 
 

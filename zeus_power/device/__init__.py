@@ -9,13 +9,17 @@ gpus[0].execute(Workload(compute_s_at_max=0.1, memory_s=0.03))   # advances the 
 ```
 
 `open_gpus` chooses the backend from its argument or `ZEUS_GPU_BACKEND` (`nvml`,
-`emulated`, or `auto`: NVML when it initialises, else the emulator). There is no global
+`emulated`, `zeusd`: privileged writes through a Zeus daemon at `ZEUSD_SOCK_PATH` or
+`ZEUSD_HOST_PORT`, or `auto`: the daemon when one of those is set, else NVML). Emulation is
+only ever used when asked for: `auto` with no NVIDIA driver is a `GPUInitError` naming the
+opt-in (`ZEUS_GPU_BACKEND=emulated`), never a silent switch to invented numbers. There is no global
 GPU object; callers hold the list they were given. Errors are the `GPUError` tree in
 `zeus_power.device.base`, part of the package's `ZeusError` tree.
 
 Modules: `base` (the `GPU` interface and its errors), `specs` (GPU types), `dvfs` (the
 emulator's model: `DVFSModel`, `Workload`), `clock` (`VirtualClock`), `emulated`
-(`EmulatedGPU`), `nvml` (`NVMLGPU`, imported only when NVML is asked for) and
+(`EmulatedGPU`), `nvml` (`NVMLGPU`, imported only when NVML is asked for), `zeusd`
+(`ZeusdGPU`, the daemon's client, imported only when the daemon is asked for) and
 `calibration` (fitting the model to measurements; needs scipy, imported on its own).
 """
 
@@ -67,7 +71,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "emulated", "nvml")
+BACKENDS = ("auto", "emulated", "nvml", "zeusd")
 """Valid values of `open_gpus(backend=...)` and `ZEUS_GPU_BACKEND`."""
 
 
@@ -76,7 +80,7 @@ class DeviceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ZEUS_", extra="forbid", frozen=True)
 
-    gpu_backend: Literal["auto", "emulated", "nvml"] = "auto"
+    gpu_backend: Literal["auto", "emulated", "nvml", "zeusd"] = "auto"
     """`ZEUS_GPU_BACKEND`: which backend `open_gpus` uses when none is passed."""
     emulated_gpu: str = "A100-SXM"
     """`ZEUS_EMULATED_GPU`: the emulated GPU type."""
@@ -110,7 +114,9 @@ def open_gpus(
 
     Args:
         indices: Which GPUs; `None` opens every visible GPU (emulated: `ZEUS_EMULATED_GPU_COUNT`).
-        backend: "nvml", "emulated" or "auto"; default `ZEUS_GPU_BACKEND`, else "auto".
+        backend: "nvml", "emulated", "zeusd" or "auto" (the daemon when `ZEUSD_*` is set,
+            else NVML; never the emulator unless asked for); default `ZEUS_GPU_BACKEND`, else
+            "auto".
         gpu_type: Emulated GPU type; default `ZEUS_EMULATED_GPU`, else "A100-SXM".
         clock: Time source for emulated GPUs (e.g. a shared `VirtualClock`).
         seed: Seed of the emulator's noise (each GPU draws from its own stream).
@@ -118,7 +124,8 @@ def open_gpus(
 
     Raises:
         GPUValueError: Unknown backend or GPU type, or bad settings.
-        GPUInitError: NVML asked for but unavailable; an index out of range.
+        GPUInitError: NVML asked for (or `auto`) but unavailable, the message naming the
+            opt-in `ZEUS_GPU_BACKEND=emulated`; an index out of range.
     """
     settings = _load_settings()
     chosen = settings.gpu_backend if backend is None else backend.strip().lower()
@@ -130,16 +137,30 @@ def open_gpus(
         indices = [int(i) for i in indices]
         if len(set(indices)) != len(indices):
             raise GPUValueError(f"GPU indices {indices} contain duplicates")
-    if chosen in ("nvml", "auto"):
-        from zeus_power.device.nvml import open_nvml_gpus
+    if chosen == "zeusd" or (chosen == "auto" and _zeusd_configured()):
+        return _open_zeusd(indices, settings, clock=clock, seed=seed, noise=noise)
+    if chosen == "emulated":
+        logger.info("Emulated GPUs, as asked for: their times and energies come from a model")
+        return _open_emulated(
+            indices, settings, gpu_type=gpu_type, clock=clock, seed=seed, noise=noise
+        )
+    from zeus_power.device.nvml import open_nvml_gpus
 
-        try:
-            return list(open_nvml_gpus(indices))
-        except GPUInitError:
-            if chosen == "nvml":
-                raise
-            logger.info("NVML unavailable; using emulated GPUs (set ZEUS_GPU_BACKEND to choose)")
-    return _open_emulated(indices, settings, gpu_type=gpu_type, clock=clock, seed=seed, noise=noise)
+    try:
+        return list(open_nvml_gpus(indices))
+    except GPUInitError as exc:
+        # `auto` never falls back to the emulator: on a GPU node whose driver failed to load,
+        # that would stretch real training with sleeps and report invented energy.
+        reason = str(exc) if str(exc).endswith(("?", ".")) else f"{exc}."
+        how = "opt in with ZEUS_GPU_BACKEND=emulated (or backend='emulated')"
+        if chosen == "auto":
+            how = (
+                "ZEUS_GPU_BACKEND=auto (the default) uses NVML and never emulates silently: "
+                f"to run on emulated GPUs, {how}"
+            )
+        else:
+            how = f"To run on emulated GPUs instead, {how}"
+        raise GPUInitError(f"{reason} {how}") from exc
 
 
 def _open_emulated(
@@ -169,3 +190,34 @@ def _open_emulated(
         )
         for index in indices
     ]
+
+
+def _zeusd_configured() -> bool:
+    """Whether `ZEUSD_SOCK_PATH` or `ZEUSD_HOST_PORT` is set (`auto` then uses the daemon)."""
+    from zeus_power.device.zeusd import load_zeusd_settings
+
+    return load_zeusd_settings().configured
+
+
+def _open_zeusd(
+    indices: list[int] | None,
+    settings: DeviceSettings,
+    *,
+    clock: Callable[[], float] | None,
+    seed: int | None,
+    noise: float | None,
+) -> list[GPU]:
+    """GPUs whose writes go through zeusd (`zeus_power.device.zeusd`)."""
+    from zeus_power.device.zeusd import open_zeusd_gpus
+
+    def mirror(index: int, spec: GPUSpec) -> GPU:
+        return EmulatedGPU(
+            index,
+            gpu_type=spec,
+            clock=time.monotonic if clock is None else clock,
+            seed=seed,
+            noise=settings.emulated_noise if noise is None else noise,
+            privileged=False,  # the job's copy; only the daemon changes the GPU
+        )
+
+    return open_zeusd_gpus(indices, emulated=mirror)

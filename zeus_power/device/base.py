@@ -153,5 +153,11 @@ class GPU(abc.ABC):
         """
         return None
 
+    @property
+    def emulated(self) -> bool:
+        """Whether this GPU is emulated: its times and energies come from a model, not a
+        measurement. Everything made on one (measurements, profiles, plans) says so."""
+        return False
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(index={self.index})"

@@ -173,6 +173,11 @@ class EmulatedGPU(GPU):
         return self.model.run(workload, freq, self.power_limit_w()).power_w
 
     @property
+    def emulated(self) -> bool:
+        """Always True: this GPU's numbers are the DVFS model's."""
+        return True
+
+    @property
     def stand_in(self) -> EmulatedGPU:
         """Itself: it runs no kernels, so the caller's work stands in for them (see `StandIn`)."""
         return self
@@ -284,6 +289,16 @@ class EmulatedGPU(GPU):
         with self._lock:
             busy = self._clock() <= self._busy_until_s
             return round((self._busy_power_w if busy else self.idle_power_w) * 1000)
+
+    def follow(self, locked_clock_mhz: int | None, power_limit_mw: int) -> None:
+        """Take on the clock and power limit another process (a GPU daemon) set.
+
+        Needs no privilege: it changes this process's copy of the model, not the GPU, as
+        the job-side mirror of a daemon's emulated GPU (`zeus_power.device.zeusd`) does.
+        """
+        with self._lock:
+            self._locked_clock_mhz = None if locked_clock_mhz is None else int(locked_clock_mhz)
+            self._power_limit_mw = int(power_limit_mw)
 
     def __repr__(self) -> str:
         return f"EmulatedGPU(index={self.index}, gpu_type={self.spec.gpu_type!r})"

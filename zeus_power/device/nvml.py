@@ -84,9 +84,8 @@ def init_nvml() -> None:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
         raise GPUInitError(
-            f"Could not initialise NVML: {exc}. Is an NVIDIA driver installed? "
-            "Use ZEUS_GPU_BACKEND=emulated (or backend='emulated') on machines without a GPU"
-        ) from exc
+            f"Could not initialise NVML: {exc}. Is an NVIDIA driver installed?"
+        ) from exc  # `open_gpus` adds how to opt in to emulated GPUs
 
 
 def visible_nvml_indices() -> list[int]:

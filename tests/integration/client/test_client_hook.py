@@ -15,7 +15,7 @@ from perseus.client import (
 )
 from perseus.demo import free_port
 from perseus.errors import ConfigurationError, CoordinatorError
-from zeus_power.device.base import GPUPermissionError
+from zeus_power.device.base import GPUInitError, GPUPermissionError
 from zeus_power.device.emulated import EmulatedGPU, Workload
 
 torch = pytest.importorskip("torch")
@@ -128,9 +128,33 @@ def test_bad_layouts_are_named(overrides, message):
         PerseusOptimizer(**single_rank_layout(**overrides), gpu=EmulatedGPU(0))
 
 
+def test_without_driver_or_opt_in_the_hook_refuses_naming_the_opt_in(
+    process_group, no_driver_no_opt_in
+):
+    """No silent emulation: a hook that must open its GPU, on a machine without an NVIDIA
+    driver and without ZEUS_GPU_BACKEND=emulated, fails before it contacts the coordinator."""
+    with pytest.raises(GPUInitError, match=r"never emulates.*ZEUS_GPU_BACKEND=emulated"):
+        PerseusOptimizer(**single_rank_layout())
+
+
 def test_unreachable_coordinator_names_the_url(process_group):
     url = f"http://127.0.0.1:{free_port()}"
     gpu = EmulatedGPU(0)
     with pytest.raises(CoordinatorError, match=f"Cannot reach the Perseus coordinator at {url}"):
         PerseusOptimizer(**single_rank_layout(server_url=url), gpu=gpu, timeout_s=5)
     assert gpu.current_sm_clock_mhz() == gpu.spec.max_sm_clock_mhz
+
+
+@pytest.mark.parametrize(
+    ("timing", "env", "message"),
+    [
+        ("cuda", None, r"timing='cuda' \(PERSEUS_TIMING\) is not one of auto, sync, events"),
+        (None, "event", r"timing='event' \(PERSEUS_TIMING\) is not one of auto, sync, events"),
+        ("events", None, "needs a real GPU with an energy counter"),
+    ],
+)
+def test_a_timing_the_gpu_cannot_do_is_refused(process_group, monkeypatch, timing, env, message):
+    if env is not None:
+        monkeypatch.setenv("PERSEUS_TIMING", env)
+    with pytest.raises(ConfigurationError, match=message):
+        PerseusOptimizer(**single_rank_layout(), gpu=EmulatedGPU(0), timing=timing)

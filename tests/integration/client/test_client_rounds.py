@@ -91,6 +91,7 @@ def test_a_round_is_reported_as_one_profiling_result(all_max, tmp_path):
         job_dir = all_max.dump_dir / hook.job_id
         _step(hook)  # the next round's GET makes the coordinator observe (and dump) round 0
     assert hook.job_id.endswith("+client-test")
+    assert hook.timing == "sync"  # auto: an emulated GPU runs no CUDA events
     dump = job_dir / "0.prof.json"
     deadline = time.monotonic() + 10
     while not dump.exists():  # the coordinator writes its dumps in the background
@@ -105,9 +106,24 @@ def test_a_round_is_reported_as_one_profiling_result(all_max, tmp_path):
             assert times == pytest.approx([NOMINAL[name]] * 2)  # exact at the max clock
             assert energies == pytest.approx([t * EmulatedGPU(0).busy_power_w(0.0) for t in times])
     assert all(t >= 2 * sum(NOMINAL.values()) for t in result["iter_time"])
+    # The rank registered its GPU as emulated: the coordinator knows its numbers are a model's.
+    assert [r["emulated"] for r in json.loads((job_dir / "ranks.json").read_text())] == [True]
     trace = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
-    assert trace[0] == {"kind": "job", "job_id": hook.job_id, "rank": 0}
+    assert trace[0] == {"kind": "job", "job_id": hook.job_id, "rank": 0, "emulated": True}
     assert [r["round"] for r in trace if r["kind"] == "step"] == [0, 0, 1]
+
+
+def test_the_hook_opens_an_emulated_gpu_only_when_asked_for(all_max, monkeypatch):
+    """With ZEUS_GPU_BACKEND=emulated (the opt-in; tests/conftest.py sets it) the hook opens
+    its own emulated GPU and registers it as such."""
+    monkeypatch.setenv("ZEUS_GPU_BACKEND", "emulated")
+    with PerseusOptimizer(
+        **single_rank_layout(server_url=all_max.url),
+        emulation=EmulationSettings(nominal=True),
+        nominal_time_s=NOMINAL,
+    ) as hook:
+        assert isinstance(hook.gpu, EmulatedGPU) and hook.gpu.emulated and hook.emulated
+        _step(hook)
 
 
 def test_the_plan_is_applied_per_instruction_and_clocks_are_restored(point):

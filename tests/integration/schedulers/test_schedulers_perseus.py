@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 
 import httpx
 import pytest
 from server_fixtures import (
+    F_MAX,
+    FREQS,
     GroundTruth,
     SimulatedJob,
     pipeline_energy_and_time,
@@ -18,6 +22,7 @@ from server_fixtures import (
 
 from perseus.domain.schedule import make_schedule
 from perseus.io.plan_file import load_plan
+from perseus.io.profile_csv import read_profile_rows
 from perseus.planning import Frontier
 from perseus.settings import PerseusSettings
 
@@ -55,6 +60,8 @@ def test_profiles_solves_and_deploys_a_plan_that_saves_energy_without_slowdown(t
         stage_freqs(deployed, r) for r in range(4)
     ]
     assert (job_dir / "instruction_profile.csv").is_file()
+    assert not plan.emulated and "emulated" not in (job_dir / "deployed_plan.json").read_text()
+    assert not any(r.emulated for r in read_profile_rows(job_dir / "instruction_profile.csv"))
     frontier = Frontier.read(job_dir / "frontier")
     assert frontier.points[0].iteration_time_s == pytest.approx(all_max_time, rel=1e-9)
 
@@ -180,3 +187,75 @@ def test_3d_job_every_rank_of_a_stage_runs_the_stage_plan(tmp_path):
     plan = load_plan(tmp_path / job.job_id / "deployed_plan.json")
     # The blocking power of a stage is that of its tp GPUs together.
     assert plan.p2p_power == pytest.approx(2 * truth.p2p_power_w, rel=1e-6)
+
+
+def test_numbers_from_emulated_gpus_are_marked_in_the_profile_and_the_deployed_plan(tmp_path):
+    """A rank that registers an emulated GPU: the sweep's rows of its stage say so, and so
+    does the deployed plan; a job of real GPUs (the test above) writes neither mark."""
+    truth = GroundTruth(IMBALANCED)
+    with running_server(settings(tmp_path, freq_step=4, warmup_rounds=0)) as url:
+        job = SimulatedJob(url, truth, pp=4, num_microbatches=M)
+        job.infos = [i.model_copy(update={"emulated": i.pp_rank == 1}) for i in job.infos]
+        job.run_sync(8)
+    job_dir = tmp_path / job.job_id
+    rows = read_profile_rows(job_dir / "instruction_profile.csv")
+    assert {(r.stage, r.emulated) for r in rows} == {(0, False), (1, True), (2, False), (3, False)}
+    assert load_plan(job_dir / "deployed_plan.json").emulated is True
+    assert json.loads((job_dir / "deployed_plan.json").read_text())["emulated"] is True
+    assert Frontier.read(job_dir / "frontier").emulated
+
+
+def test_a_plan_deployed_on_emulated_gpus_is_marked_even_from_a_real_profile(tmp_path):
+    truth = GroundTruth(IMBALANCED)
+    profile = write_truth_profile(truth, 4, tmp_path / "truth.csv")
+    args = {"profile_path": str(profile), "p2p_power": truth.p2p_power_w}
+    with running_server(settings(tmp_path, **args)) as url:
+        job = SimulatedJob(url, truth, pp=4, num_microbatches=M)
+        job.infos = [i.model_copy(update={"emulated": True}) for i in job.infos]
+        job.run_sync(1)
+    assert load_plan(tmp_path / job.job_id / "deployed_plan.json").emulated is True
+
+
+@dataclasses.dataclass
+class CappedTruth(GroundTruth):
+    """GPUs whose top clock is power-capped: at `F_MAX` every instruction runs 3 % slower
+    than at the clock below it (as the Bloom A40 profile's forwards do)."""
+
+    def time_s(self, stage: int, kind: str, freq: int) -> float:
+        if freq == F_MAX:
+            return 1.03 * super().time_s(stage, kind, FREQS[1])
+        return super().time_s(stage, kind, freq)
+
+
+def test_max_slowdown_zero_deploys_the_cheapest_plan_within_the_all_max_time(tmp_path):
+    """With a capped top clock the frontier starts below the all-max time, and the default
+    max_slowdown of 0 deploys the cheapest plan no slower than all-max, whatever clocks it
+    uses: measured, it is no slower and cheaper than all-max."""
+    truth = CappedTruth(IMBALANCED)
+    profile = write_truth_profile(truth, 4, tmp_path / "truth.csv")
+    args = {"profile_path": str(profile), "p2p_power": truth.p2p_power_w}
+    with running_server(settings(tmp_path, **args)) as url:
+        job = SimulatedJob(url, truth, pp=4, num_microbatches=M)
+        job.run_sync(1)
+    schedule = make_schedule("1f1b", 4, M)
+    all_max_time = pipeline_timing(
+        schedule,
+        [
+            [truth.time_s(s, i.kind, F_MAX) for i in order]
+            for s, order in enumerate(schedule.orders)
+        ],
+    )
+    dp_of = {i.rank: i.dp_rank for i in job.infos}
+    energy, time_s = pipeline_energy_and_time(job.results[0], dp_of)
+    frontier = Frontier.read(tmp_path / job.job_id / "frontier")
+    assert frontier.all_max is not None
+    assert frontier.all_max.iteration_time_s == pytest.approx(all_max_time, rel=1e-9)
+    assert frontier.points[0].iteration_time_s < all_max_time  # the true fast end
+    chosen = frontier.choose(max_slowdown=0.0)
+    assert chosen.energy_j == min(
+        p.energy_j for p in frontier.points if p.iteration_time_s <= all_max_time * (1 + 1e-9)
+    )
+    deployed = job.history[-1]
+    assert [stage_freqs(deployed, r) for r in range(4)] == chosen.frequencies
+    assert time_s <= all_max_time * (1 + 1e-9)
+    assert energy < frontier.all_max.energy_j

@@ -132,7 +132,7 @@ def test_missing_results_repeat_the_step_then_fail_naming_the_problem(tmp_path):
     assert "without a result from every rank" in failed[0].json()["detail"]
 
 
-def test_results_without_breakdowns_are_a_400_naming_the_rank(tmp_path):
+def test_results_without_breakdowns_are_a_422_naming_the_rank_and_the_job_goes_on(tmp_path):
     with running_server(profiler_settings(tmp_path, warmup_rounds=0)) as url:
         job = SimulatedJob(url, GroundTruth([0.01]), pp=1, num_microbatches=M)
 
@@ -141,9 +141,13 @@ def test_results_without_breakdowns_are_a_400_naming_the_rank(tmp_path):
                 await job.register(client)
                 await job.ask_all(client)
                 bare = ProfilingResult(rank=0, iter_time=[1.0], iter_energy=[10.0])
-                await client.post(f"{url}/result/{job.job_id}", json=bare.model_dump())
-                return await client.get(f"{url}/schedule/{job.job_id}", params={"rank": 0})
+                refused = await client.post(f"{url}/result/{job.job_id}", json=bare.model_dump())
+                nxt = await client.get(f"{url}/schedule/{job.job_id}", params={"rank": 0})
+                return refused, nxt
 
-        r = asyncio.run(main())
-    assert r.status_code == 400
-    assert "Rank 0" in r.json()["detail"] and "forward" in r.json()["detail"]
+        refused, nxt = asyncio.run(main())
+    # Refused where it arrives (the job's state untouched), not when the scheduler meets it.
+    assert refused.status_code == 422
+    detail = refused.json()["detail"]
+    assert "Rank 0" in detail and "forward" in detail and str(job.job_id) in detail
+    assert nxt.status_code == 200

@@ -320,15 +320,6 @@ def test_a_job_whose_pipeline_cannot_be_built_is_refused_at_registration(args, m
     ("scheduler", "args", "message"),
     [
         ("PointSolution", {"solution_path": "/nonexistent/plan.json"}, "/nonexistent/plan.json"),
-        # A frontier too big to solve is refused at registration, not after the sweep.
-        pytest.param(
-            "Perseus",
-            {"num_microbatches": _too_big_to_solve(2)},
-            "GiB of memory, but only",
-            marks=pytest.mark.skipif(
-                available_memory_bytes() is None, reason="the available memory is unknown"
-            ),
-        ),
     ],
 )
 def test_a_scheduler_that_cannot_start_fails_every_rank_with_400(scheduler, args, message):
@@ -341,6 +332,18 @@ def test_a_scheduler_that_cannot_start_fails_every_rank_with_400(scheduler, args
         assert last.status_code == 400 and message in last.json()["detail"], last.text
         other = c.get(f"/schedule/{job_id}", params={"rank": 0})
         assert other.status_code == 400 and other.json()["detail"] == last.json()["detail"]
+
+
+@pytest.mark.skipif(available_memory_bytes() is None, reason="the available memory is unknown")
+def test_a_frontier_too_big_to_solve_is_refused_at_job_registration():
+    """Counted from the schedule's shape, before any schedule is built or any rank swept."""
+    settings = PerseusSettings(
+        scheduler="Perseus", scheduler_args={"num_microbatches": _too_big_to_solve(2)}
+    )
+    with running_server(settings) as url, httpx.Client(base_url=url, timeout=20) as c:
+        r = c.post("/register_job", json=job_info(2).model_dump())
+        assert r.status_code == 422 and "GiB of memory, but only" in r.text, r.text
+        assert c.get("/info").status_code == 200  # the coordinator goes on
 
 
 def test_round_timeout_is_504_naming_the_missing_ranks_then_409():

@@ -52,6 +52,8 @@ def test_run_job_trains_and_returns_energy_time_reached(tmp_path: Path) -> None:
     # It profiled power limits with the iterations the master passed down.
     profile = json.loads((logdir / "power_profile_bs32.json").read_text())
     assert [m["power_limit_w"] for m in profile["measurements"]] == [300, 250, 200, 150, 100]
+    # The script measured emulated GPUs: its result and its power profile say so.
+    assert result.emulated is True and profile["emulated"] is True
 
 
 def test_cost_bound_stops_the_script(tmp_path: Path) -> None:
@@ -83,6 +85,8 @@ def test_run_over_recurrences_explores_then_exploits(tmp_path: Path) -> None:
     assert logdir.name.startswith("tiny+x6+eta0.5+beta2.0+")
     lines = (logdir / "history.jsonl").read_text().splitlines()
     assert [json.loads(line)["batch_size"] for line in lines] == tried
+    assert all(json.loads(line)["emulated"] is True for line in lines)
+    assert all(h.emulated for h in history)
     state = bso.get_job("tiny")
     assert state.best_cost == min(h.cost for h in history if h.reached)
 

@@ -59,10 +59,18 @@ def test_job_record_gets_a_unique_id_carrying_scheduler_and_metadata() -> None:
     assert info.job_id == ""  # the request is not changed
     assert a.job_id != b.job_id
     assert "+Perseus+" in a.job_id and a.job_id.endswith("+gpt")
-    assert isinstance(a, JobInfo) and a.model_dump(exclude={"job_id"}) == info.model_dump(
+    record_only = {"job_id", "token_sha256"}
+    assert isinstance(a, JobInfo) and a.model_dump(exclude=record_only) == info.model_dump(
         exclude={"job_id"}
     )
     assert JobRecord.model_validate_json(a.model_dump_json()) == a
+    # The job credential's hash (never the credential) goes into job.json.
+    digest = "ab" * 32
+    c = JobRecord.register(info, "Perseus", token_sha256=digest)
+    assert c.token_sha256 == digest and digest not in repr(c)
+    assert JobRecord.model_validate_json(c.model_dump_json()).token_sha256 == digest
+    with pytest.raises(ValidationError, match="token_sha256"):
+        JobRecord.register(info, "Perseus", token_sha256="not a hash")
     with pytest.raises(ValidationError):
         JobRecord(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)  # no id
 
@@ -73,6 +81,26 @@ def test_instruction_profiling_result_csv_round_trip(tmp_path: Path) -> None:
     result.to_csv(path)
     assert path.read_text().splitlines()[0] == ",".join(CSV_COLUMNS)
     assert InstructionProfilingResult.from_csv(path) == result
+
+
+def test_profiles_from_emulated_gpus_say_so_in_an_extra_column(tmp_path: Path) -> None:
+    """Rows measured on an emulated GPU carry ``emulated=true``; a profile from real GPUs
+    keeps exactly the published columns, and files without the column read as real."""
+    emulated = _result(1, 1).model_copy(update={"emulated": True})
+    result = InstructionProfilingResult([_result(0, 0), emulated])
+    path = tmp_path / "prof.csv"
+    result.to_csv(path)
+    lines = path.read_text().splitlines()
+    assert lines[0] == ",".join((*CSV_COLUMNS, "emulated"))
+    assert {line.rsplit(",", 1)[1] for line in lines[1:5]} == {"false"}  # rank 0's rows
+    assert {line.rsplit(",", 1)[1] for line in lines[5:]} == {"true"}  # rank 1's rows
+    back = InstructionProfilingResult.from_csv(path)
+    assert back == result and [r.emulated for r in back.root] == [False, True]
+    assert [r.emulated for r in read_profile_rows(path)] == [False] * 4 + [True] * 4
+    real = InstructionProfilingResult([_result(0, 0)])
+    real.to_csv(path)
+    assert path.read_text().splitlines()[0] == ",".join(CSV_COLUMNS)
+    assert not any(r.emulated for r in read_profile_rows(path))
 
 
 def test_virtual_stages_and_split_backwards_round_trip_through_csv(tmp_path: Path) -> None:
@@ -148,6 +176,10 @@ def test_from_csv_reads_short_form(tmp_path: Path) -> None:
             "stage,instruction,frequency,time,energy\n"
             "0,forward,1410,0.1,2\n0,backward,1410,0.2,4\n0,forward,1410,0.3,2\n",
             ":4: a second row for forward at 1410 MHz of stage 0",
+        ),
+        (
+            "stage,instruction,frequency,time,energy,emulated\n0,forward,1410,0.1,20,maybe\n",
+            ":2: emulated must be true or false, got 'maybe'",
         ),
     ],
 )
@@ -233,3 +265,29 @@ def test_unknown_scheduler_lists_valid_names() -> None:
         resolve_scheduler("NoSuch")
     with pytest.raises(ConfigurationError, match="Cannot import scheduler plugin module"):
         resolve_scheduler("no_such_module_xyz:Thing")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "names"),
+    [
+        ("forward_time", {1410: float("nan")}, "forward_time.1410"),
+        ("forward_time", {1410: 0.0}, "forward_time.1410"),
+        ("forward_energy", {1410: -1.0}, "forward_energy.1410"),
+        ("forward_energy", {1410: float("inf")}, "forward_energy.1410"),
+        ("forward_energy", {1410: 1e308}, "forward_energy.1410"),
+        ("forward_time", {-5: 0.1}, "forward_time.-5"),
+    ],
+)
+def test_an_offline_profile_entry_must_be_finite_positive_and_bounded(
+    field: str, value: dict[int, float], names: str
+) -> None:
+    good = {"forward_time": {1410: 0.1}, "forward_energy": {1410: 10.0}}
+    OfflineProfilingResult(rank=0, dp_rank=0, pp_rank=0, tp_rank=0, **good)
+    with pytest.raises(ValidationError, match=names.replace(".", r"\.")):
+        OfflineProfilingResult(rank=0, dp_rank=0, pp_rank=0, tp_rank=0, **{**good, field: value})
+
+
+def test_a_rank_reports_positive_bounded_frequencies() -> None:
+    for bad in ([0], [-1410], [10**9]):
+        with pytest.raises(ValidationError, match="available_frequencies"):
+            RankInfo(rank=0, dp_rank=0, pp_rank=0, tp_rank=0, available_frequencies=bad)

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from zeus_power.device.base import GPUInitError
 from zeus_power.device.emulated import EmulatedGPU, VirtualClock, Workload
 from zeus_power.errors import ZeusConfigError, ZeusMonitorError
 from zeus_power.monitor import ZeusMonitor, aggregate_over_ranks
@@ -132,6 +133,23 @@ def test_monitor_opens_emulated_gpus_by_index() -> None:
     monitor = ZeusMonitor([0, 1], backend="emulated")
     assert monitor.gpu_indices == [0, 1]
     assert all(isinstance(g, EmulatedGPU) for g in monitor.gpus)
+
+
+def test_without_driver_or_opt_in_the_monitor_refuses_naming_the_opt_in(
+    no_driver_no_opt_in,
+) -> None:
+    with pytest.raises(GPUInitError, match=r"never emulates.*ZEUS_GPU_BACKEND=emulated"):
+        ZeusMonitor(gpu_indices=[0])
+
+
+def test_measurements_on_emulated_gpus_say_so(monkeypatch) -> None:
+    monkeypatch.setenv("ZEUS_GPU_BACKEND", "emulated")  # the opt-in, as a user would set it
+    monitor = ZeusMonitor(gpu_indices=[0])
+    assert monitor.emulated
+    monitor.begin_window("w")
+    monitor.begin_window("cancelled")
+    assert monitor.end_window("w").emulated
+    assert monitor.end_window("cancelled", cancel=True).emulated
 
 
 def test_aggregate_without_process_group_is_identity() -> None:

@@ -264,6 +264,7 @@ def test_profile_is_saved_then_loaded_without_profiling(tmp_path: Path) -> None:
     assert saved["version"] == 1
     assert saved["optimal_power_limit_w"] == opt.state.optimal_power_limit_w
     assert [m["power_limit_w"] for m in saved["measurements"]] == A40_LIMITS
+    assert saved["emulated"] is True  # measured on emulated GPUs, and the file says so
 
     _, (gpu2,), monitor2 = _setup()
     loaded = GlobalPowerLimitOptimizer(monitor2, Energy(), profile_path=path)

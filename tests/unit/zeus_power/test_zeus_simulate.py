@@ -29,6 +29,11 @@ def test_emulator_tables_have_the_expected_shape(tables: TraceTables) -> None:
 
 def test_tables_round_trip_as_json(tables: TraceTables) -> None:
     assert TraceTables.model_validate_json(tables.model_dump_json()) == tables
+    # The emulator's tables say so; tables of real traces (no field) read as not emulated.
+    assert tables.emulated and '"emulated":true' in tables.model_dump_json()
+    real = tables.model_copy(update={"emulated": False})
+    assert "emulated" not in real.model_dump_json()
+    assert not TraceTables.model_validate_json(real.model_dump_json()).emulated
 
 
 def test_incomplete_tables_are_rejected(tables: TraceTables) -> None:
@@ -64,6 +69,7 @@ def test_simulation_is_deterministic_and_accounts_every_trial(tables: TraceTable
     assert a.total_cost == pytest.approx(sum(h.cost for h in a.history))
     assert [h.rec_i for h in a.history if h.reached] == list(range(1, 31))
     assert all(not h.reached for h in a.history if h.batch_size == 2048)
+    assert all(h.emulated for h in a.history)  # replayed from the emulator's tables
 
 
 def test_policy_approaches_the_oracle_and_beats_the_default(tables: TraceTables) -> None:

@@ -2,7 +2,10 @@
 
 Nothing is built at import time. The lifespan builds the engine and the service, keeps
 the service on `app.state` and disposes of the engine on shutdown. Domain errors become
-HTTP statuses in one place (`_STATUS`); clients never see a traceback.
+HTTP statuses in one place (`_STATUS`); clients never see a traceback. With
+``ZEUS_BSO_TOKEN`` every route but ``GET /health`` needs ``Authorization: Bearer <token>``
+(401); bodies over ``ZEUS_BSO_MAX_BODY_BYTES`` are refused unread (413); both are
+`zeus_power.serving` middlewares, shared with the Perseus coordinator.
 """
 
 from __future__ import annotations
@@ -11,46 +14,16 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 from zeus_power.bso.server.db import make_engine
+from zeus_power.bso.server.errors import install_error_handlers
 from zeus_power.bso.server.routes import jobs
 from zeus_power.bso.server.service import BSOService
 from zeus_power.bso.server.settings import BSOSettings
-from zeus_power.errors import (
-    ZeusBSOConfigError,
-    ZeusBSOConflictError,
-    ZeusBSOError,
-    ZeusBSOJobNotFoundError,
-    ZeusBSORuntimeError,
-    ZeusBSOTrialNotFoundError,
-)
+from zeus_power.serving import BearerAuthMiddleware, BodyLimitMiddleware
 
 __all__ = ["create_app"]
-
-_STATUS: dict[type[ZeusBSOError], int] = {
-    ZeusBSOJobNotFoundError: 404,
-    ZeusBSOTrialNotFoundError: 404,
-    ZeusBSOConfigError: 409,
-    ZeusBSOConflictError: 409,
-    ZeusBSORuntimeError: 503,
-}
-
-
-def _status_of(exc: ZeusBSOError) -> int:
-    for cls in type(exc).__mro__:
-        if cls in _STATUS:
-            return _STATUS[cls]  # type: ignore[index]
-    return 400
-
-
-async def _bso_error_handler(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ZeusBSOError)
-    return JSONResponse(
-        status_code=_status_of(exc),
-        content={"detail": str(exc), "error": type(exc).__name__},
-    )
 
 
 def create_app(settings: BSOSettings | None = None) -> FastAPI:
@@ -72,10 +45,18 @@ def create_app(settings: BSOSettings | None = None) -> FastAPI:
     app = FastAPI(title="Zeus batch-size optimizer", version="1", lifespan=lifespan)
     app.state.settings = settings
     app.include_router(jobs.router)
-    app.add_exception_handler(ZeusBSOError, _bso_error_handler)
+    install_error_handlers(app)
 
     @app.get("/health", tags=["health"])
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    # Outermost: the token (ZEUS_BSO_TOKEN), then the body's size; before any route runs.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BearerAuthMiddleware,
+        token=settings.token_value,
+        open_paths=[("GET", "/health")],
+        realm="zeus-bso",
+    )
     return app

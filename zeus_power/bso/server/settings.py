@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["BSOSettings"]
@@ -26,3 +26,32 @@ class BSOSettings(BaseSettings):
     client is taken for dead) and its batch size is handed out again; a late report is
     still accepted. Checked whenever a trial is requested. Default: wait forever, as Zeus
     does; set it above the longest training run you expect."""
+    token: SecretStr | None = Field(default=None, repr=False)
+    """The shared secret every request but ``GET /health`` must present as
+    ``Authorization: Bearer <token>`` (``ZEUS_BSO_TOKEN``; at least 16 characters; clients
+    read the same variable). None: no authentication (loopback only, for `zeus_power.cli`)."""
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Request bodies larger than this are refused with 413, unread."""
+    header_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    """Seconds a connection may take to send its request headers before it is closed."""
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _check_token(cls, value: object) -> object:
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ValueError("the token must be a string")
+        value = value.strip()
+        if not value:
+            return None
+        if len(value) < 16 or any(c.isspace() for c in value) or not value.isprintable():
+            raise ValueError("the token must be at least 16 printable characters without spaces")
+        return value
+
+    @property
+    def token_value(self) -> str | None:
+        """The token in clear (for the auth middleware only; never log it)."""
+        return self.token.get_secret_value() if self.token is not None else None

@@ -269,12 +269,19 @@ def test_solve_plans_zero_bubble_from_split_rows_or_with_split_backward(tmp_path
     assert code == 0, out
     halves = "".join(
         f"{s},{k},{f},{t / 2},{e / 2}\n"
-        for s, f, t, e in ((0, 1000, 2.0, 20), (0, 500, 4.0, 12), (1, 1000, 4.0, 40), (1, 500, 8.0, 24))
+        for s, f, t, e in (
+            (0, 1000, 2.0, 20),
+            (0, 500, 4.0, 12),
+            (1, 1000, 4.0, 40),
+            (1, 500, 8.0, 24),
+        )
         for k in ("backward_input", "backward_weight")
     )
     split = tmp_path / "split.csv"
     split.write_text(GOOD + halves)
-    code, out = _run("solve", split, "-m", "3", "--schedule", "zb", "--out", tmp_path / "c", "--no-plots")
+    code, out = _run(
+        "solve", split, "-m", "3", "--schedule", "zb", "--out", tmp_path / "c", "--no-plots"
+    )
     assert code == 0, out
     assert (tmp_path / "b" / "frontier.csv").read_text() == (
         tmp_path / "c" / "frontier.csv"
@@ -370,3 +377,76 @@ def test_max_slowdown_above_one_is_refused_by_choose_and_demo(tmp_path: Path) ->
     assert code == 0, out
     code, out = _run("demo", "--out", tmp_path / "demo", "--max-slowdown", "5")
     assert code == 2 and "5 means 500 %" in " ".join(out.split()), out
+
+
+def test_solve_and_choose_offer_plans_faster_than_all_max(tmp_path: Path) -> None:
+    """Bloom's A40 top clock is power-capped: the fastest plan beats all-max (a negative
+    slowdown), and `choose --max-slowdown 0` picks the cheapest plan no slower than
+    all-max, measured against the frontier's all_max.json."""
+    from paths import SHARED_DATA
+
+    from perseus.io.plan_file import load_plan
+    from perseus.planning import Frontier
+
+    profile = SHARED_DATA / "sosp24_bloom-176b_a40_8stage.csv"
+    if not profile.is_file():
+        pytest.skip(f"reference data not present at {profile}")
+    out_dir = tmp_path / "f"
+    code, out = _run("solve", profile, "-m", "4", "--out", out_dir, "--no-plots")
+    assert code == 0, out
+    rows = {
+        cells[0]: cells
+        for line in out.splitlines()
+        if line.startswith("│")
+        for cells in [[c.strip() for c in line.strip("│ ").split("│")]]
+    }
+    slowdown = {label: float(rows[label][3].rstrip(" %")) for label in ("fastest", "no slowdown")}
+    assert slowdown["fastest"] < 0 and slowdown["no slowdown"] <= 0, rows  # vs all-max
+    frontier = Frontier.read(out_dir)
+    all_max = load_plan(out_dir / "all_max.json")
+    assert frontier.points[0].iteration_time_s < all_max.iteration_time
+    code, out = _run("choose", out_dir, "--max-slowdown", "0")
+    assert code == 0, out
+    chosen = load_plan(Path(out.strip()))
+    assert chosen.iteration_time <= all_max.iteration_time
+    assert chosen.energy == frontier.choose(max_slowdown=0.0).energy_j
+    assert chosen.energy == min(
+        p.energy_j for p in frontier.points if p.iteration_time_s <= all_max.iteration_time
+    )
+    code, out = _run("plot", "frontier", out_dir)  # marks all-max and no slowdown
+    assert code == 0 and (out_dir / "frontier.png").read_bytes()[:4] == b"\x89PNG", out
+    # A frontier directory from before all_max.json: its first row is the reference.
+    (out_dir / "all_max.json").unlink()
+    assert _run("choose", out_dir, "--max-slowdown", "0") == (
+        0,
+        f"{out_dir}/plans/plan_00000.json\n",
+    )
+    (out_dir / "all_max.json").write_text('{"iteration_time": "soon"}')
+    for command in (["choose", out_dir, "--max-slowdown", "0"], ["plot", "frontier", out_dir]):
+        code, out = _run(*command)
+        assert code == 2 and "all_max.json" in out and "Traceback" not in out, out
+
+
+def test_an_emulated_profile_is_said_so_by_solve_evaluate_and_its_plans(tmp_path: Path) -> None:
+    """`perseus profile synth` marks its rows emulated (they are the emulator's model);
+    everything made from them says so, and a profile from real GPUs says nothing."""
+    emulated = tmp_path / "emulated.csv"
+    code, out = _run("profile", "synth", "--gpu", "A40", "--stages", "2", "--out", emulated)
+    assert code == 0 and "marked emulated" in " ".join(out.split())
+    assert emulated.read_text().splitlines()[0].endswith(",emulated")
+    code, out = _run("solve", emulated, "-m", "2", "--out", tmp_path / "fr", "--no-plots")
+    assert code == 0, out
+    assert "Profile measured on emulated GPUs" in " ".join(out.split())
+    plans = sorted((tmp_path / "fr" / "plans").glob("*.json"))
+    assert plans and all(json.loads(p.read_text())["emulated"] is True for p in plans)
+    assert json.loads((tmp_path / "fr" / "all_max.json").read_text())["emulated"] is True
+    code, out = _run("evaluate", emulated, plans[0])
+    assert code == 0 and json.loads(out)["emulated"] is True
+    code, out = _run(
+        "solve", _profile(tmp_path), "-m", "2", "--out", tmp_path / "real", "--no-plots"
+    )
+    assert code == 0 and "Profile measured on emulated GPUs" not in " ".join(out.split())
+    plans = sorted((tmp_path / "real" / "plans").glob("*.json"))
+    assert all("emulated" not in json.loads(p.read_text()) for p in plans)
+    code, out = _run("evaluate", _profile(tmp_path), plans[0])
+    assert code == 0 and "emulated" not in json.loads(out)

@@ -15,7 +15,7 @@ from perseus.domain.schedule import make_schedule
 from perseus.errors import PlanError, ProfileError, ScheduleError
 from perseus.io.plan_file import load_plan, save_plan
 from perseus.io.profile_csv import load_profile
-from perseus.planning import evaluate, evaluate_plan, max_frequencies
+from perseus.planning import evaluate, evaluate_plan, make_plan, max_frequencies
 
 
 def _profile() -> InstructionProfile:
@@ -63,6 +63,22 @@ def test_plan_file_round_trip_and_format(tmp_path: Path) -> None:
     loaded = load_plan(tmp_path / "p.json")
     assert loaded == plan
     assert evaluate_plan(prof, loaded) == ev
+
+
+def test_plans_from_emulated_profiles_say_so_and_real_plan_files_are_unchanged(
+    tmp_path: Path,
+) -> None:
+    prof, sched = _profile(), make_schedule("1f1b", 2, 2)
+    freqs = max_frequencies(prof, sched)
+    real = make_plan(prof, sched, freqs, 5.0)
+    save_plan(real, tmp_path / "real.json")
+    assert "emulated" not in json.loads((tmp_path / "real.json").read_text())  # as before
+    assert load_plan(tmp_path / "real.json").emulated is False
+    prof.emulated = True  # as `from_rows` sets it for rows measured on emulated GPUs
+    plan = make_plan(prof, sched, freqs, 5.0)
+    save_plan(plan, tmp_path / "emulated.json")
+    assert json.loads((tmp_path / "emulated.json").read_text())["emulated"] is True
+    assert load_plan(tmp_path / "emulated.json") == plan and plan.emulated
 
 
 def _write_plan(tmp_path: Path, **changes: object) -> Path:

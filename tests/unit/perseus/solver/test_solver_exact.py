@@ -14,7 +14,13 @@ from scipy.optimize import linprog
 
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import make_schedule
-from perseus.planning import PipelineProblem, evaluate, solve_frontier, timeline
+from perseus.planning import (
+    PipelineProblem,
+    evaluate,
+    max_frequencies,
+    solve_frontier,
+    timeline,
+)
 from perseus.solver import SolverProblem, effective_cost_hull, solve_lp_curve
 
 P_BLOCK = 70.0
@@ -77,6 +83,61 @@ def test_against_brute_force(num_stages, num_microbatches, num_options, seed):
     for p in frontier.points:
         best = E_all[T_all <= p.iteration_time_s * (1 + 1e-9)].min()
         assert p.lower_bound_j <= best * (1 + 1e-9)
+
+
+def capped_profile(
+    rng: np.random.Generator, num_stages: int, num_options: int
+) -> InstructionProfile:
+    """`random_profile` with a power-capped top clock, as on real A40s: every (stage, kind)
+    runs 1-5 % slower at its highest frequency than at the one below it, for about the
+    same energy (so options are not monotone in frequency)."""
+    frame = random_profile(rng, num_stages, num_options).to_frame()
+    for _, rows in frame.groupby(["stage", "instruction"]):
+        top, second = rows.sort_values("frequency", ascending=False).index[:2]
+        frame.loc[top, "time"] = frame.loc[second, "time"] * rng.uniform(1.01, 1.05)
+        frame.loc[top, "energy"] = frame.loc[second, "energy"] * rng.uniform(0.97, 1.03)
+    return InstructionProfile.from_frame(frame)
+
+
+@pytest.mark.parametrize(("num_stages", "num_microbatches", "num_options"), CASES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fast_end_and_no_slowdown_against_brute_force_with_a_capped_top_clock(
+    num_stages, num_microbatches, num_options, seed
+):
+    """The frontier starts at the minimum time over every plan (not at all-max), and "no
+    slowdown" is the cheapest plan with T <= T(all-max), whatever clocks it uses."""
+    rng = np.random.default_rng(1000 * seed + 10 * num_stages + num_microbatches + 7)
+    profile = capped_profile(rng, num_stages, num_options)
+    schedule = make_schedule("1f1b", num_stages, num_microbatches)
+    problem = PipelineProblem(profile, schedule, P_BLOCK).solver
+    T_all, E_all = all_plans(problem)
+    frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK, max_points=None)
+    all_max = evaluate(profile, schedule, max_frequencies(profile, schedule), P_BLOCK)
+    assert frontier.all_max is not None
+    assert frontier.all_max.iteration_time_s == all_max.iteration_time_s
+    assert frontier.all_max.energy_j == all_max.energy_j
+
+    first = frontier.points[0]
+    assert first.iteration_time_s == T_all.min() < all_max.iteration_time_s
+    assert frontier.slowdown(first) < 0
+    at_min = E_all[T_all <= T_all.min() * (1 + 1e-12)].min()
+    assert at_min * (1 - 1e-9) <= first.energy_j <= 1.01 * at_min
+
+    no_slowdown = frontier.choose(max_slowdown=0.0)
+    fits = T_all <= all_max.iteration_time_s * (1 + 1e-9)
+    optimum = E_all[fits].min()
+    assert no_slowdown.iteration_time_s <= all_max.iteration_time_s * (1 + 1e-9)
+    assert optimum * (1 - 1e-9) <= no_slowdown.energy_j <= 1.01 * optimum
+    assert no_slowdown.energy_j == min(
+        p.energy_j
+        for p in frontier.points
+        if p.iteration_time_s <= all_max.iteration_time_s * (1 + 1e-9)
+    )
+    # Every deadline from the minimum time up, faster than all-max included.
+    for deadline in np.unique(T_all[T_all <= all_max.iteration_time_s * 1.05]):
+        best = E_all[T_all <= deadline * (1 + 1e-9)].min()
+        ours = frontier.choose(deadline_s=float(deadline)).energy_j
+        assert best * (1 - 1e-9) <= ours <= 1.01 * best, (deadline, ours, best)
 
 
 def lp_by_highs(problem: SolverProblem, deadline: float) -> float:

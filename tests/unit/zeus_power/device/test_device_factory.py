@@ -91,8 +91,17 @@ def test_nvml_without_driver_is_a_clear_init_error():
         open_gpus(backend="nvml")
 
 
-@requires_no_driver
-def test_auto_falls_back_to_the_emulator(monkeypatch):
+def test_auto_without_driver_or_opt_in_is_an_error_naming_the_opt_in(no_driver_no_opt_in):
+    """No silent fallback: `auto` (the default) with no driver refuses, naming the opt-in."""
+    for call in (lambda: open_gpus([0]), lambda: open_gpus([0], backend="auto")):
+        with pytest.raises(GPUInitError, match=r"never emulates.*ZEUS_GPU_BACKEND=emulated"):
+            call()
+
+
+def test_opting_in_gives_gpus_that_say_they_are_emulated(monkeypatch):
+    monkeypatch.setenv("ZEUS_GPU_BACKEND", "emulated")
     monkeypatch.setenv("ZEUS_EMULATED_GPU", "A40")
     gpus = open_gpus([0, 1])
     assert all(isinstance(g, EmulatedGPU) and g.spec.gpu_type == "A40" for g in gpus)
+    assert all(g.emulated for g in gpus)
+    assert [g.emulated for g in open_gpus([0], backend="emulated")] == [True]
