@@ -13,6 +13,8 @@ groups are declared here once:
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perseus.domain.kinds import MAX_PLAUSIBLE_POWER_W, MIN_PLAUSIBLE_POWER_W, SCHEDULES
@@ -68,6 +70,37 @@ class SweepArgs(SchedulerArgs):
     )
     early_stop_after: int = Field(
         default=2, ge=1, description="consecutive metric rises that stop a group's sweep"
+    )
+    sweep: Literal["coarse", "full"] = Field(
+        default="coarse",
+        description="'coarse': every coarse_step-th level first, each instruction stopped once "
+        "its energy is stop_margin above its minimum for early_stop_after levels, then (with "
+        "refine) the skipped levels next to its fastest and cheapest options and the bends of "
+        "its time-energy hull, by bisection; 'full': every level, each instruction stopped "
+        "after early_stop_after energy rises in a row",
+    )
+    coarse_step: int = Field(
+        default=4,
+        ge=1,
+        description="the coarse pass measures every coarse_step-th supported clock (every "
+        "level when freq_step is as coarse)",
+    )
+    stop_margin: float = Field(
+        default=0.03,
+        ge=0.0,
+        le=1.0,
+        description="coarse pass: relative energy above the instruction's minimum so far that "
+        "counts as past its energy-optimal clock (above measurement noise)",
+    )
+    refine: bool = Field(
+        default=True, description="coarse sweep: measure skipped levels where they matter"
+    )
+    refine_tolerance: float = Field(
+        default=0.0005,
+        ge=0.0,
+        le=1.0,
+        description="coarse sweep: the relative energy a skipped level may save below the line "
+        "between its measured neighbours before it is worth measuring",
     )
 
 

@@ -86,7 +86,8 @@ class Perseus(PlanningScheduler):
     Args (``PERSEUS_SCHEDULER_ARGS``): `num_microbatches`, `schedule` (default "1f1b"),
     `max_slowdown` (default 0.0), `deadline` (seconds, overrides `max_slowdown`),
     `p2p_power` (W), `profile_path` (a profile CSV to use instead of sweeping), the sweep's
-    `warmup_rounds`, `freq_step`, `min_frequency`, `early_stop_after`, and
+    `warmup_rounds`, `freq_step`, `min_frequency`, `early_stop_after`, `sweep` (default
+    "coarse"), `coarse_step`, `stop_margin`, `refine`, `refine_tolerance`, and
     `straggler_threshold` (default 0.05), `straggler_rounds` (default 2).
     """
 

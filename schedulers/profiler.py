@@ -18,7 +18,8 @@ class ProfilerArgs(PipelineArgs, SweepArgs):
 class InstructionProfiler(PipelineScheduler):
     """Sweep SM frequencies high → low over rounds, then keep the job at max frequency.
 
-    Each sweep round runs every still-active (stage, instruction) at one frequency, for
+    Each coarse or full sweep round runs every still-active (stage, instruction) at one
+    frequency (each at its own during the coarse sweep's refinement), for
     every pipeline (virtual) stage and every kind the job's schedule runs (forward,
     backward, or a split backward's backward_input and backward_weight); the
     per-instruction numbers are the mean over the window's iterations and occurrences,
@@ -38,7 +39,10 @@ class InstructionProfiler(PipelineScheduler):
         warmup_rounds: Rounds at max frequency before measuring (default 1).
         freq_step: Profile every `freq_step`-th available frequency (default 1: all).
         min_frequency: Lowest frequency to profile, MHz (default: the lowest available).
-        early_stop_after: Consecutive energy rises that stop an instruction (default 2).
+        early_stop_after: Consecutive energy rises (``full``) or levels above the minimum
+            (``coarse``) that stop an instruction (default 2).
+        sweep: ``"coarse"`` (default: coarse clocks, then bisection where the hull bends) or
+            ``"full"``; with `coarse_step`, `stop_margin`, `refine`, `refine_tolerance`.
     """
 
     Args = ProfilerArgs

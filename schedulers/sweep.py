@@ -19,6 +19,29 @@ runs at the **maximum** frequency for the rest of the sweep: it keeps the profil
 as fast as possible and never touches frequencies already shown to waste energy. A round
 in which some rank did not report is repeated (same step); `max_missing_rounds`
 incomplete rounds in a row are an error naming the silent ranks.
+
+The ``coarse`` sweep (`SweepArgs.sweep`, the default) cuts the rounds a profile costs:
+
+```
+WARMUP ──▶ SWEEP (every coarse_step-th clock, high → low) ──▶ REFINE ──▶ DONE
+```
+
+Its SWEEP measures every ``coarse_step``-th supported clock (every level when ``freq_step``
+is that coarse already) and stops an instruction once its energy has been more than
+``stop_margin`` above its minimum so far for ``early_stop_after`` levels in a row: past its
+energy-optimal clock, measured against the minimum rather than the previous level, so that
+the noise of a power-capped plateau
+(energies a few percent apart in any order) does not stop it at the top, as it stops the
+``full`` sweep on the real Bloom A40 profile. REFINE (``refine``, on by default) then
+measures, per instruction, only skipped levels next to the points that shape its
+time–energy hull, by bisection (`refine_levels`): around the fastest and the cheapest
+option, and around vertices where the hull bends enough that a skipped level could lie
+more than ``refine_tolerance`` below the line between its measured neighbours. Where the
+hull is straight, skipped levels would give the solver nothing new. Each REFINE round
+runs every instruction at its own next level (the others at max), so REFINE takes as
+many rounds as the instruction with the most levels to measure. Grouped sweeps (the Zeus
+baselines measure a whole round at one clock) use ``full``. Figures:
+``benchmarks/bench_profiling_cost.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +49,7 @@ from __future__ import annotations
 import enum
 import logging
 import statistics
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
 from perseus.domain.kinds import INSTRUCTIONS
@@ -36,7 +59,7 @@ from perseus.protocol import InstructionProfilingResult, OfflineProfilingResult
 from schedulers.args import SweepArgs
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 
-__all__ = ["InstructionSweep", "SweepPhase"]
+__all__ = ["InstructionSweep", "SweepPhase", "coarse_levels", "refine_levels"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +71,7 @@ class SweepPhase(enum.Enum):
 
     WARMUP = "warmup"
     SWEEP = "sweep"
+    REFINE = "refine"
     DONE = "done"
 
 
@@ -58,6 +82,70 @@ def _default_group(stage: int, instruction: str) -> Hashable:
 def _default_metric(group: Hashable, m: RoundMeasurement) -> float:
     stage, instruction = group  # type: ignore[misc]
     return m.virtual_stages[stage].energy_j[instruction]
+
+
+def coarse_levels(levels: Sequence[int], step: int) -> list[int]:
+    """Every `step`-th of `levels` (descending) from the top. The few below the last one are
+    left to REFINE, which bisects them only if the instruction is cheapest there."""
+    return list(levels[::step])
+
+
+def _lower_hull(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
+    """The Pareto set's lower convex hull: (time, energy, freq), fastest first."""
+    pareto: list[tuple[float, float, int]] = []
+    for p in sorted(points):
+        if not pareto or p[1] < pareto[-1][1]:
+            pareto.append(p)
+    hull: list[tuple[float, float, int]] = []
+    for p in pareto:
+        while len(hull) >= 2:
+            (t0, e0, _), (t1, e1, _) = hull[-2], hull[-1]
+            if (t1 - t0) * (p[1] - e0) - (e1 - e0) * (p[0] - t0) > 0:
+                break
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def refine_levels(
+    measured: Mapping[int, tuple[float, float]], levels: Sequence[int], tolerance: float
+) -> list[int]:
+    """The next levels worth measuring for one instruction, descending ([]: done).
+
+    `measured`: frequency → (time s, energy J) so far; `levels`: every level the sweep may
+    run. The solver plans with an instruction's Pareto options; along a straight stretch of
+    their lower convex hull a skipped level can only add a point near the line, so skipped
+    levels are measured only next to the hull vertices that matter, by bisection: the
+    middle skipped level between such a vertex and each of its measured neighbours (in
+    frequency). The vertices: the fastest (the critical path runs it) and the cheapest
+    (slack is filled down to it), until their neighbours are adjacent levels, and every
+    other vertex whose energy lies more than ``4·tolerance`` (relative) below the chord of
+    its hull neighbours: a curve bending that much over two gaps may lie about
+    `tolerance` below the chord inside each gap (a parabola's sag over one gap is a quarter
+    of its sag over two). Call again with the new points until it returns [].
+    """
+    if len(measured) < 2:
+        return []
+    hull = _lower_hull([(t, e, f) for f, (t, e) in measured.items()])
+    chosen = {hull[0][2], hull[-1][2]}
+    for (t0, e0, _), (t, e, f), (t1, e1, _) in zip(hull, hull[1:], hull[2:], strict=False):
+        chord = e0 + (e1 - e0) * (t - t0) / (t1 - t0)
+        if chord - e > 4.0 * tolerance * e:
+            chosen.add(f)
+    freqs = sorted(measured, reverse=True)
+    out: set[int] = set()
+    cheapest = hull[-1][2]
+    for f in chosen:
+        k = freqs.index(f)
+        higher = freqs[k - 1] if k > 0 else f
+        # Below the lowest point measured only when it is the cheapest: the coarse pass
+        # ended there without seeing the energy rise.
+        lower = freqs[k + 1] if k + 1 < len(freqs) else (0 if f == cheapest else f)
+        for lo, hi in ((f, higher), (lower, f)):
+            skipped = [lv for lv in levels if lo < lv < hi]
+            if skipped:
+                out.add(skipped[len(skipped) // 2])
+    return sorted(out, reverse=True)
 
 
 class InstructionSweep:
@@ -91,7 +179,25 @@ class InstructionSweep:
             )
         floor = freqs[-1] if min_frequency is None else min_frequency
         self.levels: list[int] = [f for f in freqs[:: args.freq_step] if f >= floor]
-        """Frequencies profiled, descending; levels[0] is the maximum."""
+        """Frequencies that may be profiled, descending; levels[0] is the maximum."""
+        self.coarse = args.sweep == "coarse"
+        if self.coarse and (group is not _default_group or metric is not _default_metric):
+            raise ConfigurationError(
+                "The coarse sweep measures each instruction on its own; a grouped sweep "
+                "(one clock per round for a whole group) needs sweep='full'"
+            )
+        # coarse_step counts the GPU's clocks: with freq_step ≥ coarse_step the levels are
+        # coarse already and the pass takes them all.
+        step = max(1, round(args.coarse_step / args.freq_step))
+        self.pass_levels: list[int] = (
+            coarse_levels(self.levels, step) if self.coarse else self.levels
+        )
+        """The SWEEP phase's levels, one per round (every level for ``full``)."""
+        self.stop_margin = args.stop_margin
+        self.refine = args.refine
+        self.refine_tolerance = args.refine_tolerance
+        self.pending: dict[tuple[int, str], list[int]] = {}
+        """REFINE: per (stage, kind), the levels still to measure, descending."""
         self.scheduler = scheduler
         self.phase = SweepPhase.WARMUP if args.warmup_rounds else SweepPhase.SWEEP
         self.warmup_left = args.warmup_rounds
@@ -126,7 +232,9 @@ class InstructionSweep:
 
     def _freq_of(self, stage: int, name: str) -> int:
         if self.phase is SweepPhase.SWEEP and self._group(stage, name) in self.active:
-            return self.levels[self.step]
+            return self.pass_levels[self.step]
+        if self.phase is SweepPhase.REFINE and self.pending.get((stage, name)):
+            return self.pending[stage, name][0]
         return self.levels[0]
 
     def current_plan(self) -> StagePlan:
@@ -162,9 +270,12 @@ class InstructionSweep:
             case SweepPhase.SWEEP:
                 self._missing = 0
                 self._record(m)
+            case SweepPhase.REFINE:
+                self._missing = 0
+                self._record_refine(m)
 
     def _record(self, m: RoundMeasurement) -> None:
-        freq = self.levels[self.step]
+        freq = self.pass_levels[self.step]
         self.measurements[freq] = m
         if self.step == 0 and m.p2p_power_w is not None:
             self.p2p_samples.append(m.p2p_power_w)
@@ -175,7 +286,13 @@ class InstructionSweep:
                 self.energy_j.setdefault((stage, name), {})[freq] = vs.energy_j[name]
             value = self._metric(g, m)
             hist = self.history[g]
-            self._rises[g] = self._rises[g] + 1 if hist and value > hist[-1][1] else 0
+            if self.coarse:
+                # Past the optimum: above the minimum so far by more than the noise margin.
+                best = min((v for _, v in hist), default=value)
+                above = value > best * (1.0 + self.stop_margin)
+            else:
+                above = bool(hist) and value > hist[-1][1]
+            self._rises[g] = self._rises[g] + 1 if above else 0
             hist.append((freq, value))
             if self._rises[g] >= self.early_stop_after:
                 logger.info(
@@ -187,9 +304,46 @@ class InstructionSweep:
                 )
                 self.active.discard(g)
         self.step += 1
-        if self.step >= len(self.levels) or not self.active:
+        if self.step >= len(self.pass_levels) or not self.active:
             self.active.clear()
             self.phase = SweepPhase.DONE
+            if self.coarse and self.refine:
+                self._start_refine()
+
+    def _start_refine(self) -> None:
+        for unit in self.units:
+            levels = self._refine_next(unit)
+            if levels:
+                self.pending[unit] = levels
+        if self.pending:
+            self.phase = SweepPhase.REFINE
+            logger.info(
+                "Job %s: coarse pass done after %d round(s); refining %d instruction(s)",
+                self.scheduler.job_info.job_id,
+                self.step,
+                len(self.pending),
+            )
+
+    def _record_refine(self, m: RoundMeasurement) -> None:
+        for unit, left in list(self.pending.items()):
+            stage, name = unit
+            freq = left.pop(0)
+            vs = m.virtual_stages[stage]
+            self.time_s[unit][freq] = vs.time_s[name]
+            self.energy_j[unit][freq] = vs.energy_j[name]
+            if not left:
+                more = self._refine_next(unit)
+                if more:
+                    self.pending[unit] = more
+                else:
+                    del self.pending[unit]
+        if not self.pending:
+            self.phase = SweepPhase.DONE
+
+    def _refine_next(self, unit: tuple[int, str]) -> list[int]:
+        energy = self.energy_j.get(unit, {})
+        points = {f: (t, energy[f]) for f, t in self.time_s.get(unit, {}).items()}
+        return refine_levels(points, self.levels, self.refine_tolerance)
 
     # ------------------------------------------------------------------ products
     def p2p_power_w(self) -> float | None:
@@ -203,8 +357,11 @@ class InstructionSweep:
         data: dict[int, dict[str, dict[int, float]]] = {}
         for stage, name in self.units:
             entry = data.setdefault(stage, {})
-            entry[f"{name}_time"] = dict(self.time_s.get((stage, name), {}))
-            entry[f"{name}_energy"] = dict(self.energy_j.get((stage, name), {}))
+            # Descending frequency, whatever order the levels were measured in.
+            entry[f"{name}_time"] = dict(sorted(self.time_s.get((stage, name), {}).items())[::-1])
+            entry[f"{name}_energy"] = dict(
+                sorted(self.energy_j.get((stage, name), {}).items())[::-1]
+            )
         entries = []
         for stage, fields in sorted(data.items()):
             pp = pipeline.stage_ranks[stage]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable
+from typing import Literal
 
 from pydantic import Field
 
@@ -35,6 +36,11 @@ class ZeusArgs(PipelineArgs, SweepArgs):
     eta_knob: float = Field(default=0.5, ge=0.0, le=1.0, description="energy vs time weight")
     max_power_w: float | None = Field(
         default=None, gt=0.0, description="per-GPU MaxPower, W (None: measured at all-max)"
+    )
+    sweep: Literal["full"] = Field(
+        default="full",
+        description="Zeus measures whole rounds (a stage or the job) at one clock per level: "
+        "only the full sweep",
     )
 
 

@@ -30,7 +30,8 @@ def profiled(tmp_path_factory):
     )
     with Coordinator(
         scheduler="InstructionProfiler",
-        scheduler_args={"num_microbatches": 2, "freq_step": 10},
+        # The full sweep: this checks its high → low order (the coarse one refines after).
+        scheduler_args={"num_microbatches": 2, "freq_step": 10, "sweep": "full"},
         dump_dir=tmp / "dump",
         log_path=tmp / "coordinator.log",
     ) as coordinator:

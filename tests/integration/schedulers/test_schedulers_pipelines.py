@@ -62,7 +62,7 @@ def _units(schedule: PipelineSchedule) -> set[tuple[int, str]]:
 def test_profiler_writes_every_virtual_stage_and_kind_of_the_schedule(tmp_path, name):
     schedule = PIPELINES[name]()
     truth = GroundTruth(TRUTH[: schedule.num_virtual_stages])
-    args = {"warmup_rounds": 1, "freq_step": 4, "early_stop_after": 99}
+    args = {"warmup_rounds": 1, "freq_step": 4, "early_stop_after": 99, "sweep": "full"}
     with running_server(settings(tmp_path, "InstructionProfiler", **args)) as url:
         job = SimulatedJob(url, truth, schedule=schedule)
         history = job.run_sync(len(LEVELS) + 2)

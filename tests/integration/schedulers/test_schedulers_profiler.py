@@ -26,7 +26,7 @@ def profiler_settings(tmp_path, **args) -> PerseusSettings:
 
 def test_sweep_warms_up_strides_and_writes_the_true_profile(tmp_path):
     truth = GroundTruth([0.010, 0.014, 0.012])
-    args = {"warmup_rounds": 2, "freq_step": 2, "min_frequency": 900}
+    args = {"warmup_rounds": 2, "freq_step": 2, "min_frequency": 900, "sweep": "full"}
     with running_server(profiler_settings(tmp_path, **args)) as url:
         job = SimulatedJob(url, truth, pp=3, num_microbatches=M)
         history = job.run_sync(9)
@@ -53,7 +53,8 @@ def test_sweep_warms_up_strides_and_writes_the_true_profile(tmp_path):
 def test_early_stop_per_stage_and_instruction(tmp_path):
     # A compute-bound stage's energy turns up at a higher frequency than a memory-bound one's.
     truth = GroundTruth([0.01, 0.01], memory_fraction=[0.0, 0.5])
-    with running_server(profiler_settings(tmp_path, warmup_rounds=0, early_stop_after=2)) as url:
+    args = {"warmup_rounds": 0, "early_stop_after": 2, "sweep": "full"}
+    with running_server(profiler_settings(tmp_path, **args)) as url:
         job = SimulatedJob(url, truth, pp=2, num_microbatches=M)
         history = job.run_sync(len(FREQS) + 1)
     profile = load_profile(tmp_path / job.job_id / "instruction_profile.csv")
@@ -102,7 +103,7 @@ def test_3d_parallelism_time_is_max_energy_sums_tp_of_first_pipeline(tmp_path):
 
 
 def test_missing_results_repeat_the_step_then_fail_naming_the_problem(tmp_path):
-    with running_server(profiler_settings(tmp_path, warmup_rounds=0)) as url:
+    with running_server(profiler_settings(tmp_path, warmup_rounds=0, sweep="full")) as url:
         job = SimulatedJob(url, GroundTruth([0.01, 0.01]), pp=2, num_microbatches=M)
 
         async def main():

@@ -30,7 +30,9 @@ def test_switching_perseus_scheduler_switches_behaviour(monkeypatch, tmp_path):
     monkeypatch.setenv("PERSEUS_DUMP_DIR", str(tmp_path))
     all_max = run_with_env(monkeypatch, "AllMaxFrequency", '{"num_microbatches": 2}')
     profiler = run_with_env(
-        monkeypatch, "InstructionProfiler", '{"num_microbatches": 2, "warmup_rounds": 0}'
+        monkeypatch,
+        "InstructionProfiler",
+        '{"num_microbatches": 2, "warmup_rounds": 0, "sweep": "full"}',
     )
     assert all(set(stage_freqs(h, 0)) == {1500} for h in all_max.history)
     assert [stage_freqs(h, 0)[0] for h in profiler.history] == [1500, 1425, 1350]
