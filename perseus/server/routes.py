@@ -31,7 +31,10 @@ from perseus.server.auth import hash_token, new_job_token
 from perseus.server.errors import error_responses
 from perseus.server.job_manager import JobManager
 
-__all__ = ["StragglerReport", "router"]
+__all__ = ["MAX_STRAGGLER_SLOWDOWN", "StragglerReport", "router"]
+
+MAX_STRAGGLER_SLOWDOWN = 100.0
+"""A pipeline 100× slower than normal has failed, not straggled: larger factors are refused."""
 
 
 class StragglerReport(BaseModel):
@@ -39,11 +42,12 @@ class StragglerReport(BaseModel):
 
     Attributes:
         dp_rank: The data-parallel pipeline that is slow.
-        slowdown: Its iteration time as a factor of its normal time (>= 1.0; 1.0 = recovered).
+        slowdown: Its iteration time as a factor of its normal time (1.0 to
+            `MAX_STRAGGLER_SLOWDOWN`; 1.0 = recovered).
     """
 
     dp_rank: int = Field(ge=0)
-    slowdown: float = Field(ge=1.0, allow_inf_nan=False)
+    slowdown: float = Field(ge=1.0, le=MAX_STRAGGLER_SLOWDOWN, allow_inf_nan=False)
 
 
 async def get_job_manager(request: Request) -> JobManager:

@@ -187,6 +187,8 @@ def test_straggler_statuses(client):
     job_id = register(client, 1, 2)
     r = client.post(f"/straggler/{job_id}", json={"dp_rank": 0, "slowdown": 0.5})
     assert r.status_code == 422
+    r = client.post(f"/straggler/{job_id}", json={"dp_rank": 0, "slowdown": 1e300})
+    assert r.status_code == 422 and "less than or equal to 100" in r.text, r.text
     r = client.post(f"/straggler/{job_id}", json={"dp_rank": 0, "slowdown": 1.2})
     assert r.status_code == 400 and "does not handle straggler" in r.json()["detail"]
 
