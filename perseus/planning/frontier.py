@@ -354,9 +354,11 @@ def solve_frontier(
         compute_energy_j=solution.reference_compute_energy_j,
     )
     if switch_latency_s > 0:
-        points = [_with_switching(problem, p, switch_latency_s) for p in points]
-        points = _pareto(points)
         all_max = _with_switching(problem, all_max, switch_latency_s)
+        # All-max changes no clock: with switching it may beat every point near the fast end.
+        points = _pareto(
+            [all_max, *(_with_switching(problem, p, switch_latency_s) for p in points)]
+        )
     stats = {**solution.stats, "wall_s": time.perf_counter() - t0}
     return Frontier(
         points,
@@ -383,6 +385,52 @@ def _with_switching(problem: PipelineProblem, p: FrontierPoint, latency_s: float
         freqs,
         compute_energy_j=ev.compute_energy_j,
     )
+
+
+def _flattened(
+    problem: PipelineProblem, points: list[FrontierPoint], latency_s: float
+) -> list[FrontierPoint]:
+    """Every point with each rank at its highest planned clock (no changes), re-scored."""
+    from perseus.planning.switching import flatten_frequencies
+
+    out: list[FrontierPoint] = []
+    seen: set[tuple[int, ...]] = set()
+    for p in points:
+        freqs = flatten_frequencies(problem, p.frequencies)
+        key = tuple(f[0] for f in freqs if f) if freqs is not None else None
+        if freqs is None or key is None or key in seen:
+            continue
+        seen.add(key)
+        ev = problem.evaluate(freqs, switch_latency_s=latency_s)
+        out.append(
+            FrontierPoint(
+                ev.iteration_time_s,
+                ev.energy_j,
+                p.lower_bound_j,
+                freqs,
+                compute_energy_j=ev.compute_energy_j,
+            )
+        )
+    return out
+
+
+def _rank_clock_points(problem: PipelineProblem, latency_s: float) -> list[FrontierPoint]:
+    """Plans with one clock per rank (`perseus.planning.switching.rank_clock_plans`)."""
+    from perseus.planning.switching import rank_clock_plans
+
+    out: list[FrontierPoint] = []
+    for freqs in rank_clock_plans(problem, latency_s):
+        ev = problem.evaluate(freqs, switch_latency_s=latency_s)
+        out.append(
+            FrontierPoint(
+                ev.iteration_time_s,
+                ev.energy_j,
+                math.nan,
+                freqs,
+                compute_energy_j=ev.compute_energy_j,
+            )
+        )
+    return out
 
 
 def _pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:

@@ -34,7 +34,13 @@ from perseus.domain.plan import Evaluation, clock_changes
 if TYPE_CHECKING:
     from perseus.planning.problem import PipelineProblem
 
-__all__ = ["clock_changes", "repair_frequencies", "switching_accounting"]
+__all__ = [
+    "clock_changes",
+    "flatten_frequencies",
+    "rank_clock_plans",
+    "repair_frequencies",
+    "switching_accounting",
+]
 
 
 def _option(pp: PipelineProblem, node: int, freq_mhz: int) -> tuple[float, float]:
@@ -107,11 +113,13 @@ def switching_accounting(
 def repair_frequencies(
     pp: PipelineProblem, frequencies: list[list[int]], latency_s: float
 ) -> list[list[int]]:
-    """`frequencies` without the changes it cannot reach in time.
+    """`frequencies` with every change reachable in time.
 
     A change down into an instruction that lasts less than `latency_s` at the clock in
     force would complete only during a later instruction: the instruction keeps the clock
-    in force instead (faster; the plan gives up a saving it could not have had).
+    in force instead (faster; the plan gives up a saving it could not have had). A change
+    up is asked for early: the instructions before it, back to `latency_s` of their time,
+    take the higher clock, so the instruction it was planned for starts at its clock.
     """
     if latency_s <= 0:
         return [list(f) for f in frequencies]
@@ -125,5 +133,81 @@ def repair_frequencies(
             if f < cur and cur in o.label and _option(pp, int(node), cur)[0] < latency_s:
                 fixed[k] = cur
             cur = fixed[k]
+        # A change up would run the instruction's first L at the lower clock, slower than
+        # planned: ask for it earlier instead, from the instructions before (at most L of
+        # them), which then run partly faster than planned, never slower.
+        for k in range(1, len(fixed)):
+            want = fixed[k]
+            need = latency_s
+            j = k - 1
+            while j >= 0 and need > 0 and fixed[j] < want:
+                labels = pp.solver.type_options[pp.solver.type_of[int(idx[j])]].label
+                if want not in labels:
+                    break
+                need -= _option(pp, int(idx[j]), fixed[j])[0]
+                fixed[j] = want
+                j -= 1
         out.append(fixed)
+    return out
+
+
+def flatten_frequencies(
+    pp: PipelineProblem, frequencies: list[list[int]]
+) -> list[list[int]] | None:
+    """`frequencies` with every rank at one clock, the highest it plans: no clock changes,
+    and no instruction slower than planned. None when a rank's highest clock was not
+    profiled for every kind it runs."""
+    out: list[list[int]] = []
+    for idx, freqs in zip(pp.stage_index, frequencies, strict=True):
+        top = max(int(f) for f in freqs) if len(freqs) else 0
+        for node in idx:
+            if top not in pp.solver.type_options[pp.solver.type_of[int(node)]].label:
+                return None
+        out.append([top] * len(freqs))
+    return out
+
+
+def rank_clock_plans(
+    pp: PipelineProblem, latency_s: float, slowdowns: tuple[float, ...] = (0.0, 0.02, 0.05, 0.1)
+) -> list[list[list[int]]]:
+    """Plans with one clock per rank (no clock changes at all), one per slowdown.
+
+    For each allowed slowdown of the all-max plan, start from all-max and lower one rank's
+    clock at a time, the least busy rank first, while the iteration stays within the
+    allowed time and the energy falls (the clocks every kind of the rank was profiled at).
+    Off the critical rank, such plans keep most of the saving of per-instruction plans
+    and pay no switching at all.
+    """
+    ranks = len(pp.stage_index)
+    clocks: list[list[int]] = []
+    for idx in pp.stage_index:
+        common: set[int] | None = None
+        for node in idx:
+            labels = {int(x) for x in pp.solver.type_options[pp.solver.type_of[int(node)]].label}
+            common = labels if common is None else common & labels
+        clocks.append(sorted(common or set(), reverse=True))
+    if any(not c for c in clocks):
+        return []
+    sizes = [len(idx) for idx in pp.stage_index]
+
+    def plan(level: list[int]) -> list[list[int]]:
+        return [[clocks[r][level[r]]] * sizes[r] for r in range(ranks)]
+
+    base = pp.evaluate(plan([0] * ranks), switch_latency_s=latency_s)
+    busy = pp.stage_busy_s(plan([0] * ranks))
+    order = sorted(range(ranks), key=lambda r: busy[r])
+    out: list[list[list[int]]] = []
+    for slowdown in slowdowns:
+        limit = base.iteration_time_s * (1 + slowdown) * (1 + 1e-9)
+        level = [0] * ranks
+        energy = base.energy_j
+        for r in order:
+            while level[r] + 1 < len(clocks[r]):
+                level[r] += 1
+                ev = pp.evaluate(plan(level), switch_latency_s=latency_s)
+                if ev.iteration_time_s > limit or ev.energy_j >= energy:
+                    level[r] -= 1
+                    break
+                energy = ev.energy_j
+        out.append(plan(level))
     return out
