@@ -355,9 +355,14 @@ def solve_frontier(
     )
     if switch_latency_s > 0:
         all_max = _with_switching(problem, all_max, switch_latency_s)
-        # All-max changes no clock: with switching it may beat every point near the fast end.
+        # Each point repaired both ways (see `repair_frequencies`); all-max, which changes
+        # no clock, may beat every point near the fast end once changes cost time.
         points = _pareto(
-            [all_max, *(_with_switching(problem, p, switch_latency_s) for p in points)]
+            [
+                all_max,
+                *(_with_switching(problem, p, switch_latency_s) for p in points),
+                *(_with_switching(problem, p, switch_latency_s, hoist=False) for p in points),
+            ]
         )
     stats = {**solution.stats, "wall_s": time.perf_counter() - t0}
     return Frontier(
@@ -372,11 +377,13 @@ def solve_frontier(
     )
 
 
-def _with_switching(problem: PipelineProblem, p: FrontierPoint, latency_s: float) -> FrontierPoint:
+def _with_switching(
+    problem: PipelineProblem, p: FrontierPoint, latency_s: float, *, hoist: bool = True
+) -> FrontierPoint:
     """`p` repaired and re-scored with clock changes taking `latency_s`."""
     from perseus.planning.switching import repair_frequencies
 
-    freqs = repair_frequencies(problem, p.frequencies, latency_s)
+    freqs = repair_frequencies(problem, p.frequencies, latency_s, hoist=hoist)
     ev = problem.evaluate(freqs, switch_latency_s=latency_s)
     return FrontierPoint(
         ev.iteration_time_s,
@@ -385,52 +392,6 @@ def _with_switching(problem: PipelineProblem, p: FrontierPoint, latency_s: float
         freqs,
         compute_energy_j=ev.compute_energy_j,
     )
-
-
-def _flattened(
-    problem: PipelineProblem, points: list[FrontierPoint], latency_s: float
-) -> list[FrontierPoint]:
-    """Every point with each rank at its highest planned clock (no changes), re-scored."""
-    from perseus.planning.switching import flatten_frequencies
-
-    out: list[FrontierPoint] = []
-    seen: set[tuple[int, ...]] = set()
-    for p in points:
-        freqs = flatten_frequencies(problem, p.frequencies)
-        key = tuple(f[0] for f in freqs if f) if freqs is not None else None
-        if freqs is None or key is None or key in seen:
-            continue
-        seen.add(key)
-        ev = problem.evaluate(freqs, switch_latency_s=latency_s)
-        out.append(
-            FrontierPoint(
-                ev.iteration_time_s,
-                ev.energy_j,
-                p.lower_bound_j,
-                freqs,
-                compute_energy_j=ev.compute_energy_j,
-            )
-        )
-    return out
-
-
-def _rank_clock_points(problem: PipelineProblem, latency_s: float) -> list[FrontierPoint]:
-    """Plans with one clock per rank (`perseus.planning.switching.rank_clock_plans`)."""
-    from perseus.planning.switching import rank_clock_plans
-
-    out: list[FrontierPoint] = []
-    for freqs in rank_clock_plans(problem, latency_s):
-        ev = problem.evaluate(freqs, switch_latency_s=latency_s)
-        out.append(
-            FrontierPoint(
-                ev.iteration_time_s,
-                ev.energy_j,
-                math.nan,
-                freqs,
-                compute_energy_j=ev.compute_energy_j,
-            )
-        )
-    return out
 
 
 def _pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:

@@ -12,8 +12,8 @@ during what follows. Upward changes thus cost time, downward ones cost energy.
 order, tracks each rank's clock in force and pending switch, and replaces every
 instruction's profiled (time, energy) by its two-clock one; iteration time and energy then
 follow as in `perseus.planning.problem` (``E = Σ eᵢ + P_block · (S·T − Σ tᵢ)``). Each rank
-repeats its schedule, so the clock in force at an iteration's start is that of the rank's
-last instruction.
+repeats its schedule, so an iteration starts with the clock (or the switch under way) that
+the rank's last instructions left: the walk runs two iterations and reports the second.
 
 `repair_frequencies` removes the changes that cannot be reached in time: a change down
 into an instruction shorter than ``L`` would only land on a later one, so the instruction
@@ -34,13 +34,7 @@ from perseus.domain.plan import Evaluation, clock_changes
 if TYPE_CHECKING:
     from perseus.planning.problem import PipelineProblem
 
-__all__ = [
-    "clock_changes",
-    "flatten_frequencies",
-    "rank_clock_plans",
-    "repair_frequencies",
-    "switching_accounting",
-]
+__all__ = ["clock_changes", "repair_frequencies", "switching_accounting"]
 
 
 def _option(pp: PipelineProblem, node: int, freq_mhz: int) -> tuple[float, float]:
@@ -72,27 +66,33 @@ def switching_durations(
     start = np.zeros(n)
     dur = np.empty(n)
     energy = np.empty(n)
-    for i in range(n):
-        s = float(finish[preds[i]].max())
-        r = int(rank_of[i])
-        f = int(label[i])
-        if f != target[r]:
-            before[r] = before[r] if s < switch_at[r] else target[r]
-            target[r] = f
-            switch_at[r] = s + latency_s
-        lag = switch_at[r] - s
-        d, e = float(time0[i]), float(energy0[i])
-        if lag > 0 and before[r] != f:
-            t_old, e_old = _option(pp, i, before[r])
-            if t_old <= lag:
-                d, e = t_old, e_old
-            else:
-                left = 1.0 - lag / t_old
-                d, e = lag + left * d, e_old / t_old * lag + left * e
-        start[i] = s
-        dur[i] = d
-        energy[i] = e
-        finish[i] = s + d
+    # Two passes: the second iteration starts with the clocks the first left, a switch
+    # asked for near its end possibly still under way (a latency longer than the last
+    # instructions); the second is the steady state reported.
+    for _ in range(2):
+        for i in range(n):
+            s = float(finish[preds[i]].max())
+            r = int(rank_of[i])
+            f = int(label[i])
+            if f != target[r]:
+                before[r] = before[r] if s < switch_at[r] else target[r]
+                target[r] = f
+                switch_at[r] = s + latency_s
+            lag = switch_at[r] - s
+            d, e = float(time0[i]), float(energy0[i])
+            if lag > 0 and before[r] != f:
+                t_old, e_old = _option(pp, i, before[r])
+                if t_old <= lag:
+                    d, e = t_old, e_old
+                else:
+                    left = 1.0 - lag / t_old
+                    d, e = lag + left * d, e_old / t_old * lag + left * e
+            start[i] = s
+            dur[i] = d
+            energy[i] = e
+            finish[i] = s + d
+        end = float(finish[:n].max()) if n else 0.0
+        switch_at = [t - end for t in switch_at]
     return start, dur, energy
 
 
@@ -111,7 +111,7 @@ def switching_accounting(
 
 
 def repair_frequencies(
-    pp: PipelineProblem, frequencies: list[list[int]], latency_s: float
+    pp: PipelineProblem, frequencies: list[list[int]], latency_s: float, *, hoist: bool = True
 ) -> list[list[int]]:
     """`frequencies` with every change reachable in time.
 
@@ -119,7 +119,9 @@ def repair_frequencies(
     force would complete only during a later instruction: the instruction keeps the clock
     in force instead (faster; the plan gives up a saving it could not have had). A change
     up is asked for early: the instructions before it, back to `latency_s` of their time,
-    take the higher clock, so the instruction it was planned for starts at its clock.
+    take the higher clock, so the instruction it was planned for starts at its clock
+    (`hoist`; it costs the energy of those instructions' faster part, and cancels a dip of
+    one short instruction altogether, so the frontier tries plans both ways).
     """
     if latency_s <= 0:
         return [list(f) for f in frequencies]
@@ -136,7 +138,7 @@ def repair_frequencies(
         # A change up would run the instruction's first L at the lower clock, slower than
         # planned: ask for it earlier instead, from the instructions before (at most L of
         # them), which then run partly faster than planned, never slower.
-        for k in range(1, len(fixed)):
+        for k in range(1, len(fixed) if hoist else 0):
             want = fixed[k]
             need = latency_s
             j = k - 1
@@ -148,66 +150,4 @@ def repair_frequencies(
                 fixed[j] = want
                 j -= 1
         out.append(fixed)
-    return out
-
-
-def flatten_frequencies(
-    pp: PipelineProblem, frequencies: list[list[int]]
-) -> list[list[int]] | None:
-    """`frequencies` with every rank at one clock, the highest it plans: no clock changes,
-    and no instruction slower than planned. None when a rank's highest clock was not
-    profiled for every kind it runs."""
-    out: list[list[int]] = []
-    for idx, freqs in zip(pp.stage_index, frequencies, strict=True):
-        top = max(int(f) for f in freqs) if len(freqs) else 0
-        for node in idx:
-            if top not in pp.solver.type_options[pp.solver.type_of[int(node)]].label:
-                return None
-        out.append([top] * len(freqs))
-    return out
-
-
-def rank_clock_plans(
-    pp: PipelineProblem, latency_s: float, slowdowns: tuple[float, ...] = (0.0, 0.02, 0.05, 0.1)
-) -> list[list[list[int]]]:
-    """Plans with one clock per rank (no clock changes at all), one per slowdown.
-
-    For each allowed slowdown of the all-max plan, start from all-max and lower one rank's
-    clock at a time, the least busy rank first, while the iteration stays within the
-    allowed time and the energy falls (the clocks every kind of the rank was profiled at).
-    Off the critical rank, such plans keep most of the saving of per-instruction plans
-    and pay no switching at all.
-    """
-    ranks = len(pp.stage_index)
-    clocks: list[list[int]] = []
-    for idx in pp.stage_index:
-        common: set[int] | None = None
-        for node in idx:
-            labels = {int(x) for x in pp.solver.type_options[pp.solver.type_of[int(node)]].label}
-            common = labels if common is None else common & labels
-        clocks.append(sorted(common or set(), reverse=True))
-    if any(not c for c in clocks):
-        return []
-    sizes = [len(idx) for idx in pp.stage_index]
-
-    def plan(level: list[int]) -> list[list[int]]:
-        return [[clocks[r][level[r]]] * sizes[r] for r in range(ranks)]
-
-    base = pp.evaluate(plan([0] * ranks), switch_latency_s=latency_s)
-    busy = pp.stage_busy_s(plan([0] * ranks))
-    order = sorted(range(ranks), key=lambda r: busy[r])
-    out: list[list[list[int]]] = []
-    for slowdown in slowdowns:
-        limit = base.iteration_time_s * (1 + slowdown) * (1 + 1e-9)
-        level = [0] * ranks
-        energy = base.energy_j
-        for r in order:
-            while level[r] + 1 < len(clocks[r]):
-                level[r] += 1
-                ev = pp.evaluate(plan(level), switch_latency_s=latency_s)
-                if ev.iteration_time_s > limit or ev.energy_j >= energy:
-                    level[r] -= 1
-                    break
-                energy = ev.energy_j
-        out.append(plan(level))
     return out
