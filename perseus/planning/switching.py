@@ -25,14 +25,24 @@ chosen for a slowdown budget meets it with its switches counted.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from perseus.domain.plan import Evaluation, clock_changes
+from perseus.solver.problem import SolverProblem
 
-if TYPE_CHECKING:
-    from perseus.planning.problem import PipelineProblem
+
+class PipelineProblem(Protocol):
+    """What of `perseus.planning.problem.PipelineProblem` this module reads (the problem
+    module calls this one: no import back)."""
+
+    solver: SolverProblem
+    stage_index: list[np.ndarray]
+    p2p_power_w: float
+
+    def choice_of(self, frequencies: list[list[int]]) -> np.ndarray: ...
+
 
 __all__ = ["clock_changes", "repair_frequencies", "switching_accounting"]
 
