@@ -33,7 +33,7 @@ from perseus.domain.plan import Evaluation, clock_changes
 from perseus.solver.problem import SolverProblem
 
 
-class PipelineLayout(Protocol):
+class SwitchingProblem(Protocol):
     """What of `perseus.planning.problem.PipelineProblem` this module reads (the problem
     module calls this one: no import back)."""
 
@@ -47,7 +47,7 @@ class PipelineLayout(Protocol):
 __all__ = ["clock_changes", "repair_frequencies", "switching_accounting"]
 
 
-def _option(pp: PipelineLayout, node: int, freq_mhz: int) -> tuple[float, float]:
+def _option(pp: SwitchingProblem, node: int, freq_mhz: int) -> tuple[float, float]:
     """(time, energy) of `node` at the profiled clock nearest `freq_mhz` (the clock
     in force may be one its kind was not profiled at)."""
     o = pp.solver.type_options[pp.solver.type_of[node]]
@@ -56,7 +56,7 @@ def _option(pp: PipelineLayout, node: int, freq_mhz: int) -> tuple[float, float]
 
 
 def switching_durations(
-    pp: PipelineLayout, frequencies: list[list[int]], latency_s: float
+    pp: SwitchingProblem, frequencies: list[list[int]], latency_s: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per node (topological order): start, duration and energy with switching latency."""
     pb = pp.solver
@@ -107,11 +107,11 @@ def switching_durations(
 
 
 def switching_accounting(
-    pp: PipelineLayout, frequencies: list[list[int]], latency_s: float
+    pp: SwitchingProblem, frequencies: list[list[int]], latency_s: float
 ) -> Evaluation:
     """The exact accounting of a plan whose clock changes take `latency_s` to apply.
 
-    With ``latency_s == 0`` it equals `PipelineLayout.evaluate` (up to rounding).
+    With ``latency_s == 0`` it equals `SwitchingProblem.evaluate` (up to rounding).
     """
     start, dur, energy = switching_durations(pp, frequencies, latency_s)
     T = float((start + dur).max()) if len(dur) else 0.0
@@ -121,7 +121,7 @@ def switching_accounting(
 
 
 def repair_frequencies(
-    pp: PipelineLayout, frequencies: list[list[int]], latency_s: float, *, hoist: bool = True
+    pp: SwitchingProblem, frequencies: list[list[int]], latency_s: float, *, hoist: bool = True
 ) -> list[list[int]]:
     """`frequencies` with every change reachable in time.
 
