@@ -53,6 +53,13 @@ class PerseusArgs(PlanningArgs):
     straggler_rounds: int = Field(
         default=2, ge=1, description="rounds in a row to detect a straggler or its recovery"
     )
+    switch_latency_ms: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=10_000.0,
+        description="time a clock change takes to apply, ms (10-20 on real GPUs); the plan "
+        "counts it (perseus.planning.switching). 0: changes are free",
+    )
 
     @field_validator("max_slowdown")
     @classmethod
@@ -127,6 +134,7 @@ class Perseus(PlanningScheduler):
         check_frontier_memory(self.pipeline.num_instructions, self.pipeline.name)
         self.max_slowdown = args.max_slowdown
         self.deadline_s = args.deadline
+        self.switch_latency_s = args.switch_latency_ms / 1000.0
         self.straggler_threshold = args.straggler_threshold
         self.straggler_rounds = args.straggler_rounds
         self.init_profile_source(args)
@@ -182,7 +190,12 @@ class Perseus(PlanningScheduler):
             self.pipeline.num_microbatches,
             self.p2p_power_w,
         )
-        self.frontier = solve_frontier(self.profile, self.pipeline, p2p_power_w=self.p2p_power_w)
+        self.frontier = solve_frontier(
+            self.profile,
+            self.pipeline,
+            p2p_power_w=self.p2p_power_w,
+            switch_latency_s=self.switch_latency_s,
+        )
         self.frontier.write(self.job_dir.frontier)
         if self.deadline_s is not None:
             point = self.frontier.choose(deadline_s=self.deadline_s)
@@ -203,7 +216,13 @@ class Perseus(PlanningScheduler):
         from perseus.planning import make_plan
 
         assert self.profile is not None and self.p2p_power_w is not None
-        return make_plan(self.profile, self.pipeline, frequencies, self.p2p_power_w)
+        return make_plan(
+            self.profile,
+            self.pipeline,
+            frequencies,
+            self.p2p_power_w,
+            switch_latency_s=self.switch_latency_s,
+        )
 
     def resume(self, plan: Plan) -> None:
         """Go straight to DEPLOYED with a persisted plan (restarted coordinator).

@@ -47,6 +47,9 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name, raising=False)
     for name, value in EMULATION_OPT_IN.items():
         monkeypatch.setenv(name, value)
+    # Clock switches take effect at once unless a test asks for a latency: the suite's
+    # numeric assertions predate the switching model (tests of it set their own latency).
+    monkeypatch.setenv("ZEUS_EMULATED_SWITCH_LATENCY_MS", "0")
 
 
 def _nvidia_driver_present() -> bool:

@@ -159,6 +159,19 @@ class InstructionEmulator:
         elapsed_s = end_s - start_s
         self.last_compute_s = elapsed_s
         target_s = self.target_time_s(name, elapsed_s, freq_mhz, stage=stage)
+        # A clock switch takes time: the instruction ran its first `lag_s` at the clock in
+        # force before, its work then done at that clock's pace.
+        old_mhz, lag_s = self.stand_in.switch_lag(time.perf_counter() - start_s)
+        power_w = self._model(freq_mhz)[1]
+        energy_j = -1.0
+        if lag_s > 0 and old_mhz != freq_mhz and self.settings.stretch:
+            old_s = target_s * self._model(old_mhz)[0] / self._model(freq_mhz)[0]
+            old_power_w = self._model(old_mhz)[1]
+            if old_s <= lag_s:
+                target_s, energy_j = old_s, old_power_w * old_s
+            else:
+                rest_s = (1.0 - lag_s / old_s) * target_s
+                target_s, energy_j = lag_s + rest_s, old_power_w * lag_s + power_w * rest_s
         deadline = start_s + target_s
         remaining = deadline - time.perf_counter()
         while remaining > 0:
@@ -168,7 +181,8 @@ class InstructionEmulator:
         # if it overran); the host waking this process late is not the GPU's time.
         wall_s = time.perf_counter() - start_s
         duration_s = max(target_s, elapsed_s) if self.exact else wall_s
-        power_w = self._model(freq_mhz)[1]
+        if energy_j >= 0:  # the switch's two clocks: the mean power over the target time
+            power_w = energy_j / target_s
         self.stand_in.record_busy(duration_s, power_w)
         self.last_energy_j = power_w * duration_s
         return duration_s

@@ -441,6 +441,8 @@ class PerseusOptimizer:
         self._sync()
         if self.emulator is None:
             self._instr_start_mj = self._energy_mj()
+        else:  # the emulated switch starts now, not whenever the worker thread gets to it
+            self._freq.wait_applied()
         self._instr_stage, self._instr_microbatch = stage, microbatch
         self._instr_start_s = time.perf_counter()
 
@@ -463,7 +465,7 @@ class PerseusOptimizer:
             compute_end_s = time.perf_counter()
             assert self._freq is not None and self._stand_in is not None
             self._freq.wait_applied()
-            freq = self._stand_in.current_sm_clock_mhz()
+            freq = self._stand_in.target_sm_clock_mhz()
             duration_s = self.emulator.finish(
                 name,
                 self._instr_start_s,

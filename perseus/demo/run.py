@@ -122,14 +122,30 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     console = console or Console()
     args = {"num_microbatches": spec.microbatches}
+    # The emulated GPUs take ZEUS_EMULATED_SWITCH_LATENCY_MS (default 15 ms) to switch
+    # clocks; the ranks get it explicitly and Perseus plans with it.
+    from zeus_power.device import DeviceSettings
+
+    try:
+        latency_ms = DeviceSettings().emulated_switch_latency_ms
+    except ValueError:  # pydantic's ValidationError: the variable names itself
+        raise ConfigurationError(
+            "ZEUS_EMULATED_SWITCH_LATENCY_MS must be a number of ms from 0 to 10000"
+        ) from None
+    job_env = {**spec.env, "ZEUS_EMULATED_SWITCH_LATENCY_MS": f"{latency_ms:g}"}
     runs = {
         "AllMaxFrequency": (
             {**args},
-            DemoJob(**{**spec.__dict__, "steps": baseline_steps}),
+            DemoJob(**{**spec.__dict__, "steps": baseline_steps, "env": job_env}),
         ),
         "Perseus": (
-            {**args, "freq_step": freq_step, "max_slowdown": max_slowdown},
-            DemoJob(**{**spec.__dict__, "steps": perseus_steps}),
+            {
+                **args,
+                "freq_step": freq_step,
+                "max_slowdown": max_slowdown,
+                "switch_latency_ms": latency_ms,
+            },
+            DemoJob(**{**spec.__dict__, "steps": perseus_steps, "env": job_env}),
         ),
     }
     with Progress(

@@ -40,6 +40,7 @@ __all__ = [
     "Plan",
     "ScheduledInstruction",
     "check_plan_shape",
+    "clock_changes",
 ]
 
 PLAN_FORMAT_VERSION = 1
@@ -67,6 +68,13 @@ def check_plan_shape(schedule: PipelineSchedule, frequencies: list[list[int]]) -
                 f"Stage {stage}: the plan has {len(freqs)} instruction(s) but the "
                 f"{schedule.name} schedule with {schedule.num_microbatches} microbatch(es) has {len(order)}"
             )
+
+
+def clock_changes(frequencies: list[list[int]]) -> int:
+    """Clock changes per iteration over all ranks: instructions whose clock differs from the
+    previous one on their rank (cyclically: a rank's first instruction follows its last of
+    the iteration before)."""
+    return sum(sum(1 for k in range(len(f)) if f[k] != f[k - 1]) for f in frequencies if len(f) > 1)
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,13 @@ class Plan(BaseModel):
     orders: list[list[tuple[int, str, int]]] | None = None
     emulated: bool = Field(default=False, exclude_if=lambda emulated: not emulated)
     """Made from an emulated GPU's numbers (the emulator's model, not a measurement)."""
+    clock_changes: int | None = Field(default=None, ge=0)
+    """SM clock changes per iteration over all ranks (`clock_changes`); None in older files."""
+    switch_latency: float = Field(
+        default=0.0, ge=0.0, le=10.0, exclude_if=lambda latency: latency == 0.0
+    )
+    """Seconds a clock change takes to apply, which `iteration_time` and `energy` account
+    for (`perseus.planning.switching`); 0 (omitted): changes are free."""
 
     @field_validator("version")
     @classmethod
@@ -116,6 +131,7 @@ class Plan(BaseModel):
         p2p_power_w: float,
         evaluation: Evaluation,
         emulated: bool = False,
+        switch_latency_s: float = 0.0,
     ) -> Plan:
         check_plan_shape(schedule, frequencies)
         return cls(
@@ -132,6 +148,8 @@ class Plan(BaseModel):
             ],
             orders=None if schedule.builtin else schedule.actions(),
             emulated=emulated,
+            clock_changes=clock_changes(frequencies),
+            switch_latency=switch_latency_s,
         )
 
     def pipeline_schedule(self) -> PipelineSchedule:

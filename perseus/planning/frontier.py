@@ -160,6 +160,7 @@ class Frontier:
         stats: dict[str, float] | None = None,
         all_max: FrontierPoint | None = None,
         emulated: bool = False,
+        switch_latency_s: float = 0.0,
     ):
         if not points:
             raise SolverError("A frontier needs at least one point")
@@ -171,6 +172,8 @@ class Frontier:
         self.stats = dict(stats or {})
         self.emulated = emulated
         """Solved from an emulated GPU's profile: its plans say so."""
+        self.switch_latency_s = float(switch_latency_s)
+        """Clock switching latency the points' numbers account for (0: changes are free)."""
 
     def __len__(self) -> int:
         return len(self.points)
@@ -224,6 +227,7 @@ class Frontier:
             p2p_power_w=self.p2p_power_w,
             evaluation=evaluation,
             emulated=self.emulated,
+            switch_latency_s=self.switch_latency_s,
         )
 
     def write(self, out_dir: str | os.PathLike[str]) -> Path:
@@ -267,6 +271,7 @@ class Frontier:
             p2p_power_w=rows[0].plan.p2p_power,
             all_max=all_max,
             emulated=any(row.plan.emulated for row in rows),
+            switch_latency_s=rows[0].plan.switch_latency,
         )
 
 
@@ -296,13 +301,20 @@ def solve_frontier(
     progress: Callable[[float], None] | None = None,
     resolution_s: float | None = None,
     max_points: int | None = 500,
+    switch_latency_s: float = 0.0,
 ) -> Frontier:
     """Compute the time–energy frontier of one pipeline.
 
     `profile` and `schedule` become the solver's problem (`PipelineProblem`); `p2p_power_w`
     is the power a GPU draws while blocked on P2P communication or idle. `progress`,
     `resolution_s` and `max_points` are `perseus.solver.compute_frontier`'s.
+
+    With `switch_latency_s` > 0 (the switching model, `perseus.planning.switching`), every
+    point's unreachable clock changes are repaired, its time and energy re-scored with
+    each change taking that long, and only the points still Pareto-optimal are kept.
     """
+    if not (math.isfinite(switch_latency_s) and 0 <= switch_latency_s <= 10):
+        raise SolverError(f"switch_latency_s must be between 0 and 10 s, got {switch_latency_s!r}")
     t0 = time.perf_counter()
     check_frontier_memory(schedule.num_instructions, schedule.name)
     try:  # the solver checks the blocking power and max_points itself
@@ -341,6 +353,17 @@ def solve_frontier(
         [max_freqs[idx] for idx in problem.stage_index],
         compute_energy_j=solution.reference_compute_energy_j,
     )
+    if switch_latency_s > 0:
+        all_max = _with_switching(problem, all_max, switch_latency_s)
+        # Each point repaired both ways (see `repair_frequencies`); all-max, which changes
+        # no clock, may beat every point near the fast end once changes cost time.
+        points = _pareto(
+            [
+                all_max,
+                *(_with_switching(problem, p, switch_latency_s) for p in points),
+                *(_with_switching(problem, p, switch_latency_s, hoist=False) for p in points),
+            ]
+        )
     stats = {**solution.stats, "wall_s": time.perf_counter() - t0}
     return Frontier(
         points,
@@ -350,4 +373,31 @@ def solve_frontier(
         stats=stats,
         all_max=all_max,
         emulated=profile.emulated,
+        switch_latency_s=switch_latency_s,
     )
+
+
+def _with_switching(
+    problem: PipelineProblem, p: FrontierPoint, latency_s: float, *, hoist: bool = True
+) -> FrontierPoint:
+    """`p` repaired and re-scored with clock changes taking `latency_s`."""
+    from perseus.planning.switching import repair_frequencies
+
+    freqs = repair_frequencies(problem, p.frequencies, latency_s, hoist=hoist)
+    ev = problem.evaluate(freqs, switch_latency_s=latency_s)
+    return FrontierPoint(
+        ev.iteration_time_s,
+        ev.energy_j,
+        p.lower_bound_j,
+        freqs,
+        compute_energy_j=ev.compute_energy_j,
+    )
+
+
+def _pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
+    """The points no other is both faster (or as fast) and cheaper than, fastest first."""
+    kept: list[FrontierPoint] = []
+    for p in sorted(points, key=lambda q: (q.iteration_time_s, q.energy_j)):
+        if not kept or p.energy_j < kept[-1].energy_j:
+            kept.append(p)
+    return kept

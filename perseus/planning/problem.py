@@ -125,8 +125,16 @@ class PipelineProblem:
         return [[int(f) for f in freq[idx]] for idx in self.stage_index]
 
     # ------------------------------------------------------------------ accounting
-    def evaluate(self, frequencies: list[list[int]]) -> Evaluation:
-        """Exact iteration time and energy of a plan (per stage, execution order)."""
+    def evaluate(
+        self, frequencies: list[list[int]], *, switch_latency_s: float = 0.0
+    ) -> Evaluation:
+        """Exact iteration time and energy of a plan (per stage, execution order); with
+        `switch_latency_s` > 0, each clock change takes that long to apply
+        (`perseus.planning.switching`)."""
+        if switch_latency_s > 0:
+            from perseus.planning.switching import switching_accounting
+
+            return switching_accounting(self, frequencies, switch_latency_s)
         T, E, C, B = self.solver.account(self.choice_of(frequencies)[:, None])
         return Evaluation(float(T[0]), float(E[0]), float(C[0]), float(B[0]))
 
@@ -182,14 +190,29 @@ def evaluate(
     schedule: PipelineSchedule,
     frequencies: list[list[int]],
     p2p_power_w: float,
+    *,
+    switch_latency_s: float = 0.0,
 ) -> Evaluation:
-    """Exact iteration time and energy of a plan (`frequencies`: per stage, execution order)."""
-    return pipeline_problem(profile, schedule, p2p_power_w).evaluate(frequencies)
+    """Exact iteration time and energy of a plan (`frequencies`: per stage, execution order),
+    each clock change taking `switch_latency_s` to apply."""
+    return pipeline_problem(profile, schedule, p2p_power_w).evaluate(
+        frequencies, switch_latency_s=switch_latency_s
+    )
 
 
-def evaluate_plan(profile: InstructionProfile, plan: Plan) -> Evaluation:
-    """Re-score a plan file against a profile (at the plan's own blocking power)."""
-    return evaluate(profile, plan.pipeline_schedule(), plan.stage_frequencies(), plan.p2p_power)
+def evaluate_plan(
+    profile: InstructionProfile, plan: Plan, *, switch_latency_s: float | None = None
+) -> Evaluation:
+    """Re-score a plan file against a profile (at the plan's own blocking power and, by
+    default, its own switching latency)."""
+    latency = plan.switch_latency if switch_latency_s is None else switch_latency_s
+    return evaluate(
+        profile,
+        plan.pipeline_schedule(),
+        plan.stage_frequencies(),
+        plan.p2p_power,
+        switch_latency_s=latency,
+    )
 
 
 def timeline(
@@ -211,16 +234,21 @@ def make_plan(
     schedule: PipelineSchedule,
     frequencies: list[list[int]],
     p2p_power_w: float,
+    *,
+    switch_latency_s: float = 0.0,
 ) -> Plan:
     """A plan file's model for `frequencies`, with its exact time and energy (marked
-    emulated when the profile is)."""
-    evaluation = evaluate(profile, schedule, frequencies, p2p_power_w)
+    emulated when the profile is; clock changes taking `switch_latency_s`)."""
+    evaluation = evaluate(
+        profile, schedule, frequencies, p2p_power_w, switch_latency_s=switch_latency_s
+    )
     return Plan.from_frequencies(
         schedule,
         frequencies,
         p2p_power_w=p2p_power_w,
         evaluation=evaluation,
         emulated=profile.emulated,
+        switch_latency_s=switch_latency_s,
     )
 
 

@@ -71,6 +71,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_SWITCH_LATENCY_MS = 15.0
+"""Default SM clock switching latency of emulated GPUs (docs/emulator.md says where from)."""
+MAX_SWITCH_LATENCY_MS = 10_000.0
+
 BACKENDS = ("auto", "emulated", "nvml", "zeusd")
 """Valid values of `open_gpus(backend=...)` and `ZEUS_GPU_BACKEND`."""
 
@@ -88,6 +92,12 @@ class DeviceSettings(BaseSettings):
     """`ZEUS_EMULATED_GPU_COUNT`: how many emulated GPUs exist (default 1, or the indices asked)."""
     emulated_noise: float = Field(default=0.0, ge=0.0)
     """`ZEUS_EMULATED_NOISE`: relative std of the emulator's measurement noise (0: exact)."""
+    emulated_switch_latency_ms: float = Field(
+        default=DEFAULT_SWITCH_LATENCY_MS, ge=0.0, le=MAX_SWITCH_LATENCY_MS
+    )
+    """`ZEUS_EMULATED_SWITCH_LATENCY_MS`: how long a new SM clock takes to come into force
+    on an emulated GPU (default: 15 ms, the middle of the 10–20 ms reported for
+    `nvmlDeviceSetGpuLockedClocks`; see docs/emulator.md)."""
 
 
 def _load_settings() -> DeviceSettings:
@@ -187,6 +197,7 @@ def _open_emulated(
             clock=time.monotonic if clock is None else clock,
             seed=seed,
             noise=settings.emulated_noise if noise is None else noise,
+            switch_latency_s=settings.emulated_switch_latency_ms / 1000.0,
         )
         for index in indices
     ]

@@ -73,6 +73,10 @@ class StandIn(Protocol):
         """The SM clock in force."""
         ...
 
+    def target_sm_clock_mhz(self) -> int:
+        """The newest SM clock asked for (in force once its switch completes)."""
+        ...
+
     def get_power_limit_mw(self) -> int:
         """The power limit in force, in mW (the model's answers depend on it)."""
         ...
@@ -87,6 +91,11 @@ class StandIn(Protocol):
 
     def record_busy(self, duration_s: float, power_w: float) -> None:
         """Add `duration_s` of work at `power_w`, just finished, to the energy counter."""
+        ...
+
+    def switch_lag(self, ago_s: float = 0.0) -> tuple[int, float]:
+        """(clock in force `ago_s` seconds ago, seconds from then until the newest clock
+        asked for takes effect; 0 when already in force): a clock switch takes time."""
         ...
 
 

@@ -58,6 +58,9 @@ class EmulatedGPU(GPU):
             `GPUPermissionError`, as on a real GPU without root or SYS_ADMIN.
         energy_counter: Override the spec's energy-counter support (False emulates a
             pre-Volta GPU: `total_energy_mj` raises `GPUNotSupportedError`).
+        switch_latency_s: Seconds a new SM clock takes to come into force after
+            `lock_sm_clocks`/`reset_sm_clocks` (0: at once). Until then the previous clock
+            stays in force, for `execute` and for the hook's emulation alike.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class EmulatedGPU(GPU):
         sleep: bool = True,
         privileged: bool = True,
         energy_counter: bool | None = None,
+        switch_latency_s: float = 0.0,
     ) -> None:
         super().__init__(index)
         self.model = DVFSModel(gpu_type)
@@ -85,6 +89,15 @@ class EmulatedGPU(GPU):
         )
         self._lock = threading.Lock()
         self._locked_clock_mhz: int | None = None
+        self.switch_latency_s = _check_finite("switch_latency_s", switch_latency_s)
+        if self.switch_latency_s < 0:
+            raise GPUValueError(
+                f"switch_latency_s must be >= 0, got {switch_latency_s!r}", gpu_index=index
+            )
+        self._switch_from_mhz: int | None = None
+        """The locked clock before the last change (None: unlocked), in force until
+        `_switch_at_s`."""
+        self._switch_at_s = -math.inf
         self._power_limit_mw = round(self.spec.default_power_limit_w * 1000)
         self._origin_s = clock()
         self._extra_energy_mj = 0.0
@@ -113,9 +126,41 @@ class EmulatedGPU(GPU):
         return self._clock
 
     def current_sm_clock_mhz(self) -> int:
-        """The locked SM clock, or the max clock when none is locked (ignores power capping)."""
+        """The SM clock in force: the locked one, or the max clock when none is locked
+        (ignores power capping). During a switch (`switch_latency_s`), the previous one."""
+        return self._clock_at(self._clock())
+
+    def _clock_at(self, t_s: float) -> int:
+        locked = self._switch_from_mhz if t_s < self._switch_at_s else self._locked_clock_mhz
+        return self.spec.max_sm_clock_mhz if locked is None else locked
+
+    def switch_lag(self, ago_s: float = 0.0) -> tuple[int, float]:
+        """(clock in force ``ago_s`` seconds ago, seconds from then until the newest clock
+        asked for takes effect; 0 when it was already in force).
+
+        Work that began ``ago_s`` seconds ago ran its first ``lag`` seconds at the first
+        clock, the rest at `target_sm_clock_mhz`.
+        """
+        start_s = self._clock() - max(ago_s, 0.0)
+        with self._lock:
+            return self._clock_at(start_s), max(self._switch_at_s - start_s, 0.0)
+
+    def target_sm_clock_mhz(self) -> int:
+        """The newest clock asked for (in force once its switch completes)."""
         locked = self._locked_clock_mhz
         return self.spec.max_sm_clock_mhz if locked is None else locked
+
+    def _switch_to(self, clock_mhz: int | None) -> None:
+        """Ask for `clock_mhz` (None: unlocked); in force after `switch_latency_s`. Call
+        with the lock held. Asking again for the clock already asked for changes nothing."""
+        if clock_mhz == self._locked_clock_mhz:
+            return
+        now = self._clock()
+        self._switch_from_mhz = (
+            self._switch_from_mhz if now < self._switch_at_s else self._locked_clock_mhz
+        )
+        self._locked_clock_mhz = clock_mhz
+        self._switch_at_s = now + self.switch_latency_s if self.switch_latency_s > 0 else -math.inf
 
     def power_limit_w(self) -> float:
         """The power limit in force, in W."""
@@ -138,12 +183,12 @@ class EmulatedGPU(GPU):
         by the longest time.
         """
         with self._lock:
-            result = self.model.run(workload, self.current_sm_clock_mhz(), self.power_limit_w())
+            start_s = self._clock()
+            result = self._run_switching(workload, start_s)
             if self._noise:
                 time_s = result.time_s * self._noise_factor()
                 power_w = result.power_w * self._noise_factor()
                 result = Execution(time_s, power_w * time_s, result.freq_mhz, power_w)
-            start_s = self._clock()
             self._extra_energy_mj += (
                 max(result.power_w - self.idle_power_w, 0.0) * result.time_s * 1e3
             )
@@ -157,6 +202,23 @@ class EmulatedGPU(GPU):
         elif wait:
             time.sleep(result.time_s)
         return result
+
+    def _run_switching(self, workload: WorkloadLike, start_s: float) -> Execution:
+        """The model's run of `workload` from `start_s`: its first part at the clock in force
+        until a pending switch completes, the rest at the new clock."""
+        limit_w = self.power_limit_w()
+        new = self.model.run(workload, self.target_sm_clock_mhz(), limit_w)
+        lag_s = self._switch_at_s - start_s
+        old_mhz = self._clock_at(start_s)
+        if lag_s <= 0 or old_mhz == self.target_sm_clock_mhz():
+            return new
+        old = self.model.run(workload, old_mhz, limit_w)
+        if old.time_s <= lag_s:  # done before the new clock arrives
+            return old
+        left = 1.0 - lag_s / old.time_s  # share of the work still to do at the new clock
+        time_s = lag_s + left * new.time_s
+        energy_j = old.power_w * lag_s + left * new.energy_j
+        return Execution(time_s, energy_j, new.freq_mhz, energy_j / time_s)
 
     def stretch_factor(self, workload: WorkloadLike, freq_mhz: float | None = None) -> float:
         """Model time at `freq_mhz` (default: current clock) over time at the max clock.
@@ -241,12 +303,12 @@ class EmulatedGPU(GPU):
                 gpu_index=self.index,
             )
         with self._lock:
-            self._locked_clock_mhz = clock
+            self._switch_to(clock)
 
     def reset_sm_clocks(self) -> None:
         self._require_privilege("Resetting SM clocks")
         with self._lock:
-            self._locked_clock_mhz = None
+            self._switch_to(None)
 
     def power_limit_constraints_mw(self) -> tuple[int, int]:
         return (
@@ -298,6 +360,7 @@ class EmulatedGPU(GPU):
         """
         with self._lock:
             self._locked_clock_mhz = None if locked_clock_mhz is None else int(locked_clock_mhz)
+            self._switch_at_s = -math.inf  # the daemon's GPU emulates its own switching
             self._power_limit_mw = int(power_limit_mw)
 
     def __repr__(self) -> str:

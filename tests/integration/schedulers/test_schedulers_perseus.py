@@ -259,3 +259,31 @@ def test_max_slowdown_zero_deploys_the_cheapest_plan_within_the_all_max_time(tmp
     assert [stage_freqs(deployed, r) for r in range(4)] == chosen.frequencies
     assert time_s <= all_max_time * (1 + 1e-9)
     assert energy < frontier.all_max.energy_j
+
+
+def test_a_switch_latency_makes_the_deployed_plan_count_its_clock_changes(tmp_path):
+    from perseus.domain.plan import clock_changes
+    from perseus.io.profile_csv import load_profile
+    from perseus.planning import evaluate_plan
+
+    truth = GroundTruth(IMBALANCED)
+    profile = write_truth_profile(truth, 4, tmp_path / "truth.csv")
+    args = {
+        "profile_path": str(profile),
+        "p2p_power": truth.p2p_power_w,
+        "max_slowdown": 0.1,
+        "switch_latency_ms": 5.0,
+    }
+    with running_server(settings(tmp_path, **args)) as url:
+        job = SimulatedJob(url, truth, pp=4, num_microbatches=M)
+        job.run_sync(1)
+    job_dir = tmp_path / job.job_id
+    plan = load_plan(job_dir / "deployed_plan.json")
+    assert plan.switch_latency == 0.005
+    assert plan.clock_changes == clock_changes(plan.stage_frequencies()) > 0
+    # Its numbers are the switching model's: re-scored free, they differ.
+    prof = load_profile(profile)
+    assert evaluate_plan(prof, plan).iteration_time_s == pytest.approx(plan.iteration_time)
+    free = evaluate_plan(prof, plan, switch_latency_s=0.0)
+    assert free.iteration_time_s != pytest.approx(plan.iteration_time, rel=1e-9)
+    assert Frontier.read(job_dir / "frontier").switch_latency_s == 0.005

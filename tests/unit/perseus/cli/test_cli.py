@@ -450,3 +450,29 @@ def test_an_emulated_profile_is_said_so_by_solve_evaluate_and_its_plans(tmp_path
     assert all("emulated" not in json.loads(p.read_text()) for p in plans)
     code, out = _run("evaluate", _profile(tmp_path), plans[0])
     assert code == 0 and "emulated" not in json.loads(out)
+
+
+def test_solve_and_evaluate_count_clock_changes_and_their_latency(tmp_path: Path) -> None:
+    profile = _profile(tmp_path)
+    args = ["-m", "3", "--out", tmp_path / "f", "--no-plots", "--switch-latency-ms", "500"]
+    code, out = _run("solve", profile, *args)
+    assert code == 0, out
+    assert "Clock changes take 500 ms" in " ".join(out.split())
+    changed = 0
+    for path in sorted((tmp_path / "f" / "plans").glob("plan_*.json")):
+        plan = json.loads(path.read_text())
+        assert plan["switch_latency"] == 0.5
+        freqs = [[f for _, f in stage] for stage in plan["frequencies"]]
+        assert plan["clock_changes"] == sum(
+            sum(1 for k in range(len(f)) if f[k] != f[k - 1]) for f in freqs
+        )
+        report = json.loads(_run("evaluate", profile, path)[1])  # at the plan's own latency
+        assert report["clock_changes"] == plan["clock_changes"]
+        assert report["switch_latency"] == 0.5
+        assert report["iteration_time"] == pytest.approx(plan["iteration_time"], rel=1e-9)
+        assert report["energy"] == pytest.approx(plan["energy"], rel=1e-9)
+        free = json.loads(_run("evaluate", profile, path, "--switch-latency-ms", "0")[1])
+        changed += free["iteration_time"] != pytest.approx(plan["iteration_time"], rel=1e-9)
+    assert changed, "some plan changes clocks, and its numbers count the switches"
+    code, out = _run("solve", profile, *args[:-1], "-1")
+    assert code == 2 and "Traceback" not in out

@@ -280,3 +280,59 @@ def _fields(spec: GPUSpec) -> dict:
     from dataclasses import fields
 
     return {f.name: getattr(spec, f.name) for f in fields(spec)}
+
+
+# -- switching latency -------------------------------------------------------------------
+def test_a_new_clock_takes_the_switching_latency_to_come_into_force():
+    clock = VirtualClock()
+    gpu = EmulatedGPU(0, gpu_type="A40", clock=clock, switch_latency_s=0.015)
+    gpu.lock_sm_clocks(900, 900)
+    assert gpu.current_sm_clock_mhz() == 1740 and gpu.target_sm_clock_mhz() == 900
+    assert gpu.switch_lag() == (1740, pytest.approx(0.015))
+    clock.advance(0.010)
+    assert gpu.current_sm_clock_mhz() == 1740
+    assert gpu.switch_lag(0.010) == (1740, pytest.approx(0.015))  # seen from the request
+    clock.advance(0.005)
+    assert gpu.current_sm_clock_mhz() == 900 and gpu.switch_lag() == (900, 0.0)
+    gpu.lock_sm_clocks(900, 900)  # the clock already asked for: no new switch
+    assert gpu.switch_lag() == (900, 0.0)
+
+
+def test_work_after_a_change_runs_its_first_latency_at_the_old_clock():
+    clock = VirtualClock()
+    gpu = EmulatedGPU(0, gpu_type="A40", clock=clock, switch_latency_s=0.015)
+    model, limit = gpu.model, gpu.power_limit_w()
+    old, new = model.run(WORK, 1740, limit), model.run(WORK, 900, limit)
+    gpu.lock_sm_clocks(900, 900)
+    start_mj = gpu.total_energy_mj()
+    run = gpu.execute(WORK)
+    left = 1 - 0.015 / old.time_s  # share of the work done at the new clock
+    assert run.time_s == pytest.approx(0.015 + left * new.time_s)
+    assert run.energy_j == pytest.approx(old.power_w * 0.015 + left * new.energy_j)
+    assert old.time_s < run.time_s < new.time_s  # neither clock's time
+    assert (gpu.total_energy_mj() - start_mj) / 1e3 == pytest.approx(run.energy_j, abs=2e-3)
+    # Work shorter than the latency runs at the old clock entirely.
+    short = Workload(compute_s_at_max=0.002, memory_s=0.001)
+    gpu.lock_sm_clocks(1200, 1200)
+    assert gpu.execute(short).time_s == pytest.approx(model.run(short, 900, limit).time_s)
+
+
+def test_without_latency_a_change_is_immediate():
+    gpu = EmulatedGPU(0, gpu_type="A40", clock=VirtualClock())
+    gpu.lock_sm_clocks(900, 900)
+    assert gpu.current_sm_clock_mhz() == 900 and gpu.switch_lag() == (900, 0.0)
+    assert gpu.execute(WORK).time_s == pytest.approx(gpu.model.time_s(WORK, 900, 300))
+
+
+def test_switching_latency_comes_from_the_environment(monkeypatch):
+    from zeus_power.device import DEFAULT_SWITCH_LATENCY_MS, open_gpus
+
+    monkeypatch.delenv("ZEUS_EMULATED_SWITCH_LATENCY_MS")  # the suite's 0
+    assert open_gpus(backend="emulated")[0].switch_latency_s == DEFAULT_SWITCH_LATENCY_MS / 1e3
+    monkeypatch.setenv("ZEUS_EMULATED_SWITCH_LATENCY_MS", "20")
+    assert open_gpus(backend="emulated")[0].switch_latency_s == pytest.approx(0.020)
+    monkeypatch.setenv("ZEUS_EMULATED_SWITCH_LATENCY_MS", "-1")
+    with pytest.raises(GPUValueError, match="ZEUS_EMULATED_SWITCH_LATENCY_MS"):
+        open_gpus(backend="emulated")
+    with pytest.raises(GPUValueError, match="switch_latency_s"):
+        EmulatedGPU(0, switch_latency_s=-0.1)
