@@ -263,6 +263,11 @@ class DemoJob:
 
     def environment(self, trace_dir: Path | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "ZEUS_"))}
+        # The caller's clock-switching latency reaches the emulated GPUs as it is (the test
+        # suite's 0, the demo's explicit value): the planner must be told the same.
+        latency = os.environ.get("ZEUS_EMULATED_SWITCH_LATENCY_MS")
+        if latency is not None:
+            env["ZEUS_EMULATED_SWITCH_LATENCY_MS"] = latency
         env.update(
             {
                 "ZEUS_GPU_BACKEND": "emulated",
