@@ -7,6 +7,8 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from zeus_power.bearer import check_bearer_token
+
 __all__ = ["PerseusSettings"]
 
 
@@ -56,22 +58,8 @@ class PerseusSettings(BaseSettings):
     @field_validator("token", mode="before")
     @classmethod
     def _check_token(cls, value: object) -> object:
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise ValueError("the token must be a string")
-        value = value.strip()
-        if not value:
-            return None
-        if len(value) < 16 or any(c.isspace() for c in value) or not value.isprintable():
-            # Never echo the token itself.
-            raise ValueError(
-                "the token must be at least 16 printable characters without spaces, e.g. "
-                "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
-            )
-        return value
+        return check_bearer_token(value)
+
     dump_keep_rounds: int = Field(default=10, ge=0, le=1_000_000)
 
     @field_validator("scheduler")

@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from zeus_power.bearer import check_bearer_token
+
 __all__ = ["BSOSettings"]
 
 
@@ -38,18 +40,7 @@ class BSOSettings(BaseSettings):
     @field_validator("token", mode="before")
     @classmethod
     def _check_token(cls, value: object) -> object:
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise ValueError("the token must be a string")
-        value = value.strip()
-        if not value:
-            return None
-        if len(value) < 16 or any(c.isspace() for c in value) or not value.isprintable():
-            raise ValueError("the token must be at least 16 printable characters without spaces")
-        return value
+        return check_bearer_token(value)
 
     @property
     def token_value(self) -> str | None:
