@@ -65,7 +65,7 @@ from perseus.client.emulation import EmulationSettings, InstructionEmulator
 from perseus.client.frequency import FrequencyController
 from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
-from perseus.client.timing import TIMINGS, EventTimer
+from perseus.client.timing import TIMINGS, EventTimer, InstructionTiming
 from perseus.client.trace import Trace
 from perseus.errors import ConfigurationError, RankError
 from perseus.protocol import (
@@ -83,13 +83,13 @@ __all__ = ["PerseusOptimizer"]
 logger = logging.getLogger(__name__)
 
 
-def _cuda_events(gpu: GPU) -> bool:
-    """Whether CUDA events can time this GPU's instructions (torch sees CUDA; a counter)."""
+def _cuda_available() -> bool:
+    """Whether torch sees a CUDA device (CUDA events can time instructions)."""
     try:
         import torch
     except ImportError:
         return False
-    return bool(torch.cuda.is_available()) and gpu.supports_energy_counter()
+    return bool(torch.cuda.is_available())
 
 
 class _HookState(enum.Enum):
@@ -252,7 +252,8 @@ class PerseusOptimizer:
             )
         self._energy_counter = gpu.supports_energy_counter()
         if timing == "auto":
-            timing = "events" if self._stand_in is None and _cuda_events(gpu) else "sync"
+            real = self._stand_in is None and self._energy_counter
+            timing = "events" if real and _cuda_available() else "sync"
         if timing == "events" and (self._stand_in is not None or not self._energy_counter):
             raise ConfigurationError(
                 "timing='events' needs a real GPU with an energy counter; "
@@ -260,7 +261,8 @@ class PerseusOptimizer:
             )
         self.timing = timing
         self._events: EventTimer | None = None
-        self._events_steps: list[tuple[int, int, float, list[Any]]] = []
+        self._events_steps: list[tuple[int, int, float, list[InstructionTiming]]] = []
+        """Events timing: each step of the round so far (step, slot, time, instructions)."""
         self.available_frequencies = sorted(gpu.supported_sm_clocks_mhz(), reverse=True)
         self._schedule = ScheduleValidator(
             rank=rank,
@@ -455,7 +457,7 @@ class PerseusOptimizer:
         """
         self._expect(_HookState.IN_INSTRUCTION, call="on_instruction_end")
         freq = self._schedule.end(name, self.step)
-        if self._events is not None:  # measured when the step ends (`_record_events`)
+        if self._events is not None:  # measured at the round's end (`_events_round_end`)
             self._events.end()
             self._schedule.advance()
             self._state = _HookState.IN_STEP
