@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from zeus_power.device.base import (
@@ -40,6 +40,7 @@ from zeus_power.device.base import (
     GPUNotSupportedError,
     GPUPermissionError,
     GPUValueError,
+    load_env_settings,
 )
 from zeus_power.device.clock import VirtualClock
 from zeus_power.device.dvfs import DEFAULT_ACTIVITY, DVFSModel, Execution, Sweep, Workload
@@ -101,14 +102,7 @@ class DeviceSettings(BaseSettings):
 
 
 def _load_settings() -> DeviceSettings:
-    try:
-        return DeviceSettings()
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"ZEUS_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise GPUValueError(f"Invalid device settings in the environment: {problems}") from exc
+    return load_env_settings(DeviceSettings, "device")
 
 
 def open_gpus(

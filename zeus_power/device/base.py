@@ -18,7 +18,10 @@ ZeusError                   (zeus_power.errors: the root of the whole package)
 from __future__ import annotations
 
 import abc
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 
 from zeus_power.errors import ZeusError
 
@@ -170,3 +173,20 @@ class GPU(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(index={self.index})"
+
+
+_S = TypeVar("_S", bound=BaseSettings)
+
+
+def load_env_settings(settings_cls: type[_S], what: str) -> _S:
+    """`settings_cls()` read from the environment; `GPUValueError` naming each bad variable
+    (``{env_prefix}{FIELD}``) and never echoing more than pydantic's message."""
+    prefix = str(settings_cls.model_config.get("env_prefix", ""))
+    try:
+        return settings_cls()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{prefix}{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise GPUValueError(f"Invalid {what} settings in the environment: {problems}") from exc

@@ -31,7 +31,7 @@ import threading
 from typing import Any
 from urllib.parse import urlencode
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from zeus_power.device.base import (
@@ -42,6 +42,7 @@ from zeus_power.device.base import (
     GPUPermissionError,
     GPUValueError,
     StandIn,
+    load_env_settings,
 )
 from zeus_power.device.emulated import EmulatedGPU
 
@@ -95,14 +96,7 @@ class ZeusdSettings(BaseSettings):
 
 def load_zeusd_settings() -> ZeusdSettings:
     """The `ZEUSD_*` settings; `GPUValueError` naming the bad variable."""
-    try:
-        return ZeusdSettings()
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"ZEUSD_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise GPUValueError(f"Invalid zeusd settings in the environment: {problems}") from exc
+    return load_env_settings(ZeusdSettings, "zeusd")
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):

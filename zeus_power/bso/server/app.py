@@ -2,7 +2,7 @@
 
 Nothing is built at import time. The lifespan builds the engine and the service, keeps
 the service on `app.state` and disposes of the engine on shutdown. Domain errors become
-HTTP statuses in one place (`_STATUS`); clients never see a traceback. With
+HTTP statuses in one place (`zeus_power.bso.server.errors`); clients never see a traceback. With
 ``ZEUS_BSO_TOKEN`` every route but ``GET /health`` needs ``Authorization: Bearer <token>``
 (401); bodies over ``ZEUS_BSO_MAX_BODY_BYTES`` are refused unread (413); both are
 `zeus_power.serving` middlewares, shared with the Perseus coordinator.
