@@ -22,16 +22,6 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 
-@pytest.fixture
-def process_group():
-    """A one-rank gloo group, as the hook needs one."""
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
-
-
 def test_frequency_controller_applies_the_latest_clock_and_always_resets():
     gpu = EmulatedGPU(0)
     ctl = FrequencyController(gpu)

@@ -358,6 +358,18 @@ def test_bad_zeusd_variables_are_named(monkeypatch):
 
 
 def test_log_never_holds_a_traceback(gpud):
+    # Bad input of every kind first, so the check does not depend on other tests running.
+    with gpud.client() as c:
+        bad = [
+            c.post(
+                "/gpu/set_gpu_locked_clocks?gpu_ids=0&min_clock_mhz=x&max_clock_mhz=1&block=true"
+            ),
+            c.post("/gpu/set_power_limit?gpu_ids=9&power_limit_mw=1&block=true"),
+            c.get("/gpu/get_power_limit?gpu_ids=" + "0," * 2000 + "0"),
+            c.post("/gpu/reset_gpu_locked_clocks?gpu_ids=0&block=true", content=b"x" * 10_000),
+            c.request("PATCH", "/discover"),
+        ]
+    assert all(400 <= r.status_code < 500 for r in bad), [r.status_code for r in bad]
     assert not re.search(r"Traceback|Exception occurred", gpud.log())
 
 
