@@ -59,8 +59,6 @@ INFO_URL = "/info"
 JOB_TOKEN_HEADER = "X-Perseus-Job-Token"
 """The job credential: answered by ``POST /register_job``, required by every route under
 the job's id (``/register_rank``, ``/schedule``, ``/result``, ``/straggler``)."""
-MAX_FREQUENCIES = 1024
-"""Most clocks a rank may list in `RankInfo.available_frequencies` (GPUs have ~200)."""
 
 
 InstructionKind = Literal["forward", "backward", "backward_input", "backward_weight"]
@@ -76,7 +74,8 @@ MAX_ENERGY_J = 1e10
 MAX_ITERATIONS = 10_000
 """Iterations in one profiling window (one round's result)."""
 MAX_FREQUENCIES = 1024
-"""SM clocks one GPU reports (an A100 has 81, an H100 about 100)."""
+"""SM clocks one GPU reports (an A100 has 81, an H100 about 100): the most a rank may list in
+`RankInfo.available_frequencies`, or a profile hold per instruction."""
 MAX_FREQ_MHZ = 100_000
 
 Seconds = Annotated[float, Field(gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)]

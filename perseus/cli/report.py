@@ -70,7 +70,6 @@ def read_dump(
     from perseus.io.plan_file import load_plan
     from perseus.planning.report import (
         EnergyReport,
-        IterationFigures,
         RoundKind,
         measure,
         predicted_figures,
@@ -99,7 +98,7 @@ def read_dump(
         max_freq = {r.rank: max(r.available_frequencies) for r in ranks}
         pp_rank = {r.rank: r.pp_rank for r in ranks}
         rounds: list[tuple[int, str, float, float]] = []
-        latest: dict[RoundKind, tuple[float, float]] = {}
+        latest: dict[RoundKind, IterationFigures] = {}
         numbers = jd.rounds()
         if len(numbers) > _MAX_ROUNDS:
             raise PerseusError(f"{job_dir} holds {len(numbers):,} rounds; at most {_MAX_ROUNDS:,}")
@@ -113,7 +112,7 @@ def read_dump(
             if figures is None:
                 continue
             rounds.append((n, kind.value, figures.iteration_time_s, figures.energy_j))
-            latest[kind] = (figures.iteration_time_s, figures.energy_j)
+            latest[kind] = figures
         current = jd.path
         baseline = (
             _predicted_baseline(jd.path, plan, profile, check_power, meta)
@@ -123,16 +122,10 @@ def read_dump(
     except (ValidationError, ValueError, json.JSONDecodeError) as exc:
         raise PerseusError(f"{current} is malformed: {exc}") from None
 
-    def fig(kind: RoundKind) -> IterationFigures | None:
-        if kind not in latest:
-            return None
-        t, e = latest[kind]
-        return IterationFigures(iteration_time_s=t, energy_j=e)
-
     dp = record.dp_degree
     report_ = EnergyReport.of(
-        measured_all_max=fig(RoundKind.ALL_MAX),
-        measured_deployed=fig(RoundKind.DEPLOYED),
+        measured_all_max=latest.get(RoundKind.ALL_MAX),
+        measured_deployed=latest.get(RoundKind.DEPLOYED),
         predicted_all_max=predicted_figures(baseline, dp) if baseline is not None else None,
         predicted_deployed=predicted_figures(plan, dp) if plan is not None else None,
     )

@@ -21,6 +21,7 @@ from perseus.server.errors import error_responses
 from perseus.server.job import CoordinatedJob
 from perseus.server.job_manager import JobManager
 from perseus.server.metrics import CoordinatorMetrics
+from perseus.server.routes import JobManagerDep
 
 __all__ = [
     "HEALTHZ_URL",
@@ -136,15 +137,9 @@ def job_detail(job: CoordinatedJob) -> JobDetail:
     )
 
 
-async def _manager(request: Request) -> JobManager:
-    return request.app.state.job_manager  # type: ignore[no-any-return]
-
-
 async def _metrics(request: Request) -> CoordinatorMetrics:
     return request.app.state.metrics  # type: ignore[no-any-return]
 
-
-ManagerDep = Annotated[JobManager, Depends(_manager)]
 
 router = APIRouter(tags=["operator"])
 
@@ -173,12 +168,12 @@ async def metrics(metrics: Annotated[CoordinatorMetrics, Depends(_metrics)]) -> 
 
 
 @router.get(JOBS_URL, responses=error_responses(401))
-async def list_jobs(manager: ManagerDep) -> list[JobSummary]:
+async def list_jobs(manager: JobManagerDep) -> list[JobSummary]:
     """Every live job: state, scheduler, ranks and round."""
     return [JobSummary(**_summary(job)) for job in manager.jobs.values()]  # type: ignore[arg-type]
 
 
 @router.get(JOB_URL, responses=error_responses(401, 404))
-async def get_job(job_id: str, manager: ManagerDep) -> JobDetail:
+async def get_job(job_id: str, manager: JobManagerDep) -> JobDetail:
     """One job: its summary, deployed plan, and measured vs predicted energy report."""
     return job_detail(manager.get(job_id))
