@@ -109,7 +109,7 @@ def solve(
     if split_backward is not None:
         prof = prof.split_backward(split_backward)
     num_stages = stages if stages is not None else prof.num_stages
-    from perseus.planning import check_frontier_memory, evaluate, max_frequencies, solve_frontier
+    from perseus.planning import check_frontier_memory, solve_frontier
 
     if num_stages >= 1 and microbatches >= 1:  # else make_schedule names the bad count
         # Before building the schedule: a size that cannot be solved fails in a second.
@@ -142,13 +142,10 @@ def solve(
             switch_latency_s=switch_latency_ms / 1000.0,
         )
     frontier.write(out)
-    base = evaluate(
-        prof,
-        sched,
-        max_frequencies(prof, sched),
-        p2p_power_w,
-        switch_latency_s=switch_latency_ms / 1000.0,
-    )
+    # The all-max plan, scored by the solve (with its switching latency): the baseline that
+    # `frontier.slowdown` measures against, so the table's columns share it.
+    base = frontier.all_max
+    assert base is not None  # solve_frontier always keeps it
     points = frontier.points
     table = Table(
         title=f"Frontier of {prof.source} — {sched.name}, S={sched.num_stages}"
@@ -168,7 +165,7 @@ def solve(
         f"{base.energy_j:.1f}",
         "—",
         "—",
-        str(clock_changes(max_frequencies(prof, sched))),
+        str(clock_changes(base.frequencies)),
         "—",
     )
     # Slowdowns are against all-max; where its top clock is power-capped, the fastest

@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from perseus.domain.plan import Evaluation, clock_changes
+from perseus.domain.plan import Evaluation
 from perseus.solver.problem import SolverProblem
 
 
@@ -44,7 +44,7 @@ class SwitchingProblem(Protocol):
     def choice_of(self, frequencies: list[list[int]]) -> np.ndarray: ...
 
 
-__all__ = ["clock_changes", "repair_frequencies", "switching_accounting"]
+__all__ = ["repair_frequencies", "switching_accounting"]
 
 
 def _option(pp: SwitchingProblem, node: int, freq_mhz: int) -> tuple[float, float]:

@@ -137,14 +137,16 @@ def compute_frontier(
 
     # The reference (all-max) plan: the baseline, and a candidate like any other.
     all_max = problem.reference_choice()
-    t_ref_arr, e_ref_arr, c_ref_arr = problem.score(all_max[:, None])
+    ref_scores = problem.score(all_max[:, None])
+    t_ref_arr, e_ref_arr, c_ref_arr = ref_scores
     t_ref = float(t_ref_arr[0])
     # The fastest plan: every node at its fastest option, whatever its label.
     fastest = problem.fastest_choice()
-    t_min = float(problem.score(fastest[:, None])[0][0])
+    fast_scores = problem.score(fastest[:, None])
+    t_min = float(fast_scores[0][0])
     store = ParetoStore(problem.n, t_min)
-    for choice, deadline in ((all_max, t_ref), (fastest, t_min)):
-        store.add(*problem.score(choice[:, None]), choice[:, None])
+    for choice, deadline, scores in ((all_max, t_ref, ref_scores), (fastest, t_min, fast_scores)):
+        store.add(*scores, choice[:, None])
         anchored = rounder.anchor(choice, deadline)[:, None]  # same time, less energy
         store.add(*problem.score(anchored), anchored)
         times = problem.choices_to_arrays(choice)[0]
