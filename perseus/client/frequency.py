@@ -23,10 +23,17 @@ class FrequencyController:
     is applied). An error raised by the GPU is re-raised in the caller's thread on the next
     `request`, `wait_applied` or `close`. `close` always resets the GPU's clocks once any
     clock was requested.
+
+    With `inline=True` there is no worker: `request` locks the clock in the caller's thread
+    and raises the GPU's error there. That is for GPUs whose clock change is a memory write
+    (an in-process `EmulatedGPU`), where handing it to a thread costs more than doing it: on
+    a loaded 2-core host the handoff measured 0.1-0.3 ms per changed clock on average and up
+    to 3.4 ms, all of it on the training thread's critical path.
     """
 
-    def __init__(self, gpu: GPU) -> None:
+    def __init__(self, gpu: GPU, *, inline: bool = False) -> None:
         self.gpu = gpu
+        self.inline = inline
         self._queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._requested = 0
@@ -34,6 +41,9 @@ class FrequencyController:
         self._last_requested_mhz: int | None = None
         self._error: BaseException | None = None
         self._closed = False
+        self._thread: threading.Thread | None = None
+        if inline:
+            return
         self._thread = threading.Thread(
             target=self._run, name=f"perseus-freq-gpu{gpu.index}", daemon=True
         )
@@ -76,6 +86,9 @@ class FrequencyController:
         if freq_mhz == self._last_requested_mhz:
             return
         self._last_requested_mhz = freq_mhz
+        if self.inline:
+            self.gpu.lock_sm_clocks(freq_mhz, freq_mhz)
+            return
         with self._cond:
             self._requested += 1
         self._queue.put(freq_mhz)
@@ -97,10 +110,11 @@ class FrequencyController:
         if self._closed:
             return
         self._closed = True
-        with self._cond:
-            self._requested += 1
-        self._queue.put(None)
-        self._thread.join(timeout=10.0)
+        if self._thread is not None:
+            with self._cond:
+                self._requested += 1
+            self._queue.put(None)
+            self._thread.join(timeout=10.0)
         try:
             if self._last_requested_mhz is not None:  # we may have changed the clock
                 self.gpu.reset_sm_clocks()

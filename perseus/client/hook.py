@@ -312,7 +312,8 @@ class PerseusOptimizer:
             if self.emulated:
                 job_record["emulated"] = True  # the trace's times and energies are a model's
             self._write_trace(job_record)
-            self._freq = FrequencyController(gpu)
+            # A GPU that emulates itself changes clocks in memory: no worker thread to wake.
+            self._freq = FrequencyController(gpu, inline=gpu.stand_in is gpu)
             if self.timing == "events":
                 self._events = EventTimer(device_id, self._energy_mj, self._freq.request)
         except BaseException:

@@ -18,10 +18,12 @@ __all__ = [
     "Frontier",
     "FrontierPoint",
     "PipelineProblem",
+    "calibrate_hop_latency",
     "check_frontier_memory",
     "choose_index",
     "evaluate",
     "evaluate_plan",
+    "hop_times",
     "make_plan",
     "max_frequencies",
     "pipeline_problem",
@@ -31,6 +33,7 @@ __all__ = [
 ]
 
 _FRONTIER = {"Frontier", "FrontierPoint", "check_frontier_memory", "choose_index", "solve_frontier"}
+_HOPS = {"calibrate_hop_latency", "hop_times"}
 
 if TYPE_CHECKING:
     from perseus.planning.frontier import (
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
         choose_index,
         solve_frontier,
     )
+    from perseus.planning.hops import calibrate_hop_latency, hop_times
     from perseus.planning.problem import (
         PipelineProblem,
         evaluate,
@@ -55,7 +59,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = "frontier" if name in _FRONTIER else "problem"
+    module = "frontier" if name in _FRONTIER else "hops" if name in _HOPS else "problem"
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -44,6 +45,20 @@ def test_frequency_controller_raises_gpu_errors_in_the_caller():
         ctl.wait_applied()
     with pytest.raises(GPUPermissionError):  # resetting clocks needs privileges too
         ctl.close()
+
+
+def test_inline_frequency_controller_locks_in_the_callers_thread():
+    gpu = EmulatedGPU(0)
+    ctl = FrequencyController(gpu, inline=True)
+    for freq in (1410, 900, 705):
+        ctl.request(freq)
+        assert gpu.current_sm_clock_mhz() == freq  # in force on return, no wait needed
+    ctl.wait_applied()
+    assert not any(t.name.startswith("perseus-freq-") for t in threading.enumerate())
+    ctl.close()
+    assert gpu.current_sm_clock_mhz() == gpu.spec.max_sm_clock_mhz  # reset on close
+    with pytest.raises(GPUPermissionError, match="root"):
+        FrequencyController(EmulatedGPU(0, privileged=False), inline=True).request(900)
 
 
 @pytest.mark.parametrize("freq", [1410, 1005, 600])
