@@ -72,6 +72,16 @@ def _steady(traces, key):
     return [reduce(s[i][key] for s in steps) for i in range(len(steps[0]))][-MEASURED:]
 
 
+def _deployed(runs):
+    """The Perseus job's deployed plan, its solver problem and the all-max frequencies."""
+    (job_dir,) = runs["Perseus"][1]
+    plan = load_plan(job_dir / "deployed_plan.json")
+    profile = load_profile(job_dir / "instruction_profile.csv")
+    schedule = plan.pipeline_schedule()
+    pp = pipeline_problem(profile, schedule, plan.p2p_power)
+    return plan, pp, max_frequencies(profile, schedule)
+
+
 def test_switching_the_scheduler_switches_behaviour(runs):
     allmax, _ = runs["AllMaxFrequency"]
     perseus, _ = runs["Perseus"]
@@ -116,12 +126,7 @@ def test_measured_energy_and_time_against_all_max(runs):
     # (`perseus.planning.hops`). With it, the plan that fits the 1 % budget in the model is
     # predicted to run ~2 % slower than all-max: the measured slowdown is held to that
     # prediction, plus the wider of the two runs' own step-to-step spread.
-    (job_dir,) = runs["Perseus"][1]
-    plan = load_plan(job_dir / "deployed_plan.json")
-    profile = load_profile(job_dir / "instruction_profile.csv")
-    schedule = plan.pipeline_schedule()
-    pp = pipeline_problem(profile, schedule, plan.p2p_power)
-    all_max = max_frequencies(profile, schedule)
+    plan, pp, all_max = _deployed(runs)
     hop_s = calibrate_hop_latency(pp, all_max, statistics.median(base_t))
     assert hop_s < 0.01, hop_s  # a gloo hop on loopback is ms, not tens of ms
     plan_s, all_max_s = hop_times(pp, [plan.stage_frequencies(), all_max], hop_s)
@@ -134,14 +139,9 @@ def test_hop_latency_explains_the_all_max_time(runs):
     """The calibration is what the test above leans on: at the calibrated latency the model
     gives the measured all-max time, and without it the model is faster than measured."""
     base_t = statistics.median(_steady(runs["AllMaxFrequency"][0], "iter_time_s"))
-    (job_dir,) = runs["Perseus"][1]
-    plan = load_plan(job_dir / "deployed_plan.json")
-    profile = load_profile(job_dir / "instruction_profile.csv")
-    schedule = plan.pipeline_schedule()
-    pp = pipeline_problem(profile, schedule, plan.p2p_power)
-    all_max = max_frequencies(profile, schedule)
+    plan, pp, all_max = _deployed(runs)
     (free,) = hop_times(pp, [all_max], 0.0)
-    assert free == evaluate(profile, schedule, all_max, plan.p2p_power).iteration_time_s
+    assert free == evaluate(pp.profile, pp.schedule, all_max, plan.p2p_power).iteration_time_s
     assert free < base_t  # the host's overhead is real
     hop_s = calibrate_hop_latency(pp, all_max, base_t)
     assert hop_s > 0
