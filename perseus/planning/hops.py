@@ -33,23 +33,38 @@ _BISECTIONS = 60
 
 
 def _cross_preds(pp: PipelineProblem) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per node (topological index): its predecessors' indices, and whether each edge
-    crosses from one pipeline rank to another."""
-    cached = getattr(pp, "_hop_preds", None)
-    if cached is not None:
-        return cached
+    """Per node (topological index): its predecessors' indices, and 1.0 for each edge that
+    crosses from one pipeline rank to another (0.0 within a rank)."""
     index = {ins: k for k, ins in enumerate(pp.instructions)}
     preds: list[list[int]] = [[] for _ in pp.instructions]
     cross: list[list[bool]] = [[] for _ in pp.instructions]
     for u, v in pp.schedule.dag().edges():
         preds[index[v]].append(index[u])
         cross[index[v]].append(u.rank != v.rank)
-    out = [
+    return [
         (np.array(p, dtype=np.int64), np.array(c, dtype=float))
         for p, c in zip(preds, cross, strict=True)
     ]
-    pp._hop_preds = out  # type: ignore[attr-defined]  # the problem is immutable
-    return out
+
+
+class _HopModel:
+    """The durations of some plans and the DAG's cross-rank edges, laid out once, so that
+    many latencies can be tried (the calibration's bisection) without redoing either."""
+
+    def __init__(self, pp: PipelineProblem, plans: Sequence[Sequence[Sequence[int]]]) -> None:
+        choice = np.stack([pp.choice_of([list(f) for f in plan]) for plan in plans], axis=1)
+        self.durations, _ = pp.solver.choices_to_arrays(choice)
+        self.preds = _cross_preds(pp)
+
+    def times(self, hop_latency_s: float) -> np.ndarray:
+        """Each plan's longest path with `hop_latency_s` on every cross-rank edge."""
+        finish = np.zeros_like(self.durations)
+        for v, (pred, cross) in enumerate(self.preds):
+            start = (
+                (finish[pred] + (hop_latency_s * cross)[:, None]).max(axis=0) if len(pred) else 0
+            )
+            finish[v] = start + self.durations[v]
+        return finish.max(axis=0)
 
 
 def hop_times(
@@ -63,16 +78,7 @@ def hop_times(
         )
     if not plans:
         return np.zeros(0)
-    choice = np.stack([pp.choice_of([list(f) for f in plan]) for plan in plans], axis=1)
-    durations, _ = pp.solver.choices_to_arrays(choice)
-    finish = np.zeros_like(durations)
-    for v, (pred, cross) in enumerate(_cross_preds(pp)):
-        if len(pred):
-            start = (finish[pred] + (hop_latency_s * cross)[:, None]).max(axis=0)
-            finish[v] = start + durations[v]
-        else:
-            finish[v] = durations[v]
-    return finish.max(axis=0)
+    return _HopModel(pp, plans).times(hop_latency_s)
 
 
 def calibrate_hop_latency(
@@ -81,18 +87,23 @@ def calibrate_hop_latency(
     """The hop latency (s) at which the model's time for `frequencies` equals `measured_s`.
 
     0 when the model is already as slow as the measurement or the pipeline has one rank
-    (no hops). The time grows with the latency (a maximum of lines of slope ≥ 1), so a
-    bisection finds it to well under a microsecond.
+    (no hops). The time is a maximum of lines in the latency (one per path, slope = its
+    hops), so it never decreases: a bisection finds the latency to well under a microsecond.
     """
     if not (math.isfinite(measured_s) and measured_s > 0):
         raise SolverError(f"measured iteration time must be a positive number, got {measured_s!r}")
-    modelled = float(hop_times(pp, [frequencies], 0.0)[0])
+    model = _HopModel(pp, [frequencies])
+    modelled = float(model.times(0.0)[0])
     if measured_s <= modelled or len(pp.stage_index) < 2:
         return 0.0
-    lo, hi = 0.0, measured_s - modelled  # every path to the end has at least one hop
+    # Some path has a hop, but the critical one need not: widen until the bound is reached.
+    hi = measured_s - modelled
+    while float(model.times(hi)[0]) < measured_s:
+        hi *= 2
+    lo = 0.0
     for _ in range(_BISECTIONS):
         mid = (lo + hi) / 2
-        if float(hop_times(pp, [frequencies], mid)[0]) < measured_s:
+        if float(model.times(mid)[0]) < measured_s:
             lo = mid
         else:
             hi = mid
