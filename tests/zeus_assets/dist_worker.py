@@ -23,7 +23,8 @@ def run_rank(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
     )
     try:
         clock = VirtualClock()
-        gpu = EmulatedGPU(0, gpu_type="A40", clock=clock)
+        # Ideal sensors: the test compares the ranks' aggregate with the model's exact joules.
+        gpu = EmulatedGPU(0, gpu_type="A40", clock=clock, sensors="ideal")
         monitor = ZeusMonitor(gpus=[gpu], time_fn=clock)
         opt = GlobalPowerLimitOptimizer(
             monitor,

@@ -45,6 +45,7 @@ from zeus_power.device.base import (
 from zeus_power.device.clock import VirtualClock
 from zeus_power.device.dvfs import DEFAULT_ACTIVITY, DVFSModel, Execution, Sweep, Workload
 from zeus_power.device.emulated import EmulatedGPU
+from zeus_power.device.sensors import IDEAL_SENSORS, REAL_SENSORS, SensorSpec
 from zeus_power.device.specs import GPU_SPECS, GPUSpec, get_gpu_spec, gpu_type_names
 
 __all__ = [
@@ -62,6 +63,9 @@ __all__ = [
     "GPUSpec",
     "GPUValueError",
     "GPU_SPECS",
+    "IDEAL_SENSORS",
+    "REAL_SENSORS",
+    "SensorSpec",
     "Sweep",
     "VirtualClock",
     "Workload",
@@ -99,6 +103,35 @@ class DeviceSettings(BaseSettings):
     """`ZEUS_EMULATED_SWITCH_LATENCY_MS`: how long a new SM clock takes to come into force
     on an emulated GPU (default: 15 ms, the middle of the 10–20 ms reported for
     `nvmlDeviceSetGpuLockedClocks`; see docs/emulator.md)."""
+    emulated_sensors: Literal["real", "ideal"] = "real"
+    """`ZEUS_EMULATED_SENSORS`: ``real`` (default): the energy counter and power readings
+    refresh as below, as on a real GPU; ``ideal``: exact and continuous, which no GPU shows
+    (for tests that need exact energy; the settings below are then ignored)."""
+    emulated_sensor_period_ms: float = Field(
+        default=REAL_SENSORS.period_s * 1000, gt=0.0, le=10_000.0
+    )
+    """`ZEUS_EMULATED_SENSOR_PERIOD_MS`: refresh period of the counter and power readings
+    (default 100, measured on an H100)."""
+    emulated_sensor_window: float = Field(default=REAL_SENSORS.window, gt=0.0, le=1.0)
+    """`ZEUS_EMULATED_SENSOR_WINDOW`: share of each period the sensor samples (default 1;
+    0.25 on A100 and H100 per arXiv 2312.02741)."""
+    emulated_sensor_read_ms: float = Field(
+        default=REAL_SENSORS.read_latency_s * 1000, ge=0.0, le=1000.0
+    )
+    """`ZEUS_EMULATED_SENSOR_READ_MS`: how long one counter read takes (default 2.4)."""
+    emulated_sensor_noise: float = Field(default=REAL_SENSORS.noise, ge=0.0, le=1.0)
+    """`ZEUS_EMULATED_SENSOR_NOISE`: relative std of each refresh's energy (default 0.01)."""
+
+    def sensor_spec(self) -> SensorSpec:
+        """The sensors these settings describe."""
+        if self.emulated_sensors == "ideal":
+            return IDEAL_SENSORS
+        return SensorSpec(
+            period_s=self.emulated_sensor_period_ms / 1000.0,
+            window=self.emulated_sensor_window,
+            read_latency_s=self.emulated_sensor_read_ms / 1000.0,
+            noise=self.emulated_sensor_noise,
+        )
 
 
 def _load_settings() -> DeviceSettings:
@@ -144,7 +177,10 @@ def open_gpus(
     if chosen == "zeusd" or (chosen == "auto" and _zeusd_configured()):
         return _open_zeusd(indices, settings, clock=clock, seed=seed, noise=noise)
     if chosen == "emulated":
-        logger.info("Emulated GPUs, as asked for: their times and energies come from a model")
+        logger.info(
+            "Emulated GPUs, as asked for: their times and energies come from a model; sensors: %s",
+            settings.sensor_spec().describe(),
+        )
         return _open_emulated(
             indices, settings, gpu_type=gpu_type, clock=clock, seed=seed, noise=noise
         )
@@ -192,6 +228,7 @@ def _open_emulated(
             seed=seed,
             noise=settings.emulated_noise if noise is None else noise,
             switch_latency_s=settings.emulated_switch_latency_ms / 1000.0,
+            sensors=settings.sensor_spec(),
         )
         for index in indices
     ]
@@ -223,6 +260,7 @@ def _open_zeusd(
             seed=seed,
             noise=settings.emulated_noise if noise is None else noise,
             privileged=False,  # the job's copy; only the daemon changes the GPU
+            sensors=settings.sensor_spec(),
         )
 
     return open_zeusd_gpus(indices, emulated=mirror)

@@ -68,7 +68,8 @@ class StandIn(Protocol):
     A real GPU slows its kernels down by itself when a lower clock is locked and its energy
     counter measures them. An emulated one does neither: the calling process does the work,
     stretches it to the locked clock with `stretch_factor`, and charges the model's
-    `busy_power_w` to the energy counter with `record_busy`. `workload` is whatever the
+    `busy_power_w` to the energy drawn with `begin_busy`/`end_busy` (or `record_busy` after
+    the fact), which the GPU's sensors then show as a real GPU's would. `workload` is whatever the
     GPU's model accepts (for `EmulatedGPU`, a `Workload` or a memory fraction).
     """
 
@@ -94,6 +95,14 @@ class StandIn(Protocol):
 
     def record_busy(self, duration_s: float, power_w: float) -> None:
         """Add `duration_s` of work at `power_w`, just finished, to the energy counter."""
+        ...
+
+    def begin_busy(self, power_w: float) -> None:
+        """Work at `power_w` starts now: a refreshing counter sees it while it runs."""
+        ...
+
+    def end_busy(self, duration_s: float, energy_j: float) -> None:
+        """The work `begin_busy` started lasted `duration_s` and drew `energy_j` in all."""
         ...
 
     def switch_lag(self, ago_s: float = 0.0) -> tuple[int, float]:

@@ -1,8 +1,10 @@
 """An emulated GPU: the `GPU` interface on top of a `DVFSModel` (`zeus_power.device.dvfs`).
 
-`EmulatedGPU` runs `Workload`s at its locked clock and power limit as the model says. Its
-monotone energy counter integrates the idle power over the elapsed time of an injectable
-clock, plus the extra (above-idle) power of the work it executed or was told about.
+`EmulatedGPU` runs `Workload`s at its locked clock and power limit as the model says. The
+energy it draws is the idle power over the elapsed time of an injectable clock, plus the
+extra (above-idle) power of the work it executed or was told about; its sensors show that
+energy as a real GPU's do (`zeus_power.device.sensors`: a counter and power readings that
+refresh every 100 ms, a 2.4 ms counter read, noise), or exactly with ``sensors="ideal"``.
 `VirtualClock` lets tests run in virtual time without sleeping.
 
 The model's pieces (`DVFSModel`, `Workload`, `Execution`, `Sweep`, `DEFAULT_ACTIVITY`) and
@@ -29,6 +31,7 @@ from zeus_power.device.dvfs import (
     WorkloadLike,
     _check_finite,
 )
+from zeus_power.device.sensors import EnergyMeter, SensorSpec, sensor_spec
 from zeus_power.device.specs import GPUSpec
 
 __all__ = [
@@ -61,6 +64,11 @@ class EmulatedGPU(GPU):
         switch_latency_s: Seconds a new SM clock takes to come into force after
             `lock_sm_clocks`/`reset_sm_clocks` (0: at once). Until then the previous clock
             stays in force, for `execute` and for the hook's emulation alike.
+        sensors: What the energy counter and power readings show: a `SensorSpec`,
+            ``"real"`` (the default: 100 ms refresh, 2.4 ms per counter read, 1 % noise) or
+            ``"ideal"`` (exact and continuous, for tests that need exact energy). A counter
+            read sleeps the read latency on a real clock; on a `VirtualClock` it costs no
+            virtual time.
     """
 
     def __init__(
@@ -75,6 +83,7 @@ class EmulatedGPU(GPU):
         privileged: bool = True,
         energy_counter: bool | None = None,
         switch_latency_s: float = 0.0,
+        sensors: SensorSpec | str = "real",
     ) -> None:
         super().__init__(index)
         self.model = DVFSModel(gpu_type)
@@ -99,10 +108,10 @@ class EmulatedGPU(GPU):
         `_switch_at_s`."""
         self._switch_at_s = -math.inf
         self._power_limit_mw = round(self.spec.default_power_limit_w * 1000)
-        self._origin_s = clock()
-        self._extra_energy_mj = 0.0
-        self._busy_until_s = -math.inf
-        self._busy_power_w = self.spec.idle_power_w
+        self.sensors = sensor_spec(sensors)
+        """What this GPU's energy counter and power readings show."""
+        sensor_rng = np.random.default_rng(None if seed is None else [seed, index, 1])
+        self._meter = EnergyMeter(self.spec.idle_power_w, clock(), self.sensors, sensor_rng)
 
     # -- emulator-only attributes -----------------------------------------------------------
     @property
@@ -189,11 +198,9 @@ class EmulatedGPU(GPU):
                 time_s = result.time_s * self._noise_factor()
                 power_w = result.power_w * self._noise_factor()
                 result = Execution(time_s, power_w * time_s, result.freq_mhz, power_w)
-            self._extra_energy_mj += (
-                max(result.power_w - self.idle_power_w, 0.0) * result.time_s * 1e3
+            self._meter.add(
+                start_s, start_s + result.time_s, max(result.power_w, self.idle_power_w)
             )
-            self._busy_until_s = start_s + result.time_s
-            self._busy_power_w = result.power_w
         virtual = isinstance(self._clock, VirtualClock)
         if wait is None:
             wait = virtual or self._sleep
@@ -245,17 +252,38 @@ class EmulatedGPU(GPU):
         return self
 
     def record_busy(self, duration_s: float, power_w: float) -> None:
-        """Add `duration_s` of work at `power_w`, just finished, to the energy counter.
+        """Add `duration_s` of work at `power_w`, just finished, to the energy drawn.
 
         Only the part above idle power counts extra (idle power accrues with the clock);
-        a power below idle adds nothing, so the counter never runs backwards.
+        a power below idle adds nothing, so the counter never runs backwards. Work booked
+        after the fact reaches a refreshing counter at its next refresh.
         """
         duration_s = _check_finite("duration_s", duration_s)
         power_w = _check_finite("power_w", power_w)
         with self._lock:
-            self._extra_energy_mj += max(power_w - self.idle_power_w, 0.0) * duration_s * 1e3
-            self._busy_until_s = self._clock()
-            self._busy_power_w = power_w
+            now = self._clock()
+            self._meter.add(now - duration_s, now, max(power_w, self.idle_power_w))
+
+    def begin_busy(self, power_w: float) -> None:
+        """Work at `power_w` starts now (until `end_busy`): the sensors see it as it runs."""
+        power_w = _check_finite("power_w", power_w)
+        with self._lock:
+            self._meter.open(self._clock(), max(power_w, self.idle_power_w))
+
+    def end_busy(self, duration_s: float, energy_j: float) -> None:
+        """The work `begin_busy` started lasted `duration_s` from its start and drew
+        `energy_j` in all (a clock switch inside it changes its power)."""
+        duration_s = _check_finite("duration_s", duration_s)
+        energy_j = _check_finite("energy_j", energy_j)
+        with self._lock:
+            meter = self._meter
+            start = meter.open_start_s()
+            if start is None:  # nothing open: book it as just finished
+                now = self._clock()
+                meter.add(now - duration_s, now, max(energy_j / max(duration_s, 1e-12), 0.0))
+                return
+            floor_j = self.idle_power_w * duration_s
+            meter.close(start + duration_s, energy_j=max(energy_j, floor_j))
 
     # -- GPU interface ----------------------------------------------------------------------
     def name(self) -> str:
@@ -337,20 +365,25 @@ class EmulatedGPU(GPU):
         return self._energy_counter
 
     def total_energy_mj(self) -> int:
+        """The energy counter as its sensor shows it (`sensors`): with real sensors the
+        value of the last refresh, and the read takes `SensorSpec.read_latency_s`."""
         if not self._energy_counter:
             raise GPUNotSupportedError(
                 "This GPU has no energy counter; poll power_usage_mw() instead",
                 gpu_index=self.index,
             )
         with self._lock:
-            elapsed_s = max(self._clock() - self._origin_s, 0.0)
-            return int(self.idle_power_w * elapsed_s * 1e3 + self._extra_energy_mj)
+            value = int(self._meter.counter_j(self._clock()) * 1e3)
+        latency = self.sensors.read_latency_s
+        if latency > 0 and not isinstance(self._clock, VirtualClock):
+            time.sleep(latency)
+        return value
 
     def power_usage_mw(self) -> int:
-        """Power of the work in progress or just finished (at this clock reading), else idle."""
+        """Power as the sensor shows it: the last refresh's mean power (ideal sensors: the
+        power of the work in progress now, else idle)."""
         with self._lock:
-            busy = self._clock() <= self._busy_until_s
-            return round((self._busy_power_w if busy else self.idle_power_w) * 1000)
+            return round(self._meter.power_reading_w(self._clock()) * 1000)
 
     def follow(self, locked_clock_mhz: int | None, power_limit_mw: int) -> None:
         """Take on the clock and power limit another process (a GPU daemon) set.

@@ -15,7 +15,9 @@ WORK = Workload(compute_s_at_max=0.1, memory_s=0.02)
 
 
 def _gpu(clock: VirtualClock, index: int = 0, **kwargs) -> EmulatedGPU:
-    return EmulatedGPU(index, gpu_type="A40", clock=clock, **kwargs)
+    """Ideal sensors: these tests check the monitor's arithmetic against the model's exact
+    joules, to the mJ (a real counter refreshes every 100 ms; see the test at the end)."""
+    return EmulatedGPU(index, gpu_type="A40", clock=clock, sensors="ideal", **kwargs)
 
 
 @pytest.mark.parametrize("energy_counter", [True, False], ids=["counter", "polling"])
@@ -104,7 +106,8 @@ def test_mixed_gpus_each_use_their_own_source() -> None:
 
 
 def test_polling_thread_samples_in_real_time_and_stops() -> None:
-    gpu = EmulatedGPU(0, gpu_type="A40", energy_counter=False)  # real clock, sleeps
+    # Real clock, sleeps; ideal sensors: the polling's own error is under test.
+    gpu = EmulatedGPU(0, gpu_type="A40", energy_counter=False, sensors="ideal")
     monitor = ZeusMonitor(gpus=[gpu], poll_interval_s=0.01)
     monitor.begin_window("w")
     result = gpu.execute(Workload(compute_s_at_max=0.15))
@@ -154,3 +157,18 @@ def test_measurements_on_emulated_gpus_say_so(monkeypatch) -> None:
 
 def test_aggregate_without_process_group_is_identity() -> None:
     assert aggregate_over_ranks(1.5, 20.0) == (1.5, 20.0)
+
+
+def test_a_long_window_on_real_sensors_is_within_a_refresh_of_the_truth() -> None:
+    """What a user sees: the counter refreshes every 100 ms, so a window is off by at most
+    about one refresh's energy at each end; over 20 s that is under 1 %."""
+    clock = VirtualClock(1.0)
+    gpu = EmulatedGPU(0, gpu_type="A40", clock=clock, seed=0)  # real sensors, the default
+    monitor = ZeusMonitor(gpus=[gpu], time_fn=clock)
+    monitor.begin_window("w")
+    runs = [gpu.execute(WORK) for _ in range(160)]
+    m = monitor.end_window("w")
+    exact = sum(r.energy_j for r in runs)
+    assert m.time_s == pytest.approx(sum(r.time_s for r in runs)) and m.time_s > 19
+    assert m.gpu_energy_j[0] == pytest.approx(exact, rel=0.01)
+    assert m.gpu_energy_j[0] != pytest.approx(exact, abs=1e-3)  # but not to the mJ

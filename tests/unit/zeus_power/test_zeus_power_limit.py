@@ -43,7 +43,9 @@ class RecordingGPU(EmulatedGPU):
 
 
 def _setup(n_gpus: int = 1, **gpu_kwargs) -> tuple[VirtualClock, list[RecordingGPU], ZeusMonitor]:
+    """Ideal sensors: the state machine's choices are checked against exact measurements."""
     clock = VirtualClock()
+    gpu_kwargs.setdefault("sensors", "ideal")
     gpus = [RecordingGPU(i, gpu_type="A40", clock=clock, **gpu_kwargs) for i in range(n_gpus)]
     return clock, gpus, ZeusMonitor(gpus=gpus, time_fn=clock)
 
@@ -201,7 +203,7 @@ def test_multi_gpu_windows_sum_energy_and_set_every_gpu() -> None:
     # Each GPU runs on its own virtual clock; identical steps keep the clocks in lockstep,
     # as GPUs of one data-parallel job run side by side.
     clocks = [VirtualClock(), VirtualClock()]
-    gpus = [RecordingGPU(i, gpu_type="A40", clock=clocks[i]) for i in range(2)]
+    gpus = [RecordingGPU(i, gpu_type="A40", clock=clocks[i], sensors="ideal") for i in range(2)]
     monitor = ZeusMonitor(gpus=gpus, time_fn=clocks[0])
     opt = GlobalPowerLimitOptimizer(monitor, Energy(), warmup_steps=1, profile_steps=2, pl_step=100)
     _train(opt, gpus, steps_per_epoch=30, epochs=1)
