@@ -53,7 +53,8 @@ def deploy(
     GPUs with `latency_s` switching latency (one per rank, virtual time)."""
     clocks = [VirtualClock() for _ in schedule.orders]
     gpus = [
-        EmulatedGPU(r, gpu_type=GPU, clock=c, switch_latency_s=latency_s)
+        # Ideal sensors: one iteration's energy against the plan's, to the mJ.
+        EmulatedGPU(r, gpu_type=GPU, clock=c, switch_latency_s=latency_s, sensors="ideal")
         for r, c in enumerate(clocks)
     ]
     p2p_w = gpus[0].p2p_block_power_w

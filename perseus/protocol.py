@@ -32,6 +32,7 @@ from perseus.io.jobdir import JobDir
 from perseus.io.profile_csv import read_profile_rows, write_profile_rows
 
 __all__ = [
+    "EnergyWindow",
     "FrequencySchedule",
     "InstructionProfilingResult",
     "JobInfo",
@@ -77,6 +78,14 @@ MAX_FREQUENCIES = 1024
 """SM clocks one GPU reports (an A100 has 81, an H100 about 100): the most a rank may list in
 `RankInfo.available_frequencies`, or a profile hold per instruction."""
 MAX_FREQ_MHZ = 100_000
+MAX_WINDOWS = 2_000
+"""Energy windows in one round's result (`ProfilingResult.energy_windows`): 200 s of 100 ms
+refreshes; a rank merges refreshes to stay within it."""
+MAX_REFRESH_S = 60.0
+"""The longest energy-counter refresh period a rank may report."""
+SAMPLED_TAIL = 0.25
+"""The share of each refresh period that A100 and H100 power sensors sample, at its end
+(arXiv 2312.02741): windows carry their busy seconds in it (`EnergyWindow.tail_busy_s`)."""
 
 Seconds = Annotated[float, Field(gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)]
 """A measured time: finite, > 0, at most `MAX_TIME_S`."""
@@ -84,6 +93,8 @@ Joules = Annotated[float, Field(ge=0.0, le=MAX_ENERGY_J, allow_inf_nan=False)]
 """A measured energy: finite, >= 0, at most `MAX_ENERGY_J`."""
 FreqMHz = Annotated[int, Field(gt=0, le=MAX_FREQ_MHZ)]
 """An SM clock in MHz."""
+Span = Annotated[float, Field(ge=0.0, le=MAX_TIME_S, allow_inf_nan=False)]
+"""A part of a time: finite, >= 0."""
 
 
 class PipelineSpec(BaseModel):
@@ -267,16 +278,62 @@ class RankInfo(BaseModel):
     tp_rank: int = Field(ge=0)
     available_frequencies: list[FreqMHz] = Field(max_length=MAX_FREQUENCIES)
     emulated: bool = False
+    energy_refresh_s: float | None = Field(
+        default=None, ge=0.0, le=MAX_REFRESH_S, allow_inf_nan=False
+    )
+    """How often the GPU's energy counter refreshes, as the rank measured it at start
+    (0: continuous; None: not measured, e.g. no counter). Rounds are sized from it."""
 
 
 class FrequencySchedule(BaseModel):
     """Frequency schedule for one iteration of one rank.
 
     `frequencies` is a list of (instruction name, frequency in MHz), in execution order.
+    `steps`: run it for at least this many iterations before reporting (the hook runs
+    ``max(steps_per_round, steps)``); None: the hook's own `steps_per_round`. The
+    coordinator asks for long rounds while it profiles, so that the energy counter
+    refreshes often enough within each.
     """
 
     rank: int = Field(ge=0)
     frequencies: list[tuple[str, int]]
+    steps: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
+
+
+class EnergyWindow(BaseModel):
+    """The energy a GPU's counter showed between two of its refreshes, and what ran meanwhile.
+
+    Attributes:
+        energy_j: The counter's difference between the two refreshes (exact up to the
+            sensor's noise: both ends are refreshes).
+        time_s: Seconds between them.
+        busy_s: Per instruction of the rank's iteration order (its index), the seconds it
+            ran inside the window, summed over the iterations there; the rest is idle.
+        tail_s: Seconds of the window within the last `SAMPLED_TAIL` of each refresh period.
+        tail_busy_s: Per instruction, its seconds within those tails.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    energy_j: Joules
+    time_s: Seconds
+    busy_s: list[Span] = Field(max_length=MAX_ACTIONS)
+    tail_s: Span = 0.0
+    tail_busy_s: list[Span] = Field(default_factory=list, max_length=MAX_ACTIONS)
+
+    @model_validator(mode="after")
+    def _check_parts(self) -> EnergyWindow:
+        slack = 1e-6 * self.time_s + 1e-9
+        if sum(self.busy_s) > self.time_s + slack:
+            raise ValueError(
+                f"busy_s adds up to {sum(self.busy_s)!r} s, more than the window's "
+                f"{self.time_s!r} s"
+            )
+        if self.tail_s > self.time_s + slack or sum(self.tail_busy_s) > self.tail_s + slack:
+            raise ValueError("tail_s and tail_busy_s must fit in the window and its tails")
+        if self.tail_busy_s and len(self.tail_busy_s) != len(self.busy_s):
+            raise ValueError("tail_busy_s needs one entry per entry of busy_s")
+        return self
 
 
 class ProfilingResult(BaseModel):
@@ -295,6 +352,11 @@ class ProfilingResult(BaseModel):
         time_breakdown: Duration of each operation across iterations, e.g.
             ``{"forward": [[0.1, 0.12], [0.1, 0.11]]}`` (iteration × occurrence).
         energy_breakdown: Energy of each operation, same structure as `time_breakdown`.
+            On a GPU whose counter refreshes (every real one), each instruction's share of
+            its iteration's energy by time: an instruction's own energy cannot be read.
+        energy_windows: The round cut at the energy counter's refreshes (`EnergyWindow`),
+            from which the coordinator estimates each instruction's energy; None when the
+            rank has no energy counter (or an older client).
     """
 
     rank: int = Field(ge=0)
@@ -314,6 +376,7 @@ class ProfilingResult(BaseModel):
             Field(max_length=MAX_ITERATIONS),
         ],
     ] = Field(default_factory=dict)
+    energy_windows: list[EnergyWindow] | None = Field(default=None, max_length=MAX_WINDOWS)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ProfilingResult:

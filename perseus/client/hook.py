@@ -16,14 +16,21 @@ with PerseusOptimizer(rank=..., dp_rank=..., pp_rank=..., tp_rank=0, device_id=l
 A round: the rank runs its `FrequencySchedule` for `steps_per_round` iterations, then a
 background thread reports the round's `ProfilingResult` and asks for the next schedule (a
 long-poll barrier over all ranks of the job); the next `on_step_begin` collects it, and any
-error the exchange met. The very first schedule is fetched in-band. Each instruction's
-frequency is handed to the `FrequencyController`'s thread, so the training loop never waits
-on the driver; each instruction's time and energy are measured around a device
-synchronisation, energy with the GPU's energy counter. When the GPU has a `stand_in` (an
-`EmulatedGPU`: it runs no kernels itself), the hook also stretches instructions to the
-locked clock and takes each instruction's energy from the emulator: exactly what it added
-to the energy counter (see `perseus.client.emulation`); iteration energies always come from
-the counter.
+error the exchange met. The very first schedule is fetched in-band; a schedule may ask for
+more iterations than `steps_per_round` (`FrequencySchedule.steps`: long profiling rounds).
+Each instruction's frequency is handed to the `FrequencyController`'s thread, so the
+training loop never waits on the driver.
+
+What the hook measures is what a GPU shows: each instruction's time (around a device
+synchronisation, or from CUDA events), each iteration's energy from the energy counter,
+and the counter's refreshes, which a background thread watches (`perseus.client.sensing`):
+at a round's end the round is cut at them into energy windows that the coordinator turns
+into per-instruction energies. An instruction's own energy cannot be read (the counter
+refreshes every 100 ms on an H100); the per-instruction energies the hook reports are its
+share of its iteration's energy by time. When the GPU has a `stand_in` (an `EmulatedGPU`: it
+runs no kernels itself), the hook also stretches instructions to the locked clock and tells
+the emulator what they draw (`perseus.client.emulation`); it reads their energy back only
+through the emulated GPU's sensors, as on a real GPU.
 
 While the coordinator is away (killed, restarting), the round's exchange retries for up to
 ``PERSEUS_RECONNECT_S`` (default 120 s; `perseus.client.coordinator`) and the rank waits
@@ -65,6 +72,7 @@ from perseus.client.emulation import EmulationSettings, InstructionEmulator
 from perseus.client.frequency import FrequencyController
 from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
+from perseus.client.sensing import CounterPoller, energy_windows
 from perseus.client.timing import TIMINGS, EventTimer, InstructionTiming
 from perseus.client.trace import Trace
 from perseus.errors import ConfigurationError, RankError
@@ -248,7 +256,11 @@ class PerseusOptimizer:
         self.emulator: InstructionEmulator | None = None
         if self._stand_in is not None:
             self.emulator = InstructionEmulator(
-                self._stand_in, emulation or EmulationSettings(), nominal_time_s=nominal_time_s
+                self._stand_in,
+                emulation or EmulationSettings(),
+                nominal_time_s=nominal_time_s,
+                rank=rank,
+                stage=pp_rank,
             )
         self._energy_counter = gpu.supports_energy_counter()
         if timing == "auto":
@@ -292,7 +304,25 @@ class PerseusOptimizer:
             # The job's credential travels with its id (ids never hold a newline).
             return f"{job_id}\n{self._coordinator.job_token(job_id) or ''}"
 
+        self._poller: CounterPoller | None = None
         try:
+            refresh_s = None
+            if self._energy_counter:
+                # The counter's refresh period, measured here (a few hundred ms): the
+                # coordinator sizes profiling rounds from it.
+                self._poller = CounterPoller(
+                    gpu.total_energy_mj, name=f"perseus-counter-rank{rank}"
+                )
+                refresh_s = self._poller.wait_period()
+                logger.info(
+                    "Rank %d: the energy counter refreshes %s",
+                    rank,
+                    "continuously"
+                    if refresh_s == 0.0
+                    else "at an unknown period"
+                    if refresh_s is None
+                    else f"every {refresh_s * 1000:.1f} ms",
+                )
             shared = share_job_id(dist, rank, register_job)
             self.job_id, _, job_token = shared.partition("\n")
             self._coordinator.set_job_token(self.job_id, job_token or None)
@@ -305,6 +335,7 @@ class PerseusOptimizer:
                     tp_rank=tp_rank,
                     available_frequencies=self.available_frequencies,
                     emulated=self.emulated,
+                    energy_refresh_s=refresh_s,
                 ),
             )
             self._trace = Trace.open(trace_dir, rank)
@@ -320,6 +351,10 @@ class PerseusOptimizer:
             self._coordinator.close()
             if self._trace is not None:
                 self._trace.close()
+            if self._poller is not None:
+                self._poller.close()
+            if self.emulator is not None:
+                self.emulator.close()
             raise
 
         self._state = _HookState.NEED_SCHEDULE
@@ -329,7 +364,6 @@ class PerseusOptimizer:
         self.step = 0
         self._step_in_round = 0
         self._instr_start_s = 0.0
-        self._instr_start_mj = 0.0
         self._instr_stage: int | None = None
         self._instr_microbatch: int | None = None
         self._step_start_s = 0.0
@@ -338,6 +372,15 @@ class PerseusOptimizer:
         self._iter_energy: list[float] = []
         self._time_breakdown: dict[str, list[list[float]]] = {}
         self._energy_breakdown: dict[str, list[list[float]]] = {}
+        self._round_steps = steps_per_round
+        """Iterations of the current round: max(steps_per_round, the schedule's steps)."""
+        self._round_start_s = 0.0
+        self._round_end_s = 0.0
+        self._intervals: list[tuple[int, float, float]] = []
+        """The round's instructions so far: (index in the iteration, start, end), host clock."""
+        self._step_instrs: list[tuple[str, int, int | None, int | None, int, float, float]] = []
+        """Sync timing: the step's instructions until its energy is known (name, index,
+        stage, microbatch, freq, time, compute time)."""
         self._savings = SavingsLog(rank, max(self.available_frequencies, default=0), logger)
 
     def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
@@ -353,6 +396,29 @@ class PerseusOptimizer:
         if self._energy_counter:
             return float(self.gpu.total_energy_mj())
         return 0.0
+
+    def _round_windows(self, end_s: float) -> list[Any] | None:
+        """The round cut at the counter's refreshes (None without a counter)."""
+        poller = self._poller
+        if poller is None:
+            return None
+        if poller.error is not None:
+            logger.warning(
+                "Rank %d: the energy counter's watcher stopped (%s); no energy windows",
+                self.rank,
+                poller.error,
+            )
+            self._poller = None
+            return None
+        windows = energy_windows(
+            poller.ticks(self._round_start_s, end_s),
+            self._intervals,
+            len(self._schedule.frequencies),
+            start_s=self._round_start_s,
+            end_s=end_s,
+        )
+        poller.forget(end_s - 1.0)
+        return windows
 
     def _energy_since(self, start_mj: float, duration_s: float) -> float:
         """Joules since a counter reading (or power × time on GPUs without a counter)."""
@@ -389,6 +455,7 @@ class PerseusOptimizer:
         exchange, self._pending = self._pending, None
         schedule = exchange.result() if exchange is not None else self._get_schedule()
         frequencies = self._schedule.accept(schedule, self.round + 1)
+        self._round_steps = max(self.steps_per_round, schedule.steps or 0)
         self.round += 1
         self._savings.schedule(self.round, [f for _, f in schedule.frequencies])
         self._write_trace(
@@ -410,11 +477,14 @@ class PerseusOptimizer:
             self._iter_time, self._iter_energy = [], []
             self._time_breakdown = {name: [] for name in INSTRUCTIONS}
             self._energy_breakdown = {name: [] for name in INSTRUCTIONS}
+            self._intervals = []
+        first = self._step_in_round == 0
         for name in INSTRUCTIONS:
             self._time_breakdown[name].append([])
             self._energy_breakdown[name].append([])
         self._schedule.start_step()
         self._state = _HookState.IN_STEP
+        self._step_instrs = []
         if self._events is not None:  # the counter is read off this thread
             self._events.step_begin()
             self._step_start_s = time.perf_counter()
@@ -422,6 +492,8 @@ class PerseusOptimizer:
         self._sync()
         self._step_start_mj = self._energy_mj()
         self._step_start_s = time.perf_counter()
+        if first:
+            self._round_start_s = self._step_start_s
 
     def on_instruction_begin(
         self, name: str, *, stage: int | None = None, microbatch: int | None = None
@@ -442,10 +514,11 @@ class PerseusOptimizer:
             return
         self._freq.request(freq)
         self._sync()
-        if self.emulator is None:
-            self._instr_start_mj = self._energy_mj()
-        else:  # the emulated switch starts now, not whenever the worker thread gets to it
+        if self.emulator is not None:
+            # The emulated switch starts now, not whenever the worker thread gets to it;
+            # the emulated GPU draws the instruction's power from now on.
             self._freq.wait_applied()
+            self.emulator.begin(name, freq)
         self._instr_stage, self._instr_microbatch = stage, microbatch
         self._instr_start_s = time.perf_counter()
 
@@ -464,6 +537,7 @@ class PerseusOptimizer:
             self._state = _HookState.IN_STEP
             return
         self._sync()
+        compute_s = -1.0
         if self.emulator is not None:
             compute_end_s = time.perf_counter()
             assert self._freq is not None and self._stand_in is not None
@@ -476,20 +550,22 @@ class PerseusOptimizer:
                 compute_end_s=compute_end_s,
                 stage=stage if stage is not None else self._instr_stage,
             )
-            # Exactly what the emulated GPU's counter gained for this instruction (reading
-            # the counter around it would add the idle power of the host's late wake-up).
-            energy_j = self.emulator.last_energy_j
+            compute_s = self.emulator.last_compute_s
         else:
             duration_s = time.perf_counter() - self._instr_start_s
-            energy_j = self._energy_since(self._instr_start_mj, duration_s)
-        self._measured(
-            name,
-            self._schedule.index,
-            stage if stage is not None else self._instr_stage,
-            microbatch if microbatch is not None else self._instr_microbatch,
-            freq,
-            duration_s,
-            energy_j,
+        index = self._schedule.index
+        self._intervals.append((index, self._instr_start_s, self._instr_start_s + duration_s))
+        # Its energy share is known once the step's energy is (on_step_end).
+        self._step_instrs.append(
+            (
+                name,
+                index,
+                stage if stage is not None else self._instr_stage,
+                microbatch if microbatch is not None else self._instr_microbatch,
+                freq,
+                duration_s,
+                compute_s,
+            )
         )
         self._schedule.advance()
         self._state = _HookState.IN_STEP
@@ -506,6 +582,7 @@ class PerseusOptimizer:
         *,
         slot: int = -1,
         step: int | None = None,
+        compute_s: float = -1.0,
     ) -> None:
         self._time_breakdown[name][slot].append(duration_s)
         self._energy_breakdown[name][slot].append(energy_j)
@@ -522,8 +599,8 @@ class PerseusOptimizer:
                 "time_s": duration_s,
                 "energy_j": energy_j,
             }
-            if self.emulator is not None:
-                record["compute_s"] = self.emulator.last_compute_s
+            if compute_s >= 0:
+                record["compute_s"] = compute_s
             self._trace.write(record)
 
     def on_step_end(self) -> None:
@@ -533,13 +610,21 @@ class PerseusOptimizer:
             self._events_step_end()
         else:
             self._sync()
-            iter_time_s = time.perf_counter() - self._step_start_s
+            end_s = time.perf_counter()
+            iter_time_s = end_s - self._step_start_s
             iter_energy_j = self._energy_since(self._step_start_mj, iter_time_s)
             self._schedule.finish_step(self.step)
+            power_w = iter_energy_j / iter_time_s if iter_time_s > 0 else 0.0
+            for name, index, stage, mb, freq, time_s, compute_s in self._step_instrs:
+                self._measured(
+                    name, index, stage, mb, freq, time_s, power_w * time_s, compute_s=compute_s
+                )
+            self._step_instrs = []
             self._step_measured(self.step, iter_time_s, iter_energy_j)
+            self._round_end_s = end_s
         self.step += 1
         self._step_in_round += 1
-        if self._step_in_round < self.steps_per_round:
+        if self._step_in_round < self._round_steps:
             self._state = _HookState.BETWEEN_STEPS
             return
         if self._events is not None:
@@ -550,6 +635,7 @@ class PerseusOptimizer:
             iter_energy=self._iter_energy,
             time_breakdown=self._time_breakdown,
             energy_breakdown=self._energy_breakdown,
+            energy_windows=self._round_windows(self._round_end_s),
         )
         self._savings.measured(self._iter_time, self._iter_energy)
         self._state = _HookState.NEED_SCHEDULE
@@ -583,11 +669,15 @@ class PerseusOptimizer:
         """Events timing: each step's energy (read by the watcher), shared by time."""
         assert self._events is not None
         steps, self._events_steps = self._events_steps, []
-        for (step, slot, iter_time_s, timings), energy_j in zip(
-            steps, self._events.step_energies_j(), strict=True
+        energies = self._events.step_energies_j()
+        spans = self._events.last_spans
+        for (step, slot, iter_time_s, timings), energy_j, (begin_s, _) in zip(
+            steps, energies, spans, strict=True
         ):
             power_w = energy_j / iter_time_s if iter_time_s > 0 else 0.0
             for index, t in enumerate(timings):
+                start_s = begin_s + t.offset_s  # the GPU's own timestamps, from the step's mark
+                self._intervals.append((index, start_s, start_s + t.time_s))
                 self._measured(
                     t.name,
                     index,
@@ -600,6 +690,8 @@ class PerseusOptimizer:
                     step=step,
                 )
             self._step_measured(step, iter_time_s, energy_j)
+        if spans:
+            self._round_start_s, self._round_end_s = spans[0][0], spans[-1][1]
 
     def abort_step(self) -> None:
         """Forget the step in progress after the training step failed: its instructions'
@@ -610,6 +702,8 @@ class PerseusOptimizer:
         for name in INSTRUCTIONS:
             self._time_breakdown[name].pop()
             self._energy_breakdown[name].pop()
+        # The failed step's instructions stay in the energy windows: the GPU ran them.
+        self._step_instrs = []
         if self._events is not None:
             self._events.discard()
         self._schedule.start_step()
@@ -631,6 +725,11 @@ class PerseusOptimizer:
                 "Rank %d: the last round's report did not reach the coordinator", self.rank
             )
         try:
+            if self._poller is not None:
+                poller, self._poller = self._poller, None
+                poller.close()
+            if self.emulator is not None:
+                self.emulator.close()
             if self._events is not None:
                 events, self._events = self._events, None
                 events.close()

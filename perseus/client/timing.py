@@ -47,6 +47,8 @@ class InstructionTiming:
     freq_mhz: int
     stage: int | None
     microbatch: int | None
+    offset_s: float = 0.0
+    """GPU seconds from its iteration's start mark to its start."""
 
 
 @dataclass
@@ -54,6 +56,8 @@ class _Mark:
     begin: bool
     event: Any  # torch.cuda.Event
     mj: float | None = None
+    host_s: float = 0.0
+    """`time.perf_counter` when the watcher saw the GPU reach the mark."""
 
 
 @dataclass
@@ -96,6 +100,10 @@ class EventTimer:
         self._open: _Pending | None = None
         self._handled = 0
         self._queued = 0
+        self._step_mark: _Mark | None = None
+        self.last_spans: list[tuple[float, float]] = []
+        """Per iteration of the last `step_energies_j` call, (start, end) on the host clock:
+        when the GPU reached its marks (the hook's instruction times hang off them)."""
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._thread = threading.Thread(
@@ -126,6 +134,7 @@ class EventTimer:
         """Mark an iteration's start (the watcher reads the counter when the GPU gets there)."""
         mark = _Mark(True, self._event())
         self._marks.append(mark)
+        self._step_mark = mark
         self._put("mark", mark)
 
     def step_end(self) -> list[InstructionTiming]:
@@ -135,6 +144,7 @@ class EventTimer:
         self._put("mark", mark)
         self._torch.cuda.synchronize(self._device)
         done, self._step = self._step, []
+        begin = self._step_mark
         return [
             InstructionTiming(
                 name=p.name,
@@ -142,6 +152,7 @@ class EventTimer:
                 freq_mhz=p.freq_mhz,
                 stage=p.stage,
                 microbatch=p.microbatch,
+                offset_s=0.0 if begin is None else begin.event.elapsed_time(p.start) / 1000.0,
             )
             for p in done
         ]
@@ -160,9 +171,11 @@ class EventTimer:
             raise error
         marks, self._marks = self._marks, []
         energies = []
+        self.last_spans = []
         for begin, end in zip(marks[::2], marks[1::2], strict=True):
             assert begin.begin and not end.begin and begin.mj is not None and end.mj is not None
             energies.append(max(0.0, (end.mj - begin.mj) / 1000.0))
+            self.last_spans.append((begin.host_s, end.host_s))
         return energies
 
     def _put(self, what: str, pending: Any) -> None:
@@ -179,6 +192,7 @@ class EventTimer:
             try:
                 if what == "mark":
                     pending.event.synchronize()  # releases the GIL while it waits
+                    pending.host_s = time.perf_counter()
                     pending.mj = self._read_energy_mj()
                 else:  # an instruction's start: the GPU got there, so its clock now
                     pending.start.synchronize()
@@ -196,6 +210,7 @@ class EventTimer:
         self._step = []
         if self._marks and self._marks[-1].begin:
             self._marks.pop()
+            self._step_mark = None
 
     def close(self) -> None:
         self._queue.put(None)

@@ -62,11 +62,16 @@ def test_inline_frequency_controller_locks_in_the_callers_thread():
 
 
 @pytest.mark.parametrize("freq", [1410, 1005, 600])
-def test_measured_emulation_stretches_wall_time_and_feeds_the_counter(freq):
-    gpu = EmulatedGPU(0)
-    emulator = InstructionEmulator(gpu, EmulationSettings(memory_fraction=0.2))
-    stretch = gpu.model.stretch_factor(Workload.from_memory_fraction(0.2), freq)
+def test_measured_emulation_stretches_wall_time_and_feeds_the_counter(freq, tmp_path):
+    gpu = EmulatedGPU(0, sensors="ideal")  # exact energy: what the emulator books is under test
+    emulator = InstructionEmulator(
+        gpu, EmulationSettings(memory_fraction=0.2, truth=tmp_path), rank=3, stage=2
+    )
+    work = emulator.workload("forward")  # the preset's activity, memory fraction 0.2
+    assert work.memory_fraction == pytest.approx(0.2)
+    stretch = gpu.model.stretch_factor(work, freq)
     start_mj = gpu.total_energy_mj()
+    emulator.begin("forward", freq)
     start = time.perf_counter()
     time.sleep(0.02)  # the "real work"
     compute_end = time.perf_counter()
@@ -77,9 +82,27 @@ def test_measured_emulation_stretches_wall_time_and_feeds_the_counter(freq):
     assert emulator.last_compute_s == compute_end - start
     # At least the stretched time; more only by the host's late wake-up (loaded CI machine).
     assert target <= duration <= wall < target + 0.05
-    power = gpu.busy_power_w(Workload.from_memory_fraction(0.2), freq)
-    assert emulator.last_energy_j == pytest.approx(power * duration)
+    power = gpu.busy_power_w(work, freq)
     assert energy_j == pytest.approx(power * duration, rel=0.05)
+    emulator.close()
+    # The truth file holds the model's numbers before any sensor effect.
+    lines = (tmp_path / "rank3.csv").read_text().splitlines()
+    assert lines[0] == "stage,instruction,frequency,time,energy"
+    stage, kind, f, t, e = lines[1].split(",")
+    assert (stage, kind, int(f), float(t)) == ("2", "forward", freq, duration)
+    assert float(e) == pytest.approx(power * duration)
+
+
+def test_kinds_draw_different_power_and_slow_down_differently():
+    gpu = EmulatedGPU(0)
+    emulator = InstructionEmulator(gpu, EmulationSettings())  # the GPT-3 preset
+    fwd, bwd = emulator.workload("forward"), emulator.workload("backward")
+    assert fwd.activity > bwd.activity and fwd.memory_fraction < bwd.memory_fraction
+    assert gpu.busy_power_w(fwd, 1410) > gpu.busy_power_w(bwd, 1410)
+    assert gpu.stretch_factor(fwd, 705) > gpu.stretch_factor(bwd, 705) > 1.0
+    assert emulator.workload("backward_weight") == bwd  # the halves take the backward's
+    uniform = InstructionEmulator(gpu, EmulationSettings(kinds="uniform"))
+    assert uniform.workload("forward") == uniform.workload("backward") == Workload(1.0)
 
 
 def test_nominal_emulation_ignores_the_measured_time():
@@ -87,8 +110,9 @@ def test_nominal_emulation_ignores_the_measured_time():
     emulator = InstructionEmulator(
         gpu, EmulationSettings(nominal=True), nominal_time_s={"forward": 0.01, "backward": 0.02}
     )
-    stretch = gpu.stretch_factor(Workload(1.0), 705)  # memory fraction 0: f_max / f
-    assert stretch == pytest.approx(1410 / 705)
+    stretch = gpu.stretch_factor(emulator.workload("backward"), 705)
+    assert 1.0 < stretch < 1410 / 705  # part of the backward is memory-bound
+    emulator.begin("backward", 705)
     duration = emulator.finish("backward", time.perf_counter(), 705)
     assert duration == pytest.approx(0.02 * stretch, rel=0.05)
     with pytest.raises(ConfigurationError, match="No nominal time for instruction 'optimizer'"):
@@ -112,6 +136,12 @@ def test_emulation_settings_come_from_the_environment(monkeypatch):
         InstructionEmulator(EmulatedGPU(0), settings)
     with pytest.raises(ConfigurationError, match="positive number of seconds"):
         InstructionEmulator(EmulatedGPU(0), settings, nominal_time_s={"forward": -1.0})
+    monkeypatch.setenv("PERSEUS_EMULATE_NOMINAL_MS", '{"forward": 10, "backward@1": 30}')
+    emulator = InstructionEmulator(EmulatedGPU(0), EmulationSettings())
+    assert emulator.nominal_time_s == {"forward": 0.01, "backward@1": 0.03}
+    monkeypatch.setenv("PERSEUS_EMULATE_NOMINAL_MS", '{"forward": -5}')
+    with pytest.raises(ValueError, match="greater than 0"):
+        EmulationSettings()
 
 
 def test_hook_needs_a_process_group():

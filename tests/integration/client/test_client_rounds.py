@@ -1,7 +1,8 @@
 """The per-rank hook against a real coordinator (a one-rank job in this process).
 
 The coordinator is a real server process on loopback; the process group is a one-rank
-gloo group; the GPU is an `EmulatedGPU` in nominal mode (exact instruction times).
+gloo group; the GPU is an `EmulatedGPU` in nominal mode (exact instruction times) with
+uniform kinds (every kind compute-bound: nominal × f_max / f) and its default, real sensors.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _hook(coordinator, gpu=None, **kwargs):
         **single_rank_layout(server_url=coordinator.url),
         job_metadata="client-test",
         gpu=gpu or EmulatedGPU(0),
-        emulation=EmulationSettings(nominal=True),
+        emulation=EmulationSettings(nominal=True, kinds="uniform"),
         nominal_time_s=NOMINAL,
         **kwargs,
     )
@@ -101,14 +102,20 @@ def test_a_round_is_reported_as_one_profiling_result(all_max, tmp_path):
     result = json.loads(dump.read_text())[0]
     assert result["rank"] == 0 and len(result["iter_time"]) == len(result["iter_energy"]) == 2
     for name in ("forward", "backward"):
-        for times, energies in zip(
-            result["time_breakdown"][name], result["energy_breakdown"][name], strict=True
+        for it, (times, energies) in enumerate(
+            zip(result["time_breakdown"][name], result["energy_breakdown"][name], strict=True)
         ):
             assert times == pytest.approx([NOMINAL[name]] * 2)  # exact at the max clock
-            assert energies == pytest.approx([t * EmulatedGPU(0).busy_power_w(0.0) for t in times])
+            # An instruction's energy cannot be read: its share of the iteration's by time.
+            power_w = result["iter_energy"][it] / result["iter_time"][it]
+            assert energies == pytest.approx([t * power_w for t in times])
     assert all(t >= 2 * sum(NOMINAL.values()) for t in result["iter_time"])
-    # The rank registered its GPU as emulated: the coordinator knows its numbers are a model's.
-    assert [r["emulated"] for r in json.loads((job_dir / "ranks.json").read_text())] == [True]
+    assert isinstance(result["energy_windows"], list)  # 60 ms: maybe no refresh inside
+    # The rank registered its GPU as emulated: the coordinator knows its numbers are a model's;
+    # and the period it measured its energy counter refreshing at (100 ms by default).
+    (info,) = json.loads((job_dir / "ranks.json").read_text())
+    assert info["emulated"] is True
+    assert info["energy_refresh_s"] == pytest.approx(0.1, abs=0.01)
     trace = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
     assert trace[0] == {"kind": "job", "job_id": hook.job_id, "rank": 0, "emulated": True}
     assert [r["round"] for r in trace if r["kind"] == "step"] == [0, 0, 1]

@@ -31,10 +31,11 @@ def setup():
 
 def _replay(schedule, workloads, frequencies, latency_s):
     """The plan run twice on emulated GPUs that switch with `latency_s` (virtual time):
-    (time, energy) of the second iteration. Independent of the planner's arithmetic."""
+    (time, energy) of the second iteration. Independent of the planner's arithmetic; ideal
+    sensors: one iteration's energy is compared to the mJ."""
     clocks = [VirtualClock() for _ in schedule.orders]
     gpus = [
-        EmulatedGPU(r, gpu_type=GPU, clock=c, switch_latency_s=latency_s)
+        EmulatedGPU(r, gpu_type=GPU, clock=c, switch_latency_s=latency_s, sensors="ideal")
         for r, c in enumerate(clocks)
     ]
     position = {ins: k for order in schedule.orders for k, ins in enumerate(order)}
