@@ -102,6 +102,38 @@ class SweepArgs(SchedulerArgs):
         description="coarse sweep: the relative energy a skipped level may save below the line "
         "between its measured neighbours before it is worth measuring",
     )
+    estimator: Literal["windows", "breakdown"] = Field(
+        default="windows",
+        description="'windows': every (stage, kind, clock)'s energy is fitted by least squares "
+        "to the energy counter's refreshes the ranks report (schedulers.estimation), each "
+        "with its standard error, and rounds are long enough to hold round_ticks refreshes; "
+        "'breakdown': each instruction's energy as the ranks report it (exact only where a "
+        "GPU shows per-instruction energy, which no real one does; used anyway for ranks "
+        "that report no windows)",
+    )
+    round_ticks: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="'windows': energy-counter refreshes each profiling round holds at least "
+        "(20 at the 100 ms of an H100: 2 s), from the refresh period the ranks measured and "
+        "the last measured iteration time",
+    )
+    target_uncertainty: float = Field(
+        default=0.01,
+        ge=0.0,
+        le=1.0,
+        description="'windows': an option whose energy's standard error is above this share "
+        "of it, and that could change the plan (not clearly dominated), is measured again "
+        "(0: never)",
+    )
+    max_repeats: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="'windows': most extra measurements of one option (their rounds are "
+        "also capped at half the rounds before them)",
+    )
 
 
 class ProfileSourceArgs(SweepArgs):

@@ -17,6 +17,9 @@ when both are 1, with one stage per rank):
 - a stage plan (per pipeline rank, the ``(instruction, freq_mhz)`` list of one iteration
   in execution order) → one `FrequencySchedule` per rank: every copy of a pipeline rank
   gets its list; a data-parallel pipeline may get its own plan (stragglers).
+- a rank's energy windows (`perseus.protocol.EnergyWindow`: busy seconds per instruction
+  of its order) → per rank, windows keyed by (stage, kind, clock) with the clocks the round
+  ran (`schedulers.estimation`): the per-GPU fit that turns them into energies.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from perseus.domain.schedule import PipelineSchedule
 from perseus.errors import ConfigurationError, PlanError, RankError
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
+from schedulers.estimation import Unit, WindowRow
 
 __all__ = [
     "Parallel3D",
@@ -88,6 +92,9 @@ class RoundMeasurement:
             (its busiest tp rank); used to spot a slow data-parallel pipeline.
         p2p_power_w: The median over ranks of the power a GPU drew while not computing,
             ``(iter_energy − Σ eᵢ) / (iter_time − Σ tᵢ)``, or None if no rank had idle time.
+        iterations: Iterations in the round (the most any rank ran).
+        windows: Per rank, its energy windows keyed by unit (ranks that sent none: absent).
+        unit_time: Per rank, per unit it ran, (total seconds, count) over the round.
     """
 
     stages: list[StageMeasurement]
@@ -97,6 +104,9 @@ class RoundMeasurement:
     job_energy_j: float
     busy_s: dict[tuple[int, int], float]
     p2p_power_w: float | None
+    iterations: int = 1
+    windows: dict[int, list[WindowRow]] = field(default_factory=dict)
+    unit_time: dict[int, dict[Unit, tuple[float, int]]] = field(default_factory=dict)
 
 
 def _mean(values: list[float]) -> float:
@@ -145,16 +155,26 @@ class Parallel3D:
         """SM frequencies (MHz) every GPU of the job supports, descending."""
         self._occurrences: list[dict[str, list[int]]] = []
         """Per pipeline rank: kind → the stage of each occurrence, in execution order."""
+        self._occurrence_index: list[dict[str, list[int]]] = []
+        """Per pipeline rank: kind → the position in the order of each occurrence."""
         for order in schedule.orders:
             occ: dict[str, list[int]] = {}
-            for instr in order:
+            where: dict[str, list[int]] = {}
+            for index, instr in enumerate(order):
                 occ.setdefault(instr.kind, []).append(instr.stage)
+                where.setdefault(instr.kind, []).append(index)
             self._occurrences.append(occ)
+            self._occurrence_index.append(where)
 
     def schedules_for(
-        self, plan: StagePlan, overrides: dict[int, StagePlan] | None = None
+        self,
+        plan: StagePlan,
+        overrides: dict[int, StagePlan] | None = None,
+        *,
+        steps: int | None = None,
     ) -> list[FrequencySchedule]:
-        """One `FrequencySchedule` per rank: every copy of a pipeline rank gets its list."""
+        """One `FrequencySchedule` per rank: every copy of a pipeline rank gets its list;
+        every rank the same `steps` (the round barrier holds them in step)."""
         overrides = overrides or {}
         cache: dict[tuple[int, int], FrequencySchedule] = {}
         out = []
@@ -162,7 +182,7 @@ class Parallel3D:
             p = overrides.get(info.dp_rank, plan)
             key = (id(p), info.pp_rank)
             if key not in cache:
-                cache[key] = FrequencySchedule(rank=0, frequencies=p[info.pp_rank])
+                cache[key] = FrequencySchedule(rank=0, frequencies=p[info.pp_rank], steps=steps)
             out.append(cache[key].model_copy(update={"rank": info.rank}))
         return out
 
@@ -175,6 +195,14 @@ class Parallel3D:
         self._check_shapes(info, res)
 
     def _check_shapes(self, info: RankInfo, res: ProfilingResult) -> None:
+        order_len = len(self.schedule.orders[info.pp_rank])
+        for w, window in enumerate(res.energy_windows or ()):
+            if len(window.busy_s) != order_len:
+                raise RankError(
+                    f"Rank {info.rank} reported energy window {w} with {len(window.busy_s)} "
+                    f"busy time(s), but pipeline rank {info.pp_rank} of the {self.schedule.name} "
+                    f"schedule runs {order_len} instruction(s) per iteration: one each"
+                )
         if not res.iter_time or len(res.iter_time) != len(res.iter_energy):
             raise RankError(
                 f"Rank {info.rank} reported {len(res.iter_time)} iteration time(s) and "
@@ -239,8 +267,42 @@ class Parallel3D:
                 numbers.stage_energy_j[stage, name] = _mean(es)
         return numbers
 
-    def measure(self, results: list[ProfilingResult]) -> RoundMeasurement | None:
+    def _units(
+        self, info: RankInfo, res: ProfilingResult, frequencies: list[tuple[str, int]]
+    ) -> tuple[list[WindowRow], dict[Unit, tuple[float, int]]]:
+        """One rank's windows and instruction times keyed by (stage, kind, clock)."""
+        order = self.schedule.orders[info.pp_rank]
+        units = [(i.stage, i.kind, int(f)) for i, (_, f) in zip(order, frequencies, strict=True)]
+        rows = []
+        for w in res.energy_windows or ():
+            busy: dict[Unit, float] = {}
+            tail: dict[Unit, float] = {}
+            for unit, b in zip(units, w.busy_s, strict=True):
+                if b > 0:
+                    busy[unit] = busy.get(unit, 0.0) + b
+            for unit, b in zip(units, w.tail_busy_s, strict=False):
+                if b > 0:
+                    tail[unit] = tail.get(unit, 0.0) + b
+            rows.append(WindowRow(w.energy_j, w.time_s, busy, w.tail_s, tail))
+        times: dict[Unit, list[float]] = {}
+        where = self._occurrence_index[info.pp_rank]
+        for kind, iters in res.time_breakdown.items():
+            for ts in iters:
+                for index, t in zip(where.get(kind, ()), ts, strict=False):
+                    acc = times.setdefault(units[index], [0.0, 0])
+                    acc[0] += t
+                    acc[1] += 1
+        return rows, {u: (total, int(n)) for u, (total, n) in times.items()}
+
+    def measure(
+        self,
+        results: list[ProfilingResult],
+        frequencies: dict[int, list[tuple[str, int]]] | None = None,
+    ) -> RoundMeasurement | None:
         """Aggregate one round's results (None when a rank did not report).
+
+        `frequencies`: per rank, the (kind, MHz) list the round ran; with it, the ranks'
+        energy windows and instruction times are keyed by unit (`RoundMeasurement.windows`).
 
         Raises `RankError`, naming the rank and the kind, when a rank's breakdowns do not
         hold one entry per instruction of that kind in its order, per iteration.
@@ -253,10 +315,17 @@ class Parallel3D:
         first_dp = min(info.dp_rank for info in self.rank_infos)
         per_rank: dict[int, _RankNumbers] = {}
         p2p: list[float] = []
+        windows: dict[int, list[WindowRow]] = {}
+        unit_time: dict[int, dict[Unit, tuple[float, int]]] = {}
         for info in self.rank_infos:
             res = by_rank[info.rank]
             numbers = self._rank_numbers(info, res)
             per_rank[info.rank] = numbers
+            if frequencies is not None and info.rank in frequencies:
+                rows, times = self._units(info, res, frequencies[info.rank])
+                unit_time[info.rank] = times
+                if res.energy_windows is not None:
+                    windows[info.rank] = rows
             iter_time, iter_energy = _mean(res.iter_time), _mean(res.iter_energy)
             idle = iter_time - numbers.busy_s
             if idle > 1e-6 * max(iter_time, 1e-12):
@@ -306,6 +375,9 @@ class Parallel3D:
             job_energy_j=math.fsum(_mean(r.iter_energy) for r in results),
             busy_s=busy_s,
             p2p_power_w=statistics.median(p2p) if p2p else None,
+            iterations=max(len(r.iter_time) for r in results),
+            windows=windows,
+            unit_time=unit_time,
         )
 
 

@@ -203,6 +203,7 @@ class Perseus(PlanningScheduler):
             point = self.frontier.choose(max_slowdown=self.max_slowdown)
         chosen = self._plan_of(point.frequencies)
         self.adopt(chosen)
+        self.report_profiling(chosen)
         self.phase = PerseusPhase.DEPLOYED
         logger.info(
             "Job %s: deployed plan T=%.4f s, E=%.1f J",

@@ -99,6 +99,8 @@ class PipelineScheduler(FrequencyScheduler):
         self.max_freq_mhz = self.frequencies[0]
         self._issued = False
         self._observed = False
+        self._issued_frequencies: dict[int, list[tuple[str, int]]] = {}
+        """Per rank, the (kind, MHz) list of the round last issued."""
 
     @classmethod
     def check_job(cls, job_info: JobInfo, args: SchedulerArgs) -> None:
@@ -130,6 +132,11 @@ class PipelineScheduler(FrequencyScheduler):
         """Data-parallel rank → its own stage plan for this round (default: none)."""
         return {}
 
+    def round_steps(self) -> int | None:
+        """Iterations the round being issued should run at least (None: the ranks' own
+        `steps_per_round`). Called after `plan_next`."""
+        return None
+
     # ------------------------------------------------------------------ FrequencyScheduler
     def next_schedule(self) -> list[FrequencySchedule]:
         if self._issued and not self._observed:
@@ -137,7 +144,9 @@ class PipelineScheduler(FrequencyScheduler):
         plan = self.plan_next()
         overrides = self.pipeline_overrides()
         self._issued, self._observed = True, False
-        return self.parallel.schedules_for(plan, overrides)
+        schedules = self.parallel.schedules_for(plan, overrides, steps=self.round_steps())
+        self._issued_frequencies = {s.rank: s.frequencies for s in schedules}
+        return schedules
 
     def check_result(self, result: ProfilingResult) -> None:
         """The rank's breakdowns must hold one entry per instruction of its order, per
@@ -146,7 +155,8 @@ class PipelineScheduler(FrequencyScheduler):
 
     def observe(self, profiling_results: list[ProfilingResult]) -> None:
         self._observed = True
-        self.on_measurement(self.parallel.measure(profiling_results), profiling_results)
+        measurement = self.parallel.measure(profiling_results, self._issued_frequencies)
+        self.on_measurement(measurement, profiling_results)
 
     # ------------------------------------------------------------------ helpers
     @property

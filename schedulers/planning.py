@@ -7,11 +7,13 @@ writes `instruction_profile.csv` and measures the blocking power from its all-ma
 
 from __future__ import annotations
 
+import json
 import logging
 
 from perseus.domain.kinds import DEFAULT_P2P_POWER_W
 from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
+from perseus.io.atomic import atomic_write_text
 from perseus.io.profile_csv import load_profile
 from schedulers.args import PipelineArgs, ProfileSourceArgs
 from schedulers.pipeline import PipelineScheduler, StagePlan
@@ -47,6 +49,31 @@ class PlanningScheduler(PipelineScheduler):
 
     def deployed_plan(self) -> Plan | None:
         return self.chosen
+
+    def report_profiling(self, plan: Plan) -> None:
+        """Log what the sweep cost and write it to ``profiling.json`` (with `plan`: the
+        deployed plan, what running it instead would have cost)."""
+        if self.sweep is None:
+            return
+        job_j = plan.energy * self.job_info.dp_degree  # a plan's energy is one pipeline's
+        report = self.sweep.report(plan.iteration_time, job_j)
+        atomic_write_text(self.job_dir.profiling, json.dumps(report, indent=2) + "\n")
+        logger.info(
+            "Job %s: profiling took %d round(s), %d iteration(s), %.1f s, %.1f kJ; the deployed "
+            "plan would have taken %+.1f s and %+.2f kJ less (%s)",
+            self.job_info.job_id,
+            report["rounds"],
+            report["iterations"],
+            report["seconds"],
+            report["energy_j"] / 1000,
+            report.get("off_plan_seconds") or 0.0,
+            (report.get("off_plan_energy_j") or 0.0) / 1000,
+            self.job_dir.profiling,
+        )
+
+    def round_steps(self) -> int | None:
+        """While the sweep runs, rounds long enough for its energy windows."""
+        return None if self.sweep is None else self.sweep.round_steps()
 
     def baseline_plan(self) -> Plan | None:
         """The all-max plan on this job's profile and blocking power (None before both are
@@ -85,6 +112,20 @@ class PlanningScheduler(PipelineScheduler):
             if self.profile is None:
                 self.sweep.write_csv(self.job_dir.profile)
                 self.profile = self.sweep.profile()
+                estimates = self.profile.estimates()
+                if estimates is not None:
+                    n, total, median, worst = estimates
+                    logger.info(
+                        "Job %s: %d of %d profile options estimated from the energy counter's "
+                        "refreshes (%s): standard error median %.2f %%, worst %.2f %% of the "
+                        "energy",
+                        self.job_info.job_id,
+                        n,
+                        total,
+                        self.sweep.regression.model() or "no fit",
+                        100 * median,
+                        100 * worst,
+                    )
             if self.p2p_power_w is None:
                 if measured is None:
                     logger.warning(

@@ -66,6 +66,9 @@ class InstructionProfiler(PipelineScheduler):
     def plan_next(self) -> StagePlan:
         return self.sweep.current_plan()
 
+    def round_steps(self) -> int | None:
+        return self.sweep.round_steps()
+
     def on_measurement(
         self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
     ) -> None:

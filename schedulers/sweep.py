@@ -42,24 +42,48 @@ runs every instruction at its own next level (the others at max), so REFINE take
 many rounds as the instruction with the most levels to measure. Grouped sweeps (the Zeus
 baselines measure a whole round at one clock) use ``full``. Figures:
 ``benchmarks/bench_profiling_cost.py``.
+
+**Energies come from what a GPU shows** (``estimator="windows"``, the default, when every
+rank measured its energy counter's refresh period): no GPU shows an instruction's own
+energy, so each round's energy windows (the energy between two refreshes of the counter,
+and the seconds each instruction ran inside) go into a least-squares fit per GPU
+(`schedulers.estimation`) that gives every (stage, kind, clock) its energy and a standard
+error, and the blocking power its value. Rounds are sized to hold ``round_ticks``
+refreshes (`round_steps`, from the measured refresh period and iteration time), and after
+the sweep
+
+```
+... ──▶ CONFIRM (options whose uncertainty could change the plan, measured again) ──▶ DONE
+```
+
+measures again the options whose relative standard error is above ``target_uncertainty``
+and that are not clearly dominated (at most ``max_repeats`` times each, and in at most
+half as many rounds as came before). ``estimator="breakdown"`` takes each instruction's
+reported energy as it is, as before (a real GPU's breakdown is its iteration's mean power
+times the instruction's time): it remains for ranks that report no windows.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import math
 import statistics
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from perseus.domain.kinds import INSTRUCTIONS
 from perseus.domain.profile import InstructionProfile
+from perseus.domain.rows import ProfileRow
 from perseus.errors import ConfigurationError, RankError
-from perseus.protocol import InstructionProfilingResult, OfflineProfilingResult
+from perseus.io.profile_csv import write_profile_rows
+from perseus.protocol import MAX_ITERATIONS, InstructionProfilingResult, OfflineProfilingResult
 from schedulers.args import SweepArgs
+from schedulers.estimation import PowerRegression
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 
-__all__ = ["InstructionSweep", "SweepPhase", "coarse_levels", "refine_levels"]
+__all__ = ["InstructionSweep", "ProfilingCost", "SweepPhase", "coarse_levels", "refine_levels"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +96,29 @@ class SweepPhase(enum.Enum):
     WARMUP = "warmup"
     SWEEP = "sweep"
     REFINE = "refine"
+    CONFIRM = "confirm"
     DONE = "done"
+
+
+MIN_ROUND_S = 0.5
+"""The shortest profiling round with a continuous counter (ideal emulated sensors)."""
+
+
+@dataclass
+class ProfilingCost:
+    """What the profiling rounds cost: how many, their iterations, seconds and joules (all
+    GPUs of the job, measured)."""
+
+    rounds: int = 0
+    iterations: int = 0
+    seconds: float = 0.0
+    energy_j: float = 0.0
+
+    def add(self, m: RoundMeasurement) -> None:
+        self.rounds += 1
+        self.iterations += m.iterations
+        self.seconds += m.iteration_time_s * m.iterations
+        self.energy_j += m.job_energy_j * m.iterations
 
 
 def _default_group(stage: int, instruction: str) -> Hashable:
@@ -225,6 +271,29 @@ class InstructionSweep:
         self.p2p_samples: list[float] = []
         self._missing = 0
         self._warmup_seen = 0
+        refresh = [r.energy_refresh_s for r in scheduler.rank_infos]
+        self.windows = args.estimator == "windows" and all(r is not None for r in refresh)
+        """Energies are fitted to the ranks' energy windows (`schedulers.estimation`)."""
+        self.refresh_s = max((r for r in refresh if r is not None), default=0.0)
+        """The slowest energy counter's refresh period (0: continuous)."""
+        self.round_ticks = args.round_ticks
+        self.target_uncertainty = args.target_uncertainty
+        self.max_repeats = args.max_repeats
+        self.regression = PowerRegression()
+        self.energy_se: dict[tuple[int, str], dict[int, float]] = {}
+        """'windows': each option's standard error, J."""
+        self.repeats: dict[tuple[int, str, int], int] = {}
+        self.confirm_rounds_left = 0
+        self.cost = ProfilingCost()
+        self.last_iteration_s: float | None = None
+        if args.estimator == "windows" and not self.windows:
+            logger.warning(
+                "Job %s: rank(s) %s did not measure an energy counter's refresh period (no "
+                "counter, or an older client): each instruction's energy is taken as the "
+                "ranks report it",
+                scheduler.job_info.job_id,
+                [r.rank for r in scheduler.rank_infos if r.energy_refresh_s is None],
+            )
 
     @property
     def done(self) -> bool:
@@ -233,9 +302,22 @@ class InstructionSweep:
     def _freq_of(self, stage: int, name: str) -> int:
         if self.phase is SweepPhase.SWEEP and self._group(stage, name) in self.active:
             return self.pass_levels[self.step]
-        if self.phase is SweepPhase.REFINE and self.pending.get((stage, name)):
+        if self.phase in (SweepPhase.REFINE, SweepPhase.CONFIRM) and self.pending.get(
+            (stage, name)
+        ):
             return self.pending[stage, name][0]
         return self.levels[0]
+
+    def round_steps(self) -> int | None:
+        """Iterations the next round needs to hold `round_ticks` refreshes of the slowest
+        energy counter, from the last measured iteration time (None: the ranks' own
+        rounds: without windows, or before any round was measured)."""
+        if not self.windows or self.done or self.last_iteration_s is None:
+            return None
+        # Two more refreshes than asked: the partial periods at both ends are not windows.
+        round_s = max((self.round_ticks + 2) * self.refresh_s, MIN_ROUND_S)
+        steps = math.ceil(round_s / max(self.last_iteration_s, 1e-6))
+        return max(1, min(steps, MAX_ITERATIONS))
 
     def current_plan(self) -> StagePlan:
         """The plan of the round being issued (all max during warm-up and once done): per
@@ -247,6 +329,15 @@ class InstructionSweep:
 
     def observe(self, m: RoundMeasurement | None) -> None:
         """Record the last issued round and advance the state machine."""
+        if m is not None and self.phase is not SweepPhase.DONE:
+            self.cost.add(m)
+            self.last_iteration_s = m.iteration_time_s
+            if self.windows:
+                for rank, rows in m.windows.items():
+                    self.regression.add(rank, rows)
+                for rank, times in m.unit_time.items():
+                    for unit, (total_s, count) in times.items():
+                        self.regression.add_time(rank, unit, total_s, count)
         match self.phase:
             case SweepPhase.DONE:
                 return
@@ -270,7 +361,7 @@ class InstructionSweep:
             case SweepPhase.SWEEP:
                 self._missing = 0
                 self._record(m)
-            case SweepPhase.REFINE:
+            case SweepPhase.REFINE | SweepPhase.CONFIRM:
                 self._missing = 0
                 self._record_refine(m)
 
@@ -283,8 +374,14 @@ class InstructionSweep:
             for stage, name in self.groups[g]:
                 vs = m.virtual_stages[stage]
                 self.time_s.setdefault((stage, name), {})[freq] = vs.time_s[name]
-                self.energy_j.setdefault((stage, name), {})[freq] = vs.energy_j[name]
-            value = self._metric(g, m)
+                self.energy_j.setdefault((stage, name), {})[freq] = self._energy(
+                    stage, name, freq, vs.energy_j[name]
+                )
+            value = (
+                self.energy_j[self.groups[g][0]][freq]
+                if self.windows and self._metric is _default_metric
+                else self._metric(g, m)
+            )
             hist = self.history[g]
             if self.coarse:
                 # Past the optimum: above the minimum so far by more than the noise margin.
@@ -309,6 +406,8 @@ class InstructionSweep:
             self.phase = SweepPhase.DONE
             if self.coarse and self.refine:
                 self._start_refine()
+            if self.phase is SweepPhase.DONE:
+                self._start_confirm()
 
     def _start_refine(self) -> None:
         for unit in self.units:
@@ -325,20 +424,127 @@ class InstructionSweep:
             )
 
     def _record_refine(self, m: RoundMeasurement) -> None:
+        confirming = self.phase is SweepPhase.CONFIRM
         for unit, left in list(self.pending.items()):
             stage, name = unit
             freq = left.pop(0)
             vs = m.virtual_stages[stage]
-            self.time_s[unit][freq] = vs.time_s[name]
-            self.energy_j[unit][freq] = vs.energy_j[name]
+            if confirming:  # the mean over its rounds; the energy is refitted at the end
+                n = self.repeats.get((stage, name, freq), 0)
+                self.time_s[unit][freq] = (self.time_s[unit][freq] * n + vs.time_s[name]) / (n + 1)
+                self.repeats[stage, name, freq] = n + 1
+            else:
+                self.time_s[unit][freq] = vs.time_s[name]
+            self.energy_j[unit][freq] = self._energy(stage, name, freq, vs.energy_j[name])
             if not left:
-                more = self._refine_next(unit)
+                more = [] if confirming else self._refine_next(unit)
                 if more:
                     self.pending[unit] = more
                 else:
                     del self.pending[unit]
+        if confirming:
+            self.confirm_rounds_left -= 1
+            if self.confirm_rounds_left <= 0:
+                self.pending.clear()
         if not self.pending:
             self.phase = SweepPhase.DONE
+            self._start_confirm()
+
+    # ------------------------------------------------------------------ estimates
+    def _energy(self, stage: int, name: str, freq: int, breakdown_j: float) -> float:
+        """The energy of one instruction of (stage, name) at `freq` as known now: fitted to
+        the windows so far ('windows'), else the ranks' breakdown."""
+        if not self.windows:
+            return breakdown_j
+        estimate = self._estimate(stage, name, freq)
+        return breakdown_j if estimate is None else estimate[0]
+
+    def _estimate(self, stage: int, name: str, freq: int) -> tuple[float, float] | None:
+        """(energy J, standard error J) of (stage, name) at `freq`: the sum over the
+        stage's tensor-parallel GPUs of the first data-parallel pipeline."""
+        pp = self.scheduler.pipeline.stage_ranks[stage]
+        members = self.scheduler.stage_ranks[pp]
+        first_dp = min(r.dp_rank for r in members)
+        total = var = 0.0
+        for info in members:
+            if info.dp_rank != first_dp:
+                continue
+            est = self.regression.unit_energy(info.rank, (stage, name, freq))
+            if est is None:
+                return None
+            total += est[0]
+            var += est[1] ** 2
+        return total, math.sqrt(var)
+
+    def _refit(self) -> None:
+        """Every measured option's energy and standard error from the fit of all windows."""
+        if not self.windows:
+            return
+        for unit, energies in self.energy_j.items():
+            stage, name = unit
+            se = self.energy_se.setdefault(unit, {})
+            for freq in energies:
+                estimate = self._estimate(stage, name, freq)
+                if estimate is not None:
+                    energies[freq], se[freq] = estimate
+                else:
+                    se[freq] = math.inf
+
+    def _start_confirm(self) -> None:
+        """'windows': measure again the options whose uncertainty could change the plan."""
+        if not self.windows or self.target_uncertainty <= 0 or self.max_repeats <= 0:
+            return
+        if self.confirm_rounds_left <= 0 and not self.repeats:
+            # At most half as many extra rounds as the profile took so far.
+            self.confirm_rounds_left = max(1, self.cost.rounds // 2)
+        if self.confirm_rounds_left <= 0:
+            return
+        self._refit()
+        block_w = self.block_power_w() or 0.0
+        for unit in self.units:
+            freqs = self._uncertain(unit, block_w)
+            if freqs:
+                self.pending[unit] = freqs
+        if self.pending:
+            self.phase = SweepPhase.CONFIRM
+            logger.info(
+                "Job %s: measuring %d option(s) again whose energy is uncertain by more than "
+                "%.1f %% and could change the plan",
+                self.scheduler.job_info.job_id,
+                sum(len(v) for v in self.pending.values()),
+                100 * self.target_uncertainty,
+            )
+
+    def _uncertain(self, unit: tuple[int, str], block_w: float) -> list[int]:
+        """`unit`'s options, descending, worth another measurement: relative standard error
+        above the target, fewer than `max_repeats` repeats, and not clearly dominated (an
+        option at least as fast costs less by more than both uncertainties) in the energy
+        the plan counts (the instruction's, less the blocking power its time saves)."""
+        stage, name = unit
+        times, energies = self.time_s.get(unit, {}), self.energy_j.get(unit, {})
+        ses = self.energy_se.get(unit, {})
+        cost = {f: energies[f] - block_w * times[f] for f in energies}
+        out = []
+        for f in sorted(energies, reverse=True):
+            se = ses.get(f, math.inf)
+            if self.repeats.get((stage, name, f), 0) >= self.max_repeats:
+                continue
+            if se <= self.target_uncertainty * abs(energies[f]):
+                continue
+            dominated = any(
+                times[g] <= times[f] and cost[g] + 2 * ses.get(g, math.inf) < cost[f] - 2 * se
+                for g in energies
+                if g != f
+            )
+            if not dominated:
+                out.append(f)
+        return out
+
+    def block_power_w(self) -> float | None:
+        """'windows': the median over GPUs of the fitted blocking power (None: no fit)."""
+        fits = self.regression.fit()
+        values = [f.block.power_w for f in fits.values() if math.isfinite(f.block.se_w)]
+        return statistics.median(values) if values else None
 
     def _refine_next(self, unit: tuple[int, str]) -> list[int]:
         energy = self.energy_j.get(unit, {})
@@ -347,12 +553,18 @@ class InstructionSweep:
 
     # ------------------------------------------------------------------ products
     def p2p_power_w(self) -> float | None:
-        """The measured per-GPU power while not computing (median of the all-max rounds)."""
+        """The measured per-GPU power while not computing: fitted to the windows ('windows':
+        the median over GPUs), else the median of the all-max rounds' breakdown residuals."""
+        if self.windows:
+            fitted = self.block_power_w()
+            if fitted is not None:
+                return max(fitted, 0.0)
         return statistics.median(self.p2p_samples) if self.p2p_samples else None
 
     def result(self) -> InstructionProfilingResult:
         """The profile: one entry per pipeline (virtual) stage, with every kind the stage
         runs (rank = the first rank of the pipeline rank that holds it)."""
+        self._refit()
         pipeline = self.scheduler.pipeline
         data: dict[int, dict[str, dict[int, float]]] = {}
         for stage, name in self.units:
@@ -379,16 +591,73 @@ class InstructionSweep:
             )
         return InstructionProfilingResult(entries)
 
+    def rows(self) -> list[ProfileRow]:
+        """The profile's rows; 'windows' rows say they are estimated, with their standard
+        error."""
+        rows = self.result().rows()
+        if not self.windows:
+            return rows
+        return [
+            r._replace(
+                estimated=True,
+                energy_se=self.energy_se.get((r.stage, r.instruction), {}).get(
+                    r.frequency, math.inf
+                ),
+            )
+            for r in rows
+        ]
+
     def profile(self) -> InstructionProfile:
         """The sweep's numbers as the solver's `InstructionProfile`."""
         return InstructionProfile.from_rows(
-            self.result().rows(), source=f"job {self.scheduler.job_info.job_id}"
+            self.rows(), source=f"job {self.scheduler.job_info.job_id}"
         )
+
+    def report(self, plan_time_s: float | None = None, plan_energy_j: float | None = None) -> dict:
+        """What the profile cost and how sure it is, for the log and ``profiling.json``.
+
+        `plan_time_s`, `plan_energy_j`: the deployed plan's iteration (energy of all the
+        job's GPUs): the profiling rounds' excess over running it instead ("off plan")."""
+        cost = self.cost
+        out: dict[str, object] = {
+            "rounds": cost.rounds,
+            "iterations": cost.iterations,
+            "seconds": cost.seconds,
+            "energy_j": cost.energy_j,
+            "estimator": "windows" if self.windows else "breakdown",
+            "refresh_s": self.refresh_s if self.windows else None,
+            "round_ticks": self.round_ticks if self.windows else None,
+            "confirmed_options": len(self.repeats),
+        }
+        if plan_time_s is not None and plan_energy_j is not None:
+            out["off_plan_seconds"] = cost.seconds - plan_time_s * cost.iterations
+            out["off_plan_energy_j"] = cost.energy_j - plan_energy_j * cost.iterations
+        if self.windows:
+            fits = self.regression.fit()
+            blocks = [f.block for f in fits.values()]
+            out["sampling"] = self.regression.model()
+            out["windows"] = sum(f.windows for f in fits.values())
+            out["blocking_power_w"] = self.block_power_w()
+            out["blocking_power_se_w"] = (
+                statistics.median(b.se_w for b in blocks) if blocks else None
+            )
+            rel = sorted(
+                se / abs(self.energy_j[unit][f]) if self.energy_j[unit][f] else math.inf
+                for unit, ses in self.energy_se.items()
+                for f, se in ses.items()
+            )
+            out["options"] = len(rel)
+            out["energy_se_median"] = statistics.median(rel) if rel else None
+            out["energy_se_max"] = rel[-1] if rel else None
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in out.items()
+        }
 
     def write_csv(self, path: Path) -> Path:
         """Write the profile CSV (long form), creating the folder."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.result().to_csv(path)
+        write_profile_rows(path, self.rows())
         logger.info(
             "Job %s: instruction profile written to %s", self.scheduler.job_info.job_id, path
         )

@@ -91,6 +91,9 @@ class _ZeusFrequency(PipelineScheduler):
             )
         return zeus_cost(energy_j, time_s, self.eta_knob, self._max_power[group])
 
+    def round_steps(self) -> int | None:
+        return self.sweep.round_steps()
+
     def plan_next(self) -> StagePlan:
         if self._chosen_plan is None:
             if not self.sweep.done:

@@ -15,6 +15,7 @@ pipeline present (all pipelines run the same plan).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -141,6 +142,9 @@ class InstructionProfile:
         self.gpus_per_stage = 1
         """GPUs whose energies a stage's rows sum (the tensor-parallel degree; set by
         `from_rows`): a stage's blocking power may be this many GPUs' worth."""
+        self.energy_se: dict[tuple[int, str, int], float] = {}
+        """(stage, instruction, MHz) → the standard error (J) of an option whose energy was
+        estimated from aggregate readings (set by `from_rows`); measured options are absent."""
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -167,12 +171,17 @@ class InstructionProfile:
         # stage -> instruction -> rank -> frequency -> (time, energy)
         per_stage: dict[int, dict[str, dict[int, dict[int, tuple[float, float]]]]] = {}
         members: dict[int, set[int]] = {}
+        variance: dict[tuple[int, str, int], float] = {}
         for r in rows:
             if r.dp_rank != first_dp:
                 continue
             members.setdefault(r.stage, set()).add(r.rank)
             by_rank = per_stage.setdefault(r.stage, {}).setdefault(r.instruction, {})
             by_rank.setdefault(r.rank, {})[r.frequency] = (r.time, r.energy)
+            if r.estimated:  # the stage's energy sums its GPUs': so do the variances
+                key = (r.stage, r.instruction, r.frequency)
+                se = math.inf if r.energy_se is None else r.energy_se
+                variance[key] = variance.get(key, 0.0) + se * se
         options: dict[tuple[int, str], InstructionOptions] = {}
         for stage, by_kind in per_stage.items():
             for instruction in INSTRUCTIONS:
@@ -188,6 +197,11 @@ class InstructionProfile:
         profile = cls(options, source=source)
         profile.gpus_per_stage = max(len(m) for m in members.values())
         profile.emulated = any(r.emulated for r in rows)
+        profile.energy_se = {
+            key: math.sqrt(v)
+            for key, v in variance.items()
+            if profile.has(key[0], key[1]) and key[2] in options[key[0], key[1]].freq_mhz
+        }
         return profile
 
     @classmethod
@@ -271,7 +285,24 @@ class InstructionProfile:
         split = InstructionProfile(options, source=self.source)
         split.gpus_per_stage = self.gpus_per_stage
         split.emulated = self.emulated
+        split.energy_se = dict(self.energy_se)
+        for (stage, kind, freq), se in self.energy_se.items():
+            if kind == "backward" and (stage, "backward_input") not in self._options:
+                split.energy_se[stage, "backward_input", freq] = se * f
+                split.energy_se[stage, "backward_weight", freq] = se * (1.0 - f)
         return split
+
+    def estimates(self) -> tuple[int, int, float, float] | None:
+        """(options estimated, options in all, median and largest relative standard error)
+        when some options' energies were estimated from aggregate readings, else None."""
+        if not self.energy_se:
+            return None
+        rel = sorted(
+            se / max(self.lookup(stage, kind, freq)[1], 1e-12)
+            for (stage, kind, freq), se in self.energy_se.items()
+        )
+        total = sum(len(o) for o in self._options.values())
+        return len(rel), total, float(np.median(rel)), rel[-1]
 
     # ---------------------------------------------------------------- queries
     def has(self, stage: int, instruction: str) -> bool:

@@ -25,3 +25,8 @@ class ProfileRow(NamedTuple):
     energy: float
     emulated: bool = False
     """Measured on an emulated GPU: the numbers are the emulator's model, not a GPU's."""
+    estimated: bool = False
+    """The energy was estimated from aggregate readings (the energy counter's refreshes over
+    many instructions), not measured for this instruction alone."""
+    energy_se: float | None = None
+    """The estimate's standard error, J (inf: the readings could not tell it; None: measured)."""

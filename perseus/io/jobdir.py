@@ -12,6 +12,7 @@ dump_dir/<job_id>/
 ├── evicted                  marker: the job was evicted (not restored) coordinator, dump_data
 ├── failed                   marker + reason: the job failed (not restored) coordinator, dump_data
 ├── instruction_profile.csv  the profile a sweep measured               scheduler, always
+├── profiling.json           what the sweep cost and how sure it is     scheduler, always
 └── frontier/                the solved time–energy frontier            scheduler, always
 ```
 
@@ -45,6 +46,7 @@ class JobDir:
     EVICTED = "evicted"
     FAILED = "failed"
     PROFILE = "instruction_profile.csv"
+    PROFILING = "profiling.json"
     FRONTIER = "frontier"
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -127,6 +129,12 @@ class JobDir:
     @property
     def profile(self) -> Path:
         return self.path / self.PROFILE
+
+    @property
+    def profiling(self) -> Path:
+        """What the profiling sweep cost (rounds, seconds, energy) and how sure its
+        estimates are (`schedulers.sweep.InstructionSweep.report`)."""
+        return self.path / self.PROFILING
 
     @property
     def frontier(self) -> Path:

@@ -15,6 +15,13 @@ Either form may carry one more column, ``emulated`` (``true``/``false``; absent 
 false): rows measured on an emulated GPU say so. The writer adds it only when some row is
 emulated, so profiles from real GPUs keep exactly the columns above, and readers that
 predate the column ignore it.
+
+And two more that say how a row's energy was obtained: ``method`` (``measured``: for this
+instruction alone; ``estimated``: fitted to aggregate readings, the energy counter's
+refreshes over many instructions, as the online profiler does on real GPUs; absent or
+empty: measured) and ``energy_se`` (the estimate's standard error in J, ``inf`` when the
+readings could not tell it; empty for measured rows). The writer adds both only when some
+row is estimated; files without them load as before.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CSV_COLUMNS",
     "EMULATED_COLUMN",
+    "METHODS",
+    "METHOD_COLUMN",
+    "SE_COLUMN",
     "SHORT_CSV_COLUMNS",
     "load_profile",
     "read_profile_rows",
@@ -63,6 +73,11 @@ SHORT_CSV_COLUMNS = PROFILE_COLUMNS
 _ID_COLUMNS = ("stage", "rank", "dp_rank", "pp_rank", "tp_rank")
 EMULATED_COLUMN = "emulated"
 """The optional column that marks rows measured on an emulated GPU."""
+METHOD_COLUMN = "method"
+"""The optional column that says how a row's energy was obtained (`METHODS`)."""
+SE_COLUMN = "energy_se"
+"""The optional column with an estimated row's standard error, J."""
+METHODS = ("measured", "estimated")
 _BOOLEANS = {"": False, "false": False, "0": False, "true": True, "1": True}
 
 
@@ -135,6 +150,26 @@ def read_profile_rows(path: str | os.PathLike[str]) -> list[ProfileRow]:
                 f"{path}:{lineno}: {EMULATED_COLUMN} must be true or false, got "
                 f"{row[EMULATED_COLUMN][:40]!r}"
             )
+        method = row.get(METHOD_COLUMN, "").lower() or "measured"
+        if method not in METHODS:
+            raise ProfileError(
+                f"{path}:{lineno}: {METHOD_COLUMN} must be one of {', '.join(METHODS)}, got "
+                f"{row[METHOD_COLUMN][:40]!r}"
+            )
+        energy_se: float | None = None
+        if row.get(SE_COLUMN, ""):
+            try:
+                energy_se = float(row[SE_COLUMN])
+            except ValueError:
+                energy_se = -1.0
+            if not energy_se >= 0:  # NaN too
+                raise ProfileError(
+                    f"{path}:{lineno}: {SE_COLUMN} must be a non-negative number of joules "
+                    f"(or inf), got {row[SE_COLUMN][:40]!r}"
+                )
+        estimated = method == "estimated"
+        if estimated and energy_se is None:
+            energy_se = math.inf
         key = (rank, dp_rank, pp_rank, tp_rank, stage, instruction, freq)
         if key in seen:
             raise ProfileError(
@@ -154,6 +189,8 @@ def read_profile_rows(path: str | os.PathLike[str]) -> list[ProfileRow]:
                 time_s,
                 energy_j,
                 emulated,
+                estimated,
+                energy_se if estimated else None,
             )
         )
     if not rows:
@@ -164,14 +201,20 @@ def read_profile_rows(path: str | os.PathLike[str]) -> list[ProfileRow]:
 def write_profile_rows(path: str | os.PathLike[str], rows: Iterable[ProfileRow]) -> None:
     """Write rows in the long form, atomically (times and energies round-trip exactly).
 
-    With an ``emulated`` column when some row was measured on an emulated GPU."""
+    With an ``emulated`` column when some row was measured on an emulated GPU, and
+    ``method`` and ``energy_se`` when some row's energy was estimated."""
     path = Path(path)
     _check_suffix(path)
     rows = list(rows)
     emulated = any(r.emulated for r in rows)
+    estimated = any(r.estimated for r in rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS + ((EMULATED_COLUMN,) if emulated else ()))
+    writer.writerow(
+        CSV_COLUMNS
+        + ((EMULATED_COLUMN,) if emulated else ())
+        + ((METHOD_COLUMN, SE_COLUMN) if estimated else ())
+    )
     for r in rows:
         writer.writerow(
             [
@@ -185,6 +228,14 @@ def write_profile_rows(path: str | os.PathLike[str], rows: Iterable[ProfileRow])
                 repr(float(r.time)),
                 repr(float(r.energy)),
                 *(("true" if r.emulated else "false",) if emulated else ()),
+                *(
+                    (
+                        METHODS[r.estimated],
+                        repr(float(r.energy_se)) if r.energy_se is not None else "",
+                    )
+                    if estimated
+                    else ()
+                ),
             ]
         )
     atomic_write_text(path, buf.getvalue())
