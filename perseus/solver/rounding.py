@@ -365,7 +365,8 @@ class Rounder:
             latest_finish = earliest_of(latest_start, succ)
             budget = latest_finish - start[lv]
             ot = pb.opt_time[pb.type_of[lv]]
-            eff = pb.opt_energy[pb.type_of[lv]] - P * ot
+            with np.errstate(invalid="ignore"):  # padding options: inf − P·inf, never chosen
+                eff = pb.opt_energy[pb.type_of[lv]] - P * ot
             ok = ot <= budget[:, None]
             rows = np.arange(len(lv))
             ok[rows, choice[lv]] = True
