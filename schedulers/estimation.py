@@ -43,7 +43,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import lsq_linear
 
-__all__ = ["MODELS", "GPUFit", "PowerRegression", "Unit", "UnitEstimate", "WindowRow"]
+__all__ = [
+    "GPUFit",
+    "MODELS",
+    "PowerRegression",
+    "Unit",
+    "UnitEstimate",
+    "WindowRow",
+    "fit_windows",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +138,7 @@ class PowerRegression:
         score = dict.fromkeys(MODELS, 0.0)
         for rank, rows in self._rows.items():
             for model in MODELS:
-                fit = _fit_one(rows, model)
+                fit = fit_windows(rows, model)
                 if fit is None:
                     score[model] = math.inf
                     continue
@@ -201,7 +209,8 @@ def _prior_rows(units: list[Unit], scale_w: float) -> np.ndarray:
     return np.array(rows).reshape(len(rows), len(units) + 1)
 
 
-def _fit_one(rows: list[WindowRow], model: str) -> GPUFit | None:
+def fit_windows(rows: list[WindowRow], model: str = MODELS[0]) -> GPUFit | None:
+    """One GPU's fit to its windows under one sampling `model` (None: no usable window)."""
     x, y, w, units = _design(rows, model)
     n = len(y)
     p = len(units) + 1

@@ -1,6 +1,6 @@
 """Fit the emulator's A40 curve to the measured A40 profiles and print how well it fits.
 
-    python scripts/calibrate_emulator.py [--data ../shared/data] [--stages 0,7]
+    python scripts/calibrate_emulator.py [--data ../shared/data] [--stages 0,7] [--kinds]
 
 Two passes over the SOSP'24 GPT-3 175B and Bloom 176B A40 profiles (8 stages,
 1740→855 MHz, default 300 W power limit):
@@ -11,6 +11,10 @@ Two passes over the SOSP'24 GPT-3 175B and Bloom 176B A40 profiles (8 stages,
 2. With the curve shipped in `specs.py`, `fit_workload` fits each instruction alone, and
    `compare` reports time/energy errors over all rows and where the energy-optimal clock
    lands (measured vs model, and the energy regret of using the model's choice).
+
+``--kinds`` prints only the per-kind medians of the second pass (memory fraction and
+activity of every profile's forwards and backwards): the emulator's per-kind presets,
+`perseus.client.emulation.KIND_PRESETS`.
 """
 
 from __future__ import annotations
@@ -56,10 +60,26 @@ def load(data: Path, stages: set[int] | None) -> list[tuple[str, int, str, Measu
     return out
 
 
+def kind_medians(rows: list[tuple[str, int, str, MeasuredSweep]], model: DVFSModel) -> str:
+    """Per profile and kind, the median memory fraction and activity of its stages' fits."""
+    fits: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for name, _, instruction, m in rows:
+        w = fit_workload(model, m)
+        fits.setdefault((name, instruction), []).append((w.memory_fraction, w.activity))
+    lines = ["profile     kind      memory fraction  activity  (median over stages)"]
+    for (name, kind), values in sorted(fits.items()):
+        mf, act = np.median(np.array(values), axis=0)
+        lines.append(f"{name:11s} {kind:9s} {mf:15.3f} {act:9.3f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of the CSVs")
     parser.add_argument("--stages", default=None, help="comma-separated stages (default: all)")
+    parser.add_argument(
+        "--kinds", action="store_true", help="only the per-kind medians (the emulator's presets)"
+    )
     args = parser.parse_args(argv)
     if not all((args.data / f).is_file() for f in FILES.values()):
         print(f"Reference profiles not found in {args.data}", file=sys.stderr)
@@ -67,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     stages = None if args.stages is None else {int(s) for s in args.stages.split(",")}
     rows = load(args.data, stages)
     shipped = get_gpu_spec("A40")
+    if args.kinds:
+        print(kind_medians(rows, DVFSModel(shipped)))
+        return 0
 
     started = time.perf_counter()
     fitted, _ = fit_power_curve(shipped, [m for *_, m in rows])

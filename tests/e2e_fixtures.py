@@ -5,7 +5,9 @@ port (`perseus.demo.Coordinator`), the job is `python -m torch.distributed.run .
 perseus.train` with gloo and emulated GPUs, and the assertions read the per-rank traces
 the hook writes. Jobs use nominal emulation (``PERSEUS_EMULATE_NOMINAL=1``): each layer's
 forward takes `NOMINAL_MS_PER_LAYER` at the max clock whatever the (tiny) CPU compute
-took, so numeric assertions hold on a busy 2-core CI machine.
+took, so numeric assertions hold on a busy 2-core CI machine. The GPUs' sensors are the
+default, real ones (an energy counter refreshing every 100 ms): profiling rounds last about
+2 s, so jobs that profile run tens of steps.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Any
 
 import pytest
 
+from perseus.client.emulation import EmulationSettings
 from perseus.demo import Coordinator, DemoJob, read_traces, run_training, torchrun_command
-from zeus_power.device.emulated import DVFSModel, Workload
+from zeus_power.device.emulated import DVFSModel
 
 __all__ = [
     "NOMINAL_MS_PER_LAYER",
@@ -81,9 +84,10 @@ def steps_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def expected_instruction(
     layers: int, instruction: str, freq_mhz: int, *, ms_per_layer: float = NOMINAL_MS_PER_LAYER
 ) -> tuple[float, float]:
-    """The emulator's model: (time_s, energy_j) of one instruction of a `layers`-layer stage."""
+    """The emulator's model: (time_s, energy_j) of one instruction of a `layers`-layer stage
+    (its kind's workload: `perseus.client.emulation.KIND_PRESETS`, the default preset)."""
     model = DVFSModel(GPU_TYPE)
-    work = Workload.from_memory_fraction(0.0)
+    work = EmulationSettings().workload(instruction)
     nominal_s = ms_per_layer / 1000 * layers * (2 if instruction == "backward" else 1)
     time_s = nominal_s * model.stretch_factor(work, freq_mhz)
     return time_s, model.power_w(work, freq_mhz) * time_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,11 +14,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from perseus.errors import PerseusError
 
+if TYPE_CHECKING:
+    from perseus.domain.profile import InstructionProfile
+
 __all__ = [
     "AllowImplausiblePower",
     "cli_errors",
     "console",
     "err_console",
+    "estimates_note",
     "fraction_progress",
     "resolve_profile_path",
 ]
@@ -102,3 +106,18 @@ EMULATED_NOTE = (
     'not measurements; the plans written from it say "emulated": true'
 )
 """What the commands that read a profile print when its rows are marked emulated."""
+
+
+def estimates_note(profile: InstructionProfile) -> str | None:
+    """What a command prints when a profile's energies were estimated from aggregate
+    readings (its ``method`` column): how many, and how sure (None: all measured)."""
+    estimates = profile.estimates()
+    if estimates is None:
+        return None
+    n, total, median, worst = estimates
+    return (
+        f"{n} of {total} profile options have energies estimated from aggregate readings "
+        "(the GPUs' energy counters over many instructions), not measured one by one: "
+        f"standard error median {100 * median:.2f} %, worst {100 * worst:.2f} % of the "
+        "energy. The plans rest on these estimates."
+    )

@@ -39,8 +39,12 @@ def demo(
     microbatches: Annotated[int, typer.Option(help="Microbatches per iteration.")] = 4,
     baseline_steps: Annotated[int, typer.Option(help="Iterations under AllMaxFrequency.")] = 12,
     perseus_steps: Annotated[
-        int, typer.Option(help="Iterations under Perseus (profiling, then the plan).")
-    ] = 36,
+        int,
+        typer.Option(
+            help="Iterations under Perseus (profiling, then the plan). Profiling rounds last "
+            "about 2 s: 20 refreshes of the emulated GPUs' energy counter, as on a real GPU."
+        ),
+    ] = 70,
     measure_steps: Annotated[
         int, typer.Option(help="Last iterations of each run that are compared.")
     ] = 8,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import ValidationError
 
-from perseus.cli._common import AllowImplausiblePower, cli_errors, console
+from perseus.cli._common import AllowImplausiblePower, cli_errors, console, estimates_note
 from perseus.errors import PerseusError
 
 if TYPE_CHECKING:
@@ -36,12 +36,15 @@ class DumpReport:
     scheduler: str
     rounds: list[tuple[int, str, float, float]]
     report: EnergyReport
+    estimates: str | None = None
+    """What `perseus.cli._common.estimates_note` says of the profile the predictions use."""
 
 
 def _predicted_baseline(
     job_dir: Path, plan: Plan, profile: Path | None, check: bool, meta: dict[str, object]
 ) -> Plan | None:
-    """The all-max plan scored on the job's profile (None without a profile)."""
+    """The all-max plan scored on the job's profile (None without a profile); notes in
+    `meta["estimates"]` whether the profile's energies were estimated."""
     from perseus.io.jobdir import JobDir
     from perseus.io.profile_csv import load_profile
     from perseus.planning import make_plan, max_frequencies
@@ -58,6 +61,7 @@ def _predicted_baseline(
     if profile is None:
         return None
     prof = load_profile(profile, check_power=check)
+    meta["estimates"] = estimates_note(prof)
     schedule = plan.pipeline_schedule()
     return make_plan(prof, schedule, max_frequencies(prof, schedule), plan.p2p_power)
 
@@ -129,7 +133,10 @@ def read_dump(
         predicted_all_max=predicted_figures(baseline, dp) if baseline is not None else None,
         predicted_deployed=predicted_figures(plan, dp) if plan is not None else None,
     )
-    return DumpReport(record.job_id, scheduler, rounds, report_)
+    estimates = meta.get("estimates")
+    return DumpReport(
+        record.job_id, scheduler, rounds, report_, estimates if isinstance(estimates, str) else None
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -177,7 +184,10 @@ def report(
         title=f"{dump.job_id} ({dump.scheduler})",
     )
     if as_json:
-        typer.echo(json.dumps({"job_id": dump.job_id, "plot": str(png), **rep.model_dump()}))
+        extra = {"profile_estimates": dump.estimates} if dump.estimates else {}
+        typer.echo(
+            json.dumps({"job_id": dump.job_id, "plot": str(png), **rep.model_dump(), **extra})
+        )
         return
     table = Table(title=f"Job {dump.job_id} ({dump.scheduler}): per iteration, all GPUs")
     for col in ("", "time (s)", "energy (J)"):
@@ -199,4 +209,6 @@ def report(
         f"{_pct(rep.predicted_saving)}; slowdown: measured {_pct(rep.measured_slowdown)}, "
         f"predicted {_pct(rep.predicted_slowdown)} ({len(dump.rounds)} measured rounds)"
     )
+    if dump.estimates:
+        console.print(dump.estimates, style="yellow", highlight=False, soft_wrap=True)
     typer.echo(str(png))

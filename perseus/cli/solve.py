@@ -16,6 +16,7 @@ from perseus.cli._common import (
     AllowImplausiblePower,
     cli_errors,
     console,
+    estimates_note,
     fraction_progress,
     resolve_profile_path,
 )
@@ -129,6 +130,9 @@ def solve(
 
     if prof.emulated:
         console.print(EMULATED_NOTE, style="yellow", highlight=False, soft_wrap=True)
+    note = estimates_note(prof)
+    if note is not None:
+        console.print(note, style="yellow", highlight=False, soft_wrap=True)
     console.print(f"Blocking (P2P) power {blocking.describe()}", highlight=False, soft_wrap=True)
     with fraction_progress("solving") as progress:
         task = progress.add_task(

@@ -53,7 +53,7 @@ from perseus.errors import ConfigurationError
 from zeus_power.device import DEFAULT_ACTIVITY, Workload
 from zeus_power.device.base import StandIn
 
-__all__ = ["KIND_PRESETS", "EmulationSettings", "InstructionEmulator", "TruthLog"]
+__all__ = ["EmulationSettings", "InstructionEmulator", "KIND_PRESETS", "TruthLog"]
 
 KIND_PRESETS: Mapping[str, Mapping[str, tuple[float, float]]] = {
     "gpt3": {"forward": (0.479, 0.826), "backward": (0.739, 0.753)},

@@ -99,6 +99,7 @@ class CounterPoller:
         self.error: BaseException | None = None
         """What stopped the thread, if a read failed."""
         self._guard = 0.004
+        self._latest: float | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -113,10 +114,12 @@ class CounterPoller:
 
     def _poll(self) -> None:
         prev_t, prev_v = self._clock(), self._read()
+        self._latest = prev_v
         reads: list[float] = []
         while not self._stop.is_set():
             t = self._clock()
             v = self._read()
+            self._latest = v
             reads.append(self._clock() - t)
             if len(reads) == 20:
                 self.read_s = statistics.median(reads)
@@ -180,6 +183,11 @@ class CounterPoller:
                 self._seen.wait(left)
         return self.period_s
 
+    def latest_mj(self) -> float | None:
+        """The counter as last read (None before the first read). For a counter that
+        refreshes, this is its value now: the poller reads around every refresh."""
+        return self._latest
+
     def ticks(self, start_s: float, end_s: float) -> list[Tick]:
         """The refreshes seen between `start_s` and `end_s` (host clock), in order."""
         with self._lock:
@@ -230,9 +238,7 @@ def periodic_ticks(ticks: Sequence[Tick], *, slack_s: float = 0.0005) -> list[Ti
     if np.any(np.abs(fitted - times) > widths / 2 + slack_s):
         return list(ticks)
     refined = {id(k): float(f) for k, f in zip(precise, fitted, strict=True)}
-    return [
-        Tick(refined[id(k)], k.energy_mj, True, 0.0) if id(k) in refined else k for k in ticks
-    ]
+    return [Tick(refined[id(k)], k.energy_mj, True, 0.0) if id(k) in refined else k for k in ticks]
 
 
 def _busy_until(starts: np.ndarray, ends: np.ndarray, cum: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -87,7 +87,7 @@ def run_demo(
     *,
     spec: DemoJob | None = None,
     baseline_steps: int = 12,
-    perseus_steps: int = 36,
+    perseus_steps: int = 70,
     measure_steps: int = 8,
     freq_step: int = 6,
     max_slowdown: float = 0.01,

@@ -42,7 +42,7 @@ def test_demo_compares_all_max_and_perseus_and_writes_its_artifacts(tmp_path):
             "--baseline-steps",
             "6",
             "--perseus-steps",
-            "14",
+            "45",
             "--measure-steps",
             "4",
             "--freq-step",

@@ -30,7 +30,9 @@ require_torch()
 LAYERS = "2,4,3,1"
 M = 4
 MEASURED = 10  # steady-state steps compared
-BASE_STEPS, PERSEUS_STEPS = 12, 22
+# Perseus profiles for about 45 steps: rounds of about 2 s (20 refreshes of the emulated
+# GPUs' energy counter, which refreshes every 100 ms like a real one's), about 13 rounds.
+BASE_STEPS, PERSEUS_STEPS = 12, 70
 # Instructions of 10-80 ms: the host's ms of overhead per gloo hop and wake-up stay a small
 # share of the iteration (at 4 ms per layer they made the measured slowdown swing by 4 %).
 MS_PER_LAYER = 10.0

@@ -1,9 +1,10 @@
 """End to end: `InstructionProfiler` on a real 2-rank torchrun job writes the emulator's model.
 
 Every row of the profile CSV the coordinator writes must match the DVFS model the emulated
-GPUs follow (time = nominal · stretch(f), energy = busy power(f) · time) within 5 %: the
-frequency the hook applied, the time and energy it measured, the coordinator's aggregation
-and the CSV all have to be right for that.
+GPUs follow (time = nominal · stretch(f), energy = busy power(f) · time, per kind) within
+5 %: the frequency the hook applied, the time it measured, the energy windows it cut from
+the GPU's refreshing counter, the coordinator's fit and the CSV all have to be right for
+that. Each profiling round lasts about 2 s (20 refreshes of the default sensors' counter).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from perseus.protocol import InstructionProfilingResult
 require_torch()
 
 LAYERS = [1, 3]
-STEPS = 12
+STEPS = 150  # about 12 rounds of about 11 steps (0.2 s each), then at the max clock
 NOMINAL_MS = 8.0
 
 
@@ -43,6 +44,7 @@ def profiled(tmp_path_factory):
 
 def test_profile_matches_the_emulator_model(profiled):
     csv_path, _ = profiled
+    assert ",method,energy_se" in csv_path.read_text().splitlines()[0]  # estimated, and says so
     result = InstructionProfilingResult.from_csv(csv_path)
     assert [r.pp_rank for r in result.root] == [0, 1]
     for stage in result.root:
@@ -66,7 +68,11 @@ def test_the_sweep_runs_high_to_low_then_back_to_max(profiled):
     _, traces = profiled
     for records in traces.values():
         rounds = [r["frequencies"] for r in records if r["kind"] == "schedule"]
-        assert len(rounds) == STEPS
+        steps = [r["round"] for r in records if r["kind"] == "step"]
+        assert len(steps) == STEPS and len(rounds) == max(steps) + 1
+        # The sweep's rounds are long (about 2 s: 20 refreshes of the energy counter), the
+        # warm-up's first one a single step (no iteration time measured yet).
+        assert steps.count(0) == 1 and steps.count(1) >= 5, steps
         lowest = [min(f for _, f in freqs) for freqs in rounds]
         sweep_end = lowest.index(min(lowest))
         assert lowest[: sweep_end + 1] == sorted(lowest[: sweep_end + 1], reverse=True)

@@ -22,7 +22,7 @@ from perseus.planning import evaluate, evaluate_plan, max_frequencies
 require_torch()
 
 MAX_MHZ = 1410
-STEPS = 11
+STEPS = 30  # profiling rounds last about 2 s (20 refreshes of the GPUs' energy counter)
 MEASURED = 5  # steady-state steps under the deployed plan
 KINDS = {
     "interleaved": {"forward", "backward"},

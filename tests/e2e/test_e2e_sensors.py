@@ -157,7 +157,7 @@ def _score(values, truth, block_w, schedule):
 
 
 def test_the_profile_the_scheduler_built_matches_the_truth(run, capsys):
-    job_dir, truth_dir, log = run
+    job_dir, truth_dir, _log = run
     truth = _truth(truth_dir)
     rows = read_profile_rows(job_dir / "instruction_profile.csv")
     assert rows and all(r.estimated for r in rows)  # the profile says how it was obtained
@@ -204,7 +204,7 @@ def test_the_profile_the_scheduler_built_matches_the_truth(run, capsys):
 
 
 def test_the_job_products_say_what_profiling_cost(run):
-    job_dir, _, log = run
+    job_dir, _, _log = run
     report = json.loads((job_dir / "profiling.json").read_text())
     assert report["estimator"] == "windows"
     assert report["refresh_s"] == pytest.approx(0.1, abs=0.01)  # measured by the ranks

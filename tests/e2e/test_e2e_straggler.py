@@ -12,7 +12,7 @@ from e2e_fixtures import Coordinator, DemoJob, executed, require_torch, run_job
 
 require_torch()
 
-STEPS, AT = 12, 8
+STEPS, AT = 160, 150  # profiling rounds last about 2 s (20 counter refreshes): ~14 steps
 PP = 2
 
 

@@ -31,10 +31,10 @@ import numpy as np
 from zeus_power.device.base import GPUValueError
 
 __all__ = [
+    "EnergyMeter",
     "IDEAL_SENSORS",
     "REAL_SENSORS",
     "SENSOR_MODES",
-    "EnergyMeter",
     "SensorSpec",
     "sensor_spec",
 ]

@@ -67,7 +67,10 @@ def test_exact_windows_give_exact_powers():
     for unit, power in POWER.items():
         assert fit.units[unit].power_w == pytest.approx(power, rel=1e-6)
     assert fit.block.power_w == pytest.approx(IDLE_W, rel=1e-6)
-    assert reg.unit_energy(0, F) == (pytest.approx(380.0 * 0.012, rel=1e-6), pytest.approx(0, abs=1e-3))
+    assert reg.unit_energy(0, F) == (
+        pytest.approx(380.0 * 0.012, rel=1e-6),
+        pytest.approx(0, abs=1e-3),
+    )
     assert reg.unit_energy(0, B) is None  # no time recorded for it
     assert reg.unit_energy(1, F) is None  # no such GPU
 

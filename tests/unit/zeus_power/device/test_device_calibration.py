@@ -94,3 +94,19 @@ def test_measured_sweep_validation():
         MeasuredSweep(np.array([1740, 1725]), np.array([1.0, 1.0]), np.array([1.0, 1.0]))
     with pytest.raises(GPUValueError, match="positive"):
         MeasuredSweep(np.array([3, 2, 1]), np.array([1.0, 0.0, 1.0]), np.array([1.0, 1.0, 1.0]))
+
+
+@pytest.mark.parametrize(("name", "preset"), zip(FILES, ["gpt3", "bloom"], strict=True))
+def test_the_emulators_kind_presets_are_the_fits_of_the_published_profiles(name, preset):
+    """`KIND_PRESETS` (what the emulated hook's forwards and backwards run) are the fitted
+    memory fraction and activity of stage 0 (stages 0-6 are identical layers, so their
+    median), rounded to 3 decimals (`scripts/calibrate_emulator.py --kinds`)."""
+    from perseus.client.emulation import KIND_PRESETS
+
+    model = DVFSModel("A40")
+    for label, m in _measurements(name, (0,)):
+        kind = label.rsplit(":", 1)[1]
+        w = fit_workload(model, m)
+        memory_fraction, activity = KIND_PRESETS[preset][kind]
+        assert w.memory_fraction == pytest.approx(memory_fraction, abs=5e-4), label
+        assert w.activity == pytest.approx(activity, abs=5e-4), label
