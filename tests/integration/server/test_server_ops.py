@@ -245,3 +245,27 @@ def test_report_cli_table_and_clear_errors(ran, tmp_path):
     assert result.exit_code == 2, result.output
     assert "0.prof.json is malformed" in result.output
     assert "Traceback" not in result.output
+
+
+def test_report_says_when_the_plan_rests_on_estimated_energies(ran, tmp_path):
+    """The job's profile with its rows marked estimated (as the online profiler marks them
+    on GPUs whose energy counter refreshes): the report says so, table and JSON."""
+    from perseus.io.profile_csv import read_profile_rows, write_profile_rows
+
+    _, job, tmp = ran
+    job_dir = tmp / "dump" / job.job_id
+    rows = read_profile_rows(tmp / "truth.csv")
+    estimated = tmp_path / "estimated.csv"
+    write_profile_rows(
+        estimated, [r._replace(estimated=True, energy_se=0.01 * r.energy) for r in rows]
+    )
+    args = ["report", str(job_dir), "--profile", str(estimated), "--out", str(tmp_path / "r.png")]
+    result = CliRunner().invoke(cli_app, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert f"{len(rows)} of {len(rows)} profile options have energies estimated" in text
+    assert "median 1.00 %" in text
+    result = CliRunner().invoke(cli_app, [*args[:4], "--json", "--out", str(tmp_path / "j.png")])
+    assert "estimated from aggregate readings" in json.loads(result.output)["profile_estimates"]
+    result = CliRunner().invoke(cli_app, ["report", str(job_dir), "--json"])
+    assert "profile_estimates" not in json.loads(result.output)  # measured rows: no note

@@ -476,3 +476,55 @@ def test_solve_and_evaluate_count_clock_changes_and_their_latency(tmp_path: Path
     assert changed, "some plan changes clocks, and its numbers count the switches"
     code, out = _run("solve", profile, *args[:-1], "-1")
     assert code == 2 and "Traceback" not in out
+
+
+ESTIMATED = (
+    "rank,dp_rank,pp_rank,tp_rank,stage,instruction,frequency,time,energy,method,energy_se\n"
+    "0,0,0,0,0,forward,1000,1.0,10,estimated,0.2\n0,0,0,0,0,forward,500,2.0,6,estimated,0.05\n"
+    "0,0,0,0,0,backward,1000,2.0,20,estimated,0.1\n0,0,0,0,0,backward,500,4.0,12,estimated,0.3\n"
+    "1,0,1,0,1,forward,1000,2.0,20,measured,\n1,0,1,0,1,forward,500,4.0,12,,\n"
+    "1,0,1,0,1,backward,1000,4.0,40,,\n1,0,1,0,1,backward,500,8.0,24,,\n"
+)
+
+
+def test_a_profile_with_estimated_energies_is_said_so_by_solve(tmp_path: Path) -> None:
+    """Rows the online profiler estimated from the energy counter's refreshes carry their
+    method and standard error; `solve` says the plans rest on them, and how sure they are."""
+    from perseus.io.profile_csv import load_profile, read_profile_rows, write_profile_rows
+
+    path = _profile(tmp_path, ESTIMATED)
+    rows = read_profile_rows(path)
+    assert [r.estimated for r in rows] == [True] * 4 + [False] * 4
+    assert [r.energy_se for r in rows[:4]] == [0.2, 0.05, 0.1, 0.3]
+    assert all(r.energy_se is None for r in rows[4:])
+    profile = load_profile(path)
+    assert profile.energy_se == {
+        (0, "forward", 1000): 0.2,
+        (0, "forward", 500): 0.05,
+        (0, "backward", 1000): 0.1,
+        (0, "backward", 500): 0.3,
+    }
+    assert profile.estimates() == (4, 8, pytest.approx((0.05 / 6 + 0.02) / 2), pytest.approx(0.025))
+    write_profile_rows(tmp_path / "again.csv", rows)  # the columns round-trip
+    assert read_profile_rows(tmp_path / "again.csv") == rows
+    code, out = _run("solve", path, "-m", "2", "--out", tmp_path / "fr", "--no-plots")
+    text = " ".join(out.split())
+    assert code == 0, out
+    assert "4 of 8 profile options have energies estimated from aggregate readings" in text
+    assert "median 1.42 %, worst 2.50 %" in text
+    code, out = _run("solve", _profile(tmp_path), "-m", "2", "--out", tmp_path / "m", "--no-plots")
+    assert code == 0 and "estimated from aggregate" not in out  # measured profiles: no note
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("forward,1000,1.0,10,estimated", "forward,1000,1.0,10,guessed", "method must be one of"),
+        ("10,estimated,0.2", "10,estimated,-1", "energy_se must be a non-negative number"),
+        ("10,estimated,0.2", "10,estimated,nan", "energy_se must be a non-negative number"),
+    ],
+)
+def test_bad_method_or_standard_error_columns_are_refused(tmp_path, old, new, message) -> None:
+    bad = _profile(tmp_path, ESTIMATED.replace(old, new))
+    code, out = _run("solve", bad, "-m", "2", "--out", tmp_path / "f")
+    assert code == 2 and message in " ".join(out.split()) and "Traceback" not in out, out
