@@ -10,6 +10,9 @@ Modules, one concern each:
 - `frequency`: `FrequencyController`, the worker thread that locks the GPU's SM clock.
 - `schedule`: `ScheduleValidator`, a rank's schedule on arrival and the order it executes.
 - `emulation`: `InstructionEmulator` and `EmulationSettings`, for GPUs with a `stand_in`.
+- `sensing`: `CounterPoller`, which watches the energy counter refresh, and
+  `energy_windows`, a round cut at those refreshes (what the coordinator fits energies to).
+- `timing`: `EventTimer`, instruction times from CUDA events.
 - `trace`: per-rank JSONL traces (``PERSEUS_TRACE_DIR``).
 
 The client depends on `perseus.protocol`, `perseus.errors` and `zeus_power.device` only

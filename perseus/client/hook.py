@@ -378,9 +378,8 @@ class PerseusOptimizer:
         self._round_end_s = 0.0
         self._intervals: list[tuple[int, float, float]] = []
         """The round's instructions so far: (index in the iteration, start, end), host clock."""
-        self._step_instrs: list[tuple[str, int, int | None, int | None, int, float, float]] = []
-        """Sync timing: the step's instructions until its energy is known (name, index,
-        stage, microbatch, freq, time, compute time)."""
+        self._step_instrs: list[tuple[str, float]] = []
+        """Sync timing: the step's instructions (name, time) until its energy is known."""
         self._savings = SavingsLog(rank, max(self.available_frequencies, default=0), logger)
 
     def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
@@ -563,22 +562,21 @@ class PerseusOptimizer:
             duration_s = time.perf_counter() - self._instr_start_s
         index = self._schedule.index
         self._intervals.append((index, self._instr_start_s, self._instr_start_s + duration_s))
-        # Its energy share is known once the step's energy is (on_step_end).
-        self._step_instrs.append(
-            (
-                name,
-                index,
-                stage if stage is not None else self._instr_stage,
-                microbatch if microbatch is not None else self._instr_microbatch,
-                freq,
-                duration_s,
-                compute_s,
-            )
+        self._trace_instruction(
+            name,
+            index,
+            stage if stage is not None else self._instr_stage,
+            microbatch if microbatch is not None else self._instr_microbatch,
+            freq,
+            duration_s,
+            compute_s=compute_s,
         )
+        # Its energy share is known once the step's energy is (on_step_end).
+        self._step_instrs.append((name, duration_s))
         self._schedule.advance()
         self._state = _HookState.IN_STEP
 
-    def _measured(
+    def _trace_instruction(
         self,
         name: str,
         index: int,
@@ -586,14 +584,10 @@ class PerseusOptimizer:
         microbatch: int | None,
         freq: int,
         duration_s: float,
-        energy_j: float,
         *,
-        slot: int = -1,
         step: int | None = None,
         compute_s: float = -1.0,
     ) -> None:
-        self._time_breakdown[name][slot].append(duration_s)
-        self._energy_breakdown[name][slot].append(energy_j)
         if self._trace is not None:
             record = {
                 "kind": "instruction",
@@ -605,7 +599,6 @@ class PerseusOptimizer:
                 "microbatch": microbatch,
                 "freq_mhz": freq,
                 "time_s": duration_s,
-                "energy_j": energy_j,
             }
             if compute_s >= 0:
                 record["compute_s"] = compute_s
@@ -623,10 +616,9 @@ class PerseusOptimizer:
             iter_energy_j = self._energy_since(self._step_start_mj, iter_time_s)
             self._schedule.finish_step(self.step)
             power_w = iter_energy_j / iter_time_s if iter_time_s > 0 else 0.0
-            for name, index, stage, mb, freq, time_s, compute_s in self._step_instrs:
-                self._measured(
-                    name, index, stage, mb, freq, time_s, power_w * time_s, compute_s=compute_s
-                )
+            for name, time_s in self._step_instrs:
+                self._time_breakdown[name][-1].append(time_s)
+                self._energy_breakdown[name][-1].append(power_w * time_s)
             self._step_instrs = []
             self._step_measured(self.step, iter_time_s, iter_energy_j)
             self._round_end_s = end_s
@@ -686,16 +678,10 @@ class PerseusOptimizer:
             for index, t in enumerate(timings):
                 start_s = begin_s + t.offset_s  # the GPU's own timestamps, from the step's mark
                 self._intervals.append((index, start_s, start_s + t.time_s))
-                self._measured(
-                    t.name,
-                    index,
-                    t.stage,
-                    t.microbatch,
-                    t.freq_mhz,
-                    t.time_s,
-                    power_w * t.time_s,
-                    slot=slot,
-                    step=step,
+                self._time_breakdown[t.name][slot].append(t.time_s)
+                self._energy_breakdown[t.name][slot].append(power_w * t.time_s)
+                self._trace_instruction(
+                    t.name, index, t.stage, t.microbatch, t.freq_mhz, t.time_s, step=step
                 )
             self._step_measured(step, iter_time_s, energy_j)
         if spans:

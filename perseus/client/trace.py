@@ -1,9 +1,9 @@
 """Per-rank traces: one JSON object a line in ``{trace_dir}/rank{R}.jsonl``.
 
 Records, in order: ``job`` (the job id), then per round a ``schedule``, per instruction an
-``instruction`` (time, energy, clock; ``stage`` and ``microbatch`` when the
-caller names them; with emulation also ``compute_s``) and per iteration a
-``step``. `perseus.demo.read_traces` reads them back.
+``instruction`` (time and clock; ``stage`` and ``microbatch`` when the caller names them;
+with emulation also ``compute_s``; no energy: no GPU shows one instruction's) and per
+iteration a ``step`` (time and energy). `perseus.demo.read_traces` reads them back.
 """
 
 from __future__ import annotations
