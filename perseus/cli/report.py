@@ -41,13 +41,18 @@ class DumpReport:
 def _predicted_baseline(
     job_dir: Path, plan: Plan, profile: Path | None, check: bool, meta: dict[str, object]
 ) -> Plan | None:
-    """The all-max plan scored on the job's profile (None without a profile)."""
+    """The all-max plan scored by the model that scored `plan`: as the coordinator wrote it
+    (``baseline_plan.json``), else re-scored on the job's profile at the plan's own switching
+    and hop latencies (None without a profile)."""
     from perseus.io.jobdir import JobDir
+    from perseus.io.plan_file import load_plan
     from perseus.io.profile_csv import load_profile
     from perseus.planning import make_plan, max_frequencies
 
+    jd = JobDir(job_dir)
+    if profile is None and jd.baseline_plan.is_file():
+        return load_plan(jd.baseline_plan)
     if profile is None:
-        jd = JobDir(job_dir)
         if jd.profile.is_file():
             profile = jd.profile
         else:
@@ -59,7 +64,14 @@ def _predicted_baseline(
         return None
     prof = load_profile(profile, check_power=check)
     schedule = plan.pipeline_schedule()
-    return make_plan(prof, schedule, max_frequencies(prof, schedule), plan.p2p_power)
+    return make_plan(
+        prof,
+        schedule,
+        max_frequencies(prof, schedule),
+        plan.p2p_power,
+        switch_latency_s=plan.switch_latency,
+        hop_latency_s=plan.hop_latency,
+    )
 
 
 def read_dump(
@@ -70,8 +82,8 @@ def read_dump(
     from perseus.io.plan_file import load_plan
     from perseus.planning.report import (
         EnergyReport,
-        RoundKind,
         measure,
+        median_of_rounds,
         predicted_figures,
         round_kind,
     )
@@ -98,7 +110,7 @@ def read_dump(
         max_freq = {r.rank: max(r.available_frequencies) for r in ranks}
         pp_rank = {r.rank: r.pp_rank for r in ranks}
         rounds: list[tuple[int, str, float, float]] = []
-        latest: dict[RoundKind, IterationFigures] = {}
+        measured: list[tuple[int, RoundKind, IterationFigures]] = []
         numbers = jd.rounds()
         if len(numbers) > _MAX_ROUNDS:
             raise PerseusError(f"{job_dir} holds {len(numbers):,} rounds; at most {_MAX_ROUNDS:,}")
@@ -112,7 +124,7 @@ def read_dump(
             if figures is None:
                 continue
             rounds.append((n, kind.value, figures.iteration_time_s, figures.energy_j))
-            latest[kind] = figures
+            measured.append((n, kind, figures))
         current = jd.path
         baseline = (
             _predicted_baseline(jd.path, plan, profile, check_power, meta)
@@ -123,9 +135,15 @@ def read_dump(
         raise PerseusError(f"{current} is malformed: {exc}") from None
 
     dp = record.dp_degree
+    all_max, deployed = median_of_rounds(
+        measured,
+        plan_is_all_max=(
+            plan is not None and baseline is not None and plan.frequencies == baseline.frequencies
+        ),
+    )
     report_ = EnergyReport.of(
-        measured_all_max=latest.get(RoundKind.ALL_MAX),
-        measured_deployed=latest.get(RoundKind.DEPLOYED),
+        measured_all_max=all_max,
+        measured_deployed=deployed,
         predicted_all_max=predicted_figures(baseline, dp) if baseline is not None else None,
         predicted_deployed=predicted_figures(plan, dp) if plan is not None else None,
     )

@@ -60,9 +60,10 @@ from types import TracebackType
 from typing import Any
 
 from perseus.client.bootstrap import check_layout, device_sync, process_group, share_job_id
+from perseus.client.console import setup_job_logging
 from perseus.client.coordinator import CoordinatorClient, check_server_url
 from perseus.client.emulation import EmulationSettings, InstructionEmulator
-from perseus.client.frequency import FrequencyController
+from perseus.client.frequency import FrequencyController, measure_switch_latency
 from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
 from perseus.client.timing import TIMINGS, EventTimer, InstructionTiming
@@ -75,6 +76,7 @@ from perseus.protocol import (
     PipelineSpec,
     ProfilingResult,
     RankInfo,
+    RoundStatus,
 )
 from zeus_power.device.base import GPU
 
@@ -199,6 +201,7 @@ class PerseusOptimizer:
         token: str | None = None,
     ) -> None:
         self._state = _HookState.CLOSED  # until construction succeeds
+        setup_job_logging(rank)
         timing = timing if timing is not None else os.environ.get("PERSEUS_TIMING", "auto")
         if timing not in TIMINGS:
             raise ConfigurationError(
@@ -264,6 +267,15 @@ class PerseusOptimizer:
         self._events_steps: list[tuple[int, int, float, list[InstructionTiming]]] = []
         """Events timing: each step of the round so far (step, slot, time, instructions)."""
         self.available_frequencies = sorted(gpu.supported_sm_clocks_mhz(), reverse=True)
+        self.switch_latency_s = measure_switch_latency(gpu, self.available_frequencies)
+        """How long this GPU took to apply a locked clock (measured here; None: unknown)."""
+        if self.switch_latency_s is not None:
+            logger.debug(
+                "Rank %d: GPU %d applies a locked clock in %.1f ms (measured)",
+                rank,
+                device_id,
+                self.switch_latency_s * 1000,
+            )
         self._schedule = ScheduleValidator(
             rank=rank,
             pp_rank=pp_rank,
@@ -305,8 +317,33 @@ class PerseusOptimizer:
                     tp_rank=tp_rank,
                     available_frequencies=self.available_frequencies,
                     emulated=self.emulated,
+                    switch_latency_s=self.switch_latency_s,
                 ),
             )
+            if rank == 0:
+                shape = (
+                    f"{pipeline.schedule}, {pipeline.num_microbatches} microbatches"
+                    if pipeline is not None
+                    else "the coordinator's default pipeline"
+                )
+                switch = (
+                    f"{self.switch_latency_s * 1000:.1f} ms"
+                    if self.switch_latency_s is not None
+                    else "unknown"
+                )
+                logger.info(
+                    "Perseus: job %s registered with %s: %d rank(s) (pp %d × dp %d × tp %d), "
+                    "%s; clock switch on GPU %d: %s",
+                    self.job_id,
+                    self.server_url,
+                    world_size,
+                    pp_degree,
+                    dp_degree,
+                    tp_degree,
+                    shape,
+                    device_id,
+                    switch,
+                )
             self._trace = Trace.open(trace_dir, rank)
             job_record: dict[str, Any] = {"kind": "job", "job_id": self.job_id, "rank": rank}
             if self.emulated:
@@ -339,6 +376,8 @@ class PerseusOptimizer:
         self._time_breakdown: dict[str, list[list[float]]] = {}
         self._energy_breakdown: dict[str, list[list[float]]] = {}
         self._savings = SavingsLog(rank, max(self.available_frequencies, default=0), logger)
+        self.status: RoundStatus | None = None
+        """The job's status as the coordinator last sent it (rank 0 only)."""
 
     def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
         """Tell the coordinator that pipeline `dp_rank` runs `slowdown` times slower (1.0: recovered)."""
@@ -390,6 +429,14 @@ class PerseusOptimizer:
         schedule = exchange.result() if exchange is not None else self._get_schedule()
         frequencies = self._schedule.accept(schedule, self.round + 1)
         self.round += 1
+        if schedule.status is not None:
+            self.status = schedule.status
+            for note in schedule.status.notes:
+                logger.log(
+                    logging.WARNING if note.level == "warning" else logging.INFO,
+                    "Perseus: %s",
+                    note.text,
+                )
         self._savings.schedule(self.round, [f for _, f in schedule.frequencies])
         self._write_trace(
             {
@@ -625,6 +672,8 @@ class PerseusOptimizer:
             return
         self._state = _HookState.CLOSED
         self._savings.log_saving()
+        if self.status is not None and self.status.summary:
+            logger.info("Perseus: job %s ends: %s", self.job_id, self.status.summary)
         pending, self._pending = self._pending, None
         if pending is not None and not self._reported.wait(self.timeout_s):
             logger.warning(

@@ -331,6 +331,12 @@ class CoordinatedJob:
         if results:
             self.scheduler.observe(results)
         schedules = self.scheduler.next_schedule()
+        status = self.scheduler.status()
+        if status is not None:  # rank 0 tells the job's story; the others need not carry it
+            schedules = [
+                s.model_copy(update={"status": status}) if s.rank == 0 else s for s in schedules
+            ]
+        self.stats.promise_events(self.scheduler.promise_events())
         plan = self.scheduler.deployed_plan()
         if plan is not None and self.emulated and not plan.emulated:
             plan = plan.model_copy(update={"emulated": True})  # the persisted plan says so
@@ -384,6 +390,14 @@ class CoordinatedJob:
             if plan is not None:
                 text = plan.model_dump_json() + "\n"
                 if text != self._persisted_plan:
+                    if baseline is not None:  # first: the report reads both as a pair
+                        await self._dump(
+                            asyncio.to_thread(
+                                atomic_write_text,
+                                self.dir.baseline_plan,
+                                baseline.model_dump_json() + "\n",
+                            )
+                        )
                     await self._dump(
                         asyncio.to_thread(atomic_write_text, self.dir.deployed_plan, text)
                     )
