@@ -189,7 +189,7 @@ class Perseus(PlanningScheduler):
         self._lead_in = 1 + self.baseline_rounds if self.baseline_rounds else 0
         """All-max rounds issued before the sweep (the first is a warm-up, not measured)."""
         self._round = -1
-        self._issued = "all-max"
+        self._ran = "baseline"
         self._last_plan: StagePlan = []
         self._round_iterations = 0
         self._sweep_rounds: list[tuple[list[list[int]], float]] = []
@@ -210,15 +210,15 @@ class Perseus(PlanningScheduler):
         self._round += 1
         if self.phase is PerseusPhase.PROFILING:
             if self._round < self._lead_in:
-                self._issued = "all-max"
+                self._ran = "baseline"
                 return self.max_plan()
             if self.sweep is not None and not self.sweep.done:
                 plan = self.sweep.current_plan()
-                self._issued = "sweep-max" if plan == self.max_plan() else "sweep"
+                self._ran = "sweep-max" if plan == self.max_plan() else "sweep"
                 self._last_plan = plan
                 return plan
             self._deploy()
-        self._issued = "other" if self._overrides else self.phase.value
+        self._ran = "other" if self._overrides else self.phase.value
         if self._chosen_plan is None:
             raise RuntimeError("Perseus has no plan to run")  # _deploy always adopts one
         return self._chosen_plan
@@ -229,17 +229,17 @@ class Perseus(PlanningScheduler):
     def on_measurement(
         self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
     ) -> None:
-        issued = self._issued
+        issued = self._ran
         if issued.startswith("sweep") and self.sweep is not None:
             self.sweep.observe(measurement)
         if measurement is None:
             return
         self._count(results)
         figures = RoundFigures(self._round, measurement.iteration_time_s, measurement.job_energy_j)
-        if issued in ("all-max", "sweep-max") and self._round > 0:
+        if issued in ("baseline", "sweep-max") and self._round > 0:
             self.baseline.append(figures)
             self.guard.add_baseline(figures)
-            if issued == "all-max" and self.sweep is not None and measurement.p2p_power_w:
+            if issued == "baseline" and self.sweep is not None and measurement.p2p_power_w:
                 self.sweep.p2p_samples.append(measurement.p2p_power_w)
         if self.phase is PerseusPhase.PROFILING:
             if issued == "sweep":
@@ -286,7 +286,7 @@ class Perseus(PlanningScheduler):
             )
         done = self._round + 1
         dt, de = self._profiling_cost
-        what = "all-max baseline" if issued in ("all-max", "sweep-max") else "clock sweep"
+        what = "all-max baseline" if issued in ("baseline", "sweep-max") else "clock sweep"
         self._note(
             f"profiling round {done} of about {done + self._rounds_left()} ({what}); "
             f"the sweep has cost {dt:+.2f} s and {de:+.0f} J against all-max so far"
@@ -438,7 +438,11 @@ class Perseus(PlanningScheduler):
             "rounds": list(decision.rounds),
         }
         if decision.move is None:
-            self._record("check", decision.reason, text=f"guard: {decision.reason}", **figures)
+            # The first verdict on a plan is news for the job's log; later ones only when
+            # they are not "still keeps" (they stay in promise.jsonl and /jobs either way).
+            quiet = decision.reason.startswith("still keeps")
+            text = None if quiet else f"guard: {decision.reason}"
+            self._record("check", decision.reason, text=text, **figures)
             return
         if decision.move == "faster":
             faster = self._faster_plan(decision)

@@ -38,6 +38,7 @@ from perseus.protocol import (
     PipelineSpec,
     ProfilingResult,
     RankInfo,
+    RoundStatus,
 )
 from perseus.server import create_app
 from perseus.settings import PerseusSettings
@@ -99,9 +100,7 @@ def single_rank_layout(**overrides: object) -> dict[str, object]:
     return kwargs
 
 
-def job_info(
-    pp: int, dp: int = 1, tp: int = 1, *, pipeline: PipelineSpec | None = None
-) -> JobInfo:
+def job_info(pp: int, dp: int = 1, tp: int = 1, *, pipeline: PipelineSpec | None = None) -> JobInfo:
     return JobInfo(
         pp_degree=pp, dp_degree=dp, tp_degree=tp, world_size=pp * dp * tp, pipeline=pipeline
     )
@@ -208,12 +207,8 @@ def simulate(
         busy = math.fsum(ts)
         energy = math.fsum(es) + truth.p2p_power_w * (iter_time - busy)
         kinds = sorted({kind for kind, _ in entries})
-        tb = {
-            k: [t for (kind, _), t in zip(entries, ts, strict=True) if kind == k] for k in kinds
-        }
-        eb = {
-            k: [e for (kind, _), e in zip(entries, es, strict=True) if kind == k] for k in kinds
-        }
+        tb = {k: [t for (kind, _), t in zip(entries, ts, strict=True) if kind == k] for k in kinds}
+        eb = {k: [e for (kind, _), e in zip(entries, es, strict=True) if kind == k] for k in kinds}
         results.append(
             ProfilingResult(
                 rank=info.rank,
@@ -260,6 +255,7 @@ class SimulatedJob:
         self.num_microbatches = num_microbatches
         self.job_id: str | None = None
         self.history: list[dict[int, FrequencySchedule]] = []
+        self.statuses: list[RoundStatus | None] = []
         self.results: list[list[ProfilingResult]] = []
 
     async def register(self, client: httpx.AsyncClient) -> str:
@@ -294,6 +290,10 @@ class SimulatedJob:
         schedules = {
             s.rank: s for s in (FrequencySchedule.model_validate(r.json()) for r in responses)
         }
+        # What each rank runs; rank 0's status (what it logs) is kept apart, so that rounds
+        # running the same clocks compare equal.
+        self.statuses.append(schedules[min(schedules)].status)
+        schedules = {r: s.model_copy(update={"status": None}) for r, s in schedules.items()}
         self.history.append(schedules)
         return schedules
 
