@@ -143,19 +143,26 @@ class VirtualCluster:
 
     # ------------------------------------------------------------------ rounds
     def run_round(self, schedules: Sequence[FrequencySchedule]) -> list[ProfilingResult]:
-        """Run every rank's schedule for `steps_per_round` iterations; their results."""
+        """Run every rank's schedule for `steps_per_round` iterations; their results.
+
+        A round starts with every rank at once (the round's schedules arrive together);
+        within a round each rank starts its next iteration when it ends the last one, and
+        waits in it for its peers, as a real job's ranks do (`_iteration`).
+        """
         by_rank = {s.rank: s for s in schedules}
         S = self.pipeline.num_stages
         per_rank: dict[int, dict[str, Any]] = {
             r: {"iter_time": [], "iter_energy": [], "tb": {}, "eb": {}}
             for r in range(self.world_size)
         }
+        start = max(c() for c in self.clocks)
+        for r in range(self.world_size):
+            self._idle_until(r, start)
         for _ in range(self.steps_per_round):
-            begin = max(c() for c in self.clocks)
             for dp in range(self.dp_degree):
                 ranks = [self.rank_of(dp, pp) for pp in range(S)]
                 freqs = [[f for _, f in by_rank[r].frequencies] for r in ranks]
-                self._iteration(dp, ranks, freqs, begin, per_rank)
+                self._iteration(dp, ranks, freqs, per_rank)
         return [
             ProfilingResult(
                 rank=r,
@@ -172,15 +179,15 @@ class VirtualCluster:
         dp: int,
         ranks: list[int],
         freqs: list[list[int]],
-        begin: float,
         out: dict[int, dict[str, Any]],
     ) -> None:
+        """One iteration of pipeline `dp`: each rank measures it from its own start (the
+        end of its previous iteration) to the end of its last instruction."""
         factor = self.slowdown.get(dp, 1.0)
-        start_mj = {}
-        for r in ranks:
-            self._idle_until(r, begin)
-            start_mj[r] = self.gpus[r].total_energy_mj()
-            for kind in {i.kind for i in self.pipeline.orders[r - ranks[0]]}:
+        begin = {r: self.clocks[r]() for r in ranks}
+        start_mj = {r: self.gpus[r].total_energy_mj() for r in ranks}
+        for pp, r in enumerate(ranks):
+            for kind in {i.kind for i in self.pipeline.orders[pp]}:
                 out[r]["tb"].setdefault(kind, []).append([])
                 out[r]["eb"].setdefault(kind, []).append([])
         finish: dict[Instruction, float] = {}
@@ -191,7 +198,7 @@ class VirtualCluster:
                     finish[p] + (self.hop_latency_s if p.rank != ins.rank else 0.0)
                     for p in self._dag.predecessors(ins)
                 ),
-                default=begin,
+                default=begin[r],
             )
             gpu, clock = self.gpus[r], self.clocks[r]
             self._idle_until(r, max(ready, clock() + self.host_gap_s))
@@ -205,7 +212,7 @@ class VirtualCluster:
             out[r]["tb"][ins.kind][-1].append(run.time_s)
             out[r]["eb"][ins.kind][-1].append((gpu.total_energy_mj() - e0) / 1000.0)
         for r in ranks:
-            out[r]["iter_time"].append(self.clocks[r]() - begin)
+            out[r]["iter_time"].append(self.clocks[r]() - begin[r])
             out[r]["iter_energy"].append((self.gpus[r].total_energy_mj() - start_mj[r]) / 1000.0)
 
     def _idle_until(self, rank: int, t_s: float) -> None:
