@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -46,7 +46,7 @@ from zeus_power.errors import (
 )
 from zeus_power.metric import zeus_cost
 
-__all__ = ["BSOService", "EpochReport"]
+__all__ = ["BSOService"]
 
 logger = logging.getLogger("zeus_power.bso.server")
 
@@ -67,19 +67,6 @@ def _to_record(row: TrialRow) -> TrialRecord:
         converged=row.converged,
         epochs=row.epochs,
     )
-
-
-class EpochReport(BaseModel):
-    """The service's answer to one epoch's report (`BSOService.report_epoch`)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    stop: bool
-    """Whether the trial ends now."""
-    converged: bool
-    """Whether it ended having reached the target metric (False while it goes on)."""
-    message: str
-    """Why it stopped, or that it goes on."""
 
 
 class BSOService:
@@ -242,7 +229,7 @@ class BSOService:
         metric: float,
         time_s: float,
         energy_j: float,
-    ) -> EpochReport:
+    ) -> EpochVerdict:
         """One epoch of a running trial, with the time and energy spent so far: the policy
         (`epoch_verdict`, against β × the best cost now) says whether it goes on; when it
         stops, its result is recorded as `report` would. A trial that has its result
@@ -253,7 +240,7 @@ class BSOService:
             ZeusBSOTrialNotFoundError: Unknown trial, or not of `batch_size`.
         """
 
-        def run(session: Session) -> EpochReport:
+        def run(session: Session) -> EpochVerdict:
             config = self._config(self._require_job(session, job_id, lock=True))
             row = self._require_trial(session, job_id, trial_number)
             if batch_size is not None and row.batch_size != batch_size:
@@ -262,12 +249,12 @@ class BSOService:
                     f"not {batch_size}; report the trial the server handed out."
                 )
             if row.status not in ("dispatched", "timed_out"):
-                return EpochReport(
+                return EpochVerdict(
                     stop=True,
                     converged=bool(row.converged),
-                    message=f"Trial {trial_number} already ended ({row.status}).",
+                    reason=f"Trial {trial_number} already ended ({row.status}).",
                 )
-            verdict: EpochVerdict = epoch_verdict(
+            verdict = epoch_verdict(
                 config,
                 epochs=epochs,
                 metric=metric,
@@ -280,9 +267,7 @@ class BSOService:
                     energy_j=energy_j, time_s=time_s, converged=verdict.converged, epochs=epochs
                 )
                 self._finish(row, config, result)
-            return EpochReport(
-                stop=verdict.stop, converged=verdict.converged, message=verdict.reason
-            )
+            return verdict
 
         return self._transaction(run)
 

@@ -110,7 +110,7 @@ def report(result: ZeusTrainingResult, service: ServiceDep) -> ZeusReportRespons
         energy_j=result.energy,
     )
     return ZeusReportResponse(
-        stop_train=verdict.stop, converged=verdict.converged, message=verdict.message
+        stop_train=verdict.stop, converged=verdict.converged, message=verdict.reason
     )
 
 
