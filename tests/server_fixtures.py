@@ -106,9 +106,7 @@ def single_rank_layout(**overrides: object) -> dict[str, object]:
     return kwargs
 
 
-def job_info(
-    pp: int, dp: int = 1, tp: int = 1, *, pipeline: PipelineSpec | None = None
-) -> JobInfo:
+def job_info(pp: int, dp: int = 1, tp: int = 1, *, pipeline: PipelineSpec | None = None) -> JobInfo:
     return JobInfo(
         pp_degree=pp, dp_degree=dp, tp_degree=tp, world_size=pp * dp * tp, pipeline=pipeline
     )
@@ -215,12 +213,8 @@ def simulate(
         busy = math.fsum(ts)
         energy = math.fsum(es) + truth.p2p_power_w * (iter_time - busy)
         kinds = sorted({kind for kind, _ in entries})
-        tb = {
-            k: [t for (kind, _), t in zip(entries, ts, strict=True) if kind == k] for k in kinds
-        }
-        eb = {
-            k: [e for (kind, _), e in zip(entries, es, strict=True) if kind == k] for k in kinds
-        }
+        tb = {k: [t for (kind, _), t in zip(entries, ts, strict=True) if kind == k] for k in kinds}
+        eb = {k: [e for (kind, _), e in zip(entries, es, strict=True) if kind == k] for k in kinds}
         results.append(
             ProfilingResult(
                 rank=info.rank,
