@@ -503,3 +503,37 @@ def test_solve_and_evaluate_count_clock_changes_and_their_latency(tmp_path: Path
     assert changed, "some plan changes clocks, and its numbers count the switches"
     code, out = _run("solve", profile, *args[:-1], "-1")
     assert code == 2 and "Traceback" not in out
+
+
+def test_solve_plans_for_the_hop_latency_and_evaluate_rescores_at_it(tmp_path: Path) -> None:
+    profile = _profile(tmp_path)
+    args = ["-m", "3", "--no-plots", "--hop-latency-ms", "500"]
+    code, out = _run("solve", profile, *args, "--out", tmp_path / "f")
+    assert code == 0, out
+    assert "P2P hop between ranks takes 500 ms" in " ".join(out.split())
+    code, out = _run("solve", profile, *args[:-2], "--out", tmp_path / "free")
+    assert code == 0, out
+    free_fastest = json.loads((tmp_path / "free" / "plans" / "plan_00000.json").read_text())
+    plans = sorted((tmp_path / "f" / "plans").glob("plan_*.json"))
+    for path in plans:
+        plan = json.loads(path.read_text())
+        assert plan["hop_latency"] == 0.5
+        report = json.loads(_run("evaluate", profile, path)[1])  # at the plan's own latency
+        assert report["hop_latency"] == 0.5
+        assert report["iteration_time"] == pytest.approx(plan["iteration_time"], rel=1e-12)
+        assert report["energy"] == pytest.approx(plan["energy"], rel=1e-12)
+    # 1F1B on 2 ranks, one hop each way per microbatch on the critical path at least.
+    fastest = json.loads(plans[0].read_text())
+    assert fastest["iteration_time"] >= free_fastest["iteration_time"] + 2 * 0.5 - 1e-9
+    code, out = _run("evaluate", profile, plans[0], "--hop-latency-ms", "0")
+    assert code == 0 and json.loads(out)["iteration_time"] < fastest["iteration_time"]
+    code, out = _run("solve", profile, *args[:-1], "-1", "--out", tmp_path / "bad")
+    assert code == 2 and "Traceback" not in out
+    # Polish keeps the plan's hop latency (its windows are solved with it).
+    code, out = _run("polish", profile, plans[-1], "--out", tmp_path / "p.json", "--window", "3")
+    assert code == 0, out
+    polished = json.loads((tmp_path / "p.json").read_text())
+    slowest = json.loads(plans[-1].read_text())
+    assert polished["hop_latency"] == 0.5
+    assert polished["iteration_time"] <= slowest["iteration_time"]
+    assert polished["energy"] <= slowest["energy"] + 1e-9
