@@ -104,7 +104,7 @@ def test_the_job_ends_well_and_tells_its_story(run):
     assert "registered with http://127.0.0.1" in err
     assert "profiling round 1 of about" in err
     assert ("deployed a plan predicted" in err) or ("all-max stays" in err), err[-3000:]
-    assert "ends: " in err and "J in" in err
+    assert "ends: " in err and "J over" in err
     assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
     assert not (job_dir / "failed").exists()
     assert (job_dir / "finished").exists()
