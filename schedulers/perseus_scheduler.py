@@ -390,14 +390,14 @@ class Perseus(PlanningScheduler):
         all_max_t = self._all_max_plan().iteration_time
         if self.deadline_s is not None:
             self.guard.budget = max(0.0, self.deadline_s / all_max_t - 1.0)
-        self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}")
+        self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}", costs=costs)
 
     def _predicted(self, plan: Plan) -> tuple[float, float]:
         """(saving, slowdown) of `plan` against all-max, both scored by the same model."""
         base = self._all_max_plan()
         return 1.0 - plan.energy / base.energy, plan.iteration_time / base.iteration_time - 1.0
 
-    def _run(self, plan: Plan, event: str, reason: str) -> None:
+    def _run(self, plan: Plan, event: str, reason: str, *, costs: CostModel | None = None) -> None:
         """Deploy `plan` (a frontier point) and watch it."""
         self.adopt(plan)
         self.phase = PerseusPhase.DEPLOYED
@@ -414,7 +414,14 @@ class Perseus(PlanningScheduler):
                 f"; checked against the {len(self.baseline)} all-max rounds over the next "
                 f"{1 + self.guard.window} rounds"
             )
-        self._record(event, reason, plan=plan, warning=event != "deployed", text=text)
+        model = {}
+        if costs is not None:
+            model = {
+                "switch_latency_s": costs.switch_latency_s,
+                "hop_latency_s": costs.hop_latency_s,
+                "model_residual": costs.residual,
+            }
+        self._record(event, reason, plan=plan, warning=event != "deployed", text=text, **model)
         self._update_overrides()
 
     def _hold(self, event: str, problems: list[str]) -> None:
