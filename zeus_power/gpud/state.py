@@ -8,43 +8,91 @@ never renew anything, so a lease would either expire under a healthy job that ho
 clock for long or outlive a dead one; the kernel knows exactly when a process is gone.
 Over TCP there is no peer pid: those settings are undone when the daemon exits, and the
 README says so.
+
+One lock per GPU covers its driver calls, its flags and its owner together: a write, the
+reaper's look at the owner and the restore that follows are each one critical section, so
+the reaper never undoes what a new, live owner set while the reaper was deciding.
+
+A restore the driver refuses (a GPU fallen off the bus, a driver being reloaded) leaves the
+GPU without an owner and *orphaned*: it is logged once, as an error that says how to reset
+the GPU by hand, and retried quietly with a delay that doubles from `RETRY_FIRST_S` up to
+`RETRY_MAX_S`; a success is logged. A client that writes to an orphaned GPU becomes its
+owner, and what the daemon still had to undo is then that client's to undo.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from zeus_power.device import GPU, GPUError, GPUNotSupportedError, GPUValueError
 from zeus_power.gpud.peers import Peer, alive
 
-__all__ = ["GpuState"]
+__all__ = ["RETRY_FIRST_S", "RETRY_MAX_S", "GpuState"]
 
 logger = logging.getLogger("zeus_power.gpud")
+
+RETRY_FIRST_S = 1.0
+"""Seconds before the first retry of a restore the driver refused."""
+RETRY_MAX_S = 60.0
+"""Longest wait between retries of a refused restore."""
+
+
+@dataclass
+class _Orphan:
+    """A restore the driver refused, waiting for its next try."""
+
+    why: str
+    next_try_s: float
+    delay_s: float
+    failures: int = 1
 
 
 @dataclass
 class _Slot:
-    """One GPU and what the daemon changed on it."""
+    """One GPU and what the daemon changed on it; every field guarded by `lock`."""
 
     gpu: GPU
     clocks_locked: bool = False
     power_limit_set: bool = False
     owner: Peer | None = None
+    orphan: _Orphan | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def changed(self) -> bool:
+        return self.clocks_locked or self.power_limit_set
+
+    def changes(self) -> list[str]:
+        """What the daemon changed and has not undone: "clocks", "power limit"."""
+        return [
+            name
+            for name, done in (
+                ("clocks", self.clocks_locked),
+                ("power limit", self.power_limit_set),
+            )
+            if done
+        ]
 
 
 class GpuState:
-    """The GPUs, what was changed on each and by whom; every write checked first."""
+    """The GPUs, what was changed on each and by whom; every write checked first.
 
-    def __init__(self, gpus: Sequence[GPU]) -> None:
+    Args:
+        gpus: The GPUs served, keyed by their NVML index.
+        clock: Monotonic seconds, for the retry delays of refused restores.
+    """
+
+    def __init__(self, gpus: Sequence[GPU], *, clock: Callable[[], float] = time.monotonic) -> None:
         self.slots: dict[int, _Slot] = {}
         for gpu in gpus:
             self.slots[int(getattr(gpu, "nvml_index", gpu.index))] = _Slot(gpu)
         self._clocks = {i: set(s.gpu.supported_sm_clocks_mhz()) for i, s in self.slots.items()}
         self._ranges = {i: s.gpu.power_limit_constraints_mw() for i, s in self.slots.items()}
+        self._clock = clock
 
     # -- validation (before anything reaches a GPU) ------------------------------------------
     def check_clocks(self, index: int, min_mhz: int, max_mhz: int) -> None:
@@ -79,10 +127,8 @@ class GpuState:
             try:
                 with slot.lock:
                     self._apply(what, index, slot, params)
-                    if slot.clocks_locked or slot.power_limit_set:
-                        slot.owner = peer
-                    else:
-                        slot.owner = None
+                    slot.owner = peer if slot.changed else None
+                    slot.orphan = None  # what was left to undo is the writer's now
             except GPUError as exc:
                 errors[index] = exc
         who = f"pid {peer.pid} (uid {peer.uid})" if peer else "a TCP client"
@@ -113,43 +159,104 @@ class GpuState:
             raise GPUNotSupportedError(f"unknown write {what}")
 
     # -- undoing ------------------------------------------------------------------------------
-    def restore(self, index: int, why: str) -> None:
-        """Reset the clocks and power limit this daemon changed on one GPU."""
+    def restore(self, index: int, why: str, *, retry: bool = True) -> bool:
+        """Reset the clocks and power limit this daemon changed on one GPU; whether it did.
+
+        A refused restore is logged; with `retry`, `reap` tries it again later."""
         slot = self.slots[index]
         with slot.lock:
-            try:
-                if slot.clocks_locked:
-                    slot.gpu.reset_sm_clocks()
-                    slot.clocks_locked = False
-                if slot.power_limit_set:
-                    slot.gpu.set_power_limit_mw(slot.gpu.default_power_limit_mw())
-                    slot.power_limit_set = False
-                slot.owner = None
-            except GPUError as exc:
-                logger.error("GPU %d: could not restore its defaults (%s): %s", index, why, exc)
-                return
-        logger.info("GPU %d: clocks and power limit restored to defaults (%s)", index, why)
+            return self._restore(index, slot, why, retry=retry)
 
     def reap(self) -> list[int]:
-        """Restore every GPU whose owner process is gone; the GPUs restored."""
-        gone = []
+        """Restore every GPU whose owner process is gone, and retry the orphaned GPUs whose
+        delay is over; the GPUs restored."""
+        restored = []
         for index, slot in self.slots.items():
-            owner = slot.owner
-            if owner is not None and not alive(owner):
-                self.restore(index, f"client pid {owner.pid} exited")
-                gone.append(index)
-        return gone
+            with slot.lock:  # the owner is read, judged and undone in one critical section
+                owner = slot.owner
+                if owner is not None:
+                    if alive(owner):
+                        continue
+                    why = f"client pid {owner.pid} exited"
+                elif slot.orphan is not None and self._clock() >= slot.orphan.next_try_s:
+                    why = slot.orphan.why
+                else:
+                    continue
+                if self._restore(index, slot, why, retry=True):
+                    restored.append(index)
+        return restored
+
+    def _restore(self, index: int, slot: _Slot, why: str, *, retry: bool) -> bool:
+        """`restore` with `slot.lock` held."""
+        slot.owner = None
+        try:
+            if slot.clocks_locked:
+                slot.gpu.reset_sm_clocks()
+                slot.clocks_locked = False
+            if slot.power_limit_set:
+                slot.gpu.set_power_limit_mw(slot.gpu.default_power_limit_mw())
+                slot.power_limit_set = False
+        except GPUError as exc:
+            if retry:
+                self._refused(index, slot, why, exc)
+            else:
+                logger.error(
+                    "GPU %d: could not restore its defaults (%s): %s. Its %s stay as set; "
+                    "reset them as root: %s",
+                    index,
+                    why,
+                    exc,
+                    " and ".join(slot.changes()),
+                    _by_hand(index),
+                )
+            return False
+        if slot.orphan is not None:
+            logger.info(
+                "GPU %d: clocks and power limit restored to defaults (%s), at try %d",
+                index,
+                why,
+                slot.orphan.failures + 1,
+            )
+            slot.orphan = None
+        else:
+            logger.info("GPU %d: clocks and power limit restored to defaults (%s)", index, why)
+        return True
+
+    def _refused(self, index: int, slot: _Slot, why: str, exc: GPUError) -> None:
+        """Note a refused restore: log it once, with what to do, and schedule the retry."""
+        orphan = slot.orphan
+        if orphan is not None:
+            orphan.failures += 1
+            orphan.delay_s = min(2 * orphan.delay_s, RETRY_MAX_S)
+            orphan.next_try_s = self._clock() + orphan.delay_s
+            logger.debug("GPU %d: restore try %d refused: %s", index, orphan.failures, exc)
+            return
+        slot.orphan = _Orphan(why, self._clock() + RETRY_FIRST_S, RETRY_FIRST_S)
+        left = [
+            n
+            for n, f in (("clocks", slot.clocks_locked), ("power limit", slot.power_limit_set))
+            if f
+        ]
+        logger.error(
+            "GPU %d: could not restore its defaults (%s): %s. Its %s stay as set until a "
+            "restore succeeds: the daemon retries quietly every %.0f..%.0f s and logs the "
+            "success; to reset it now, run as root `nvidia-smi -i %d -rgc` (clocks) and "
+            "`nvidia-smi -i %d -pl <default W>` (power limit), or restart the daemon",
+            index,
+            why,
+            exc,
+            " and ".join(left),
+            RETRY_FIRST_S,
+            RETRY_MAX_S,
+            index,
+            index,
+        )
 
     def log_states(self, when: str) -> None:
         """One line per GPU: clock and power limit in force, what this daemon changed."""
         for index, slot in sorted(self.slots.items()):
             gpu = slot.gpu
             clock = getattr(gpu, "current_sm_clock_mhz", None)
-            changed = [
-                n
-                for n, f in (("clocks", slot.clocks_locked), ("power limit", slot.power_limit_set))
-                if f
-            ]
             logger.info(
                 "GPU %d %s: SM clock %s MHz, power limit %d mW (default %d), changed: %s",
                 index,
@@ -157,10 +264,18 @@ class GpuState:
                 clock() if clock is not None else "?",
                 gpu.get_power_limit_mw(),
                 gpu.default_power_limit_mw(),
-                ", ".join(changed) or "nothing",
+                ", ".join(slot.changes()) or "nothing",
             )
 
     def restore_all(self, why: str) -> None:
+        """Restore every GPU this daemon changed (at exit)."""
         for index, slot in self.slots.items():
-            if slot.clocks_locked or slot.power_limit_set:
-                self.restore(index, why)
+            if slot.changed:
+                self.restore(index, why, retry=False)
+
+
+def _by_hand(index: int) -> str:
+    return (
+        f"`nvidia-smi -i {index} -rgc` (clocks) and `nvidia-smi -i {index} -pl <default W>` "
+        "(power limit)"
+    )

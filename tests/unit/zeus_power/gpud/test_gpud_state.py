@@ -9,6 +9,7 @@ started and has exited.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import time
 
 import pytest
 
+from zeus_power.device import GPUError
 from zeus_power.device.emulated import EmulatedGPU
 from zeus_power.gpud.peers import Peer, start_ticks
 from zeus_power.gpud.state import GpuState
@@ -41,6 +43,21 @@ class HeldDriver(EmulatedGPU):
             if not self.release.wait(10):
                 raise TimeoutError("the test never released the driver call")
         super().lock_sm_clocks(min_mhz, max_mhz)
+
+
+class LostDriver(EmulatedGPU):
+    """An emulated A40 whose driver refuses clock resets while `lost` (a GPU off the bus)."""
+
+    def __init__(self) -> None:
+        super().__init__(0, gpu_type="A40")
+        self.lost = False
+        self.resets = 0
+
+    def reset_sm_clocks(self) -> None:
+        self.resets += 1
+        if self.lost:
+            raise GPUError("Unknown Error (the GPU has fallen off the bus)", gpu_index=0)
+        super().reset_sm_clocks()
 
 
 def _clocks(mhz: int) -> dict[str, int]:
@@ -87,3 +104,57 @@ def test_the_reaper_never_undoes_what_a_new_live_owner_just_set(live, exited):
     assert state.slots[0].owner == live
     assert state.reap() == []  # and later checks leave the live owner alone too
     assert gpu.current_sm_clock_mhz() == 1200
+
+
+def test_a_refused_restore_is_logged_once_then_retried_with_backoff(exited, caplog):
+    caplog.set_level(logging.DEBUG, logger="zeus_power.gpud")
+    now = [1000.0]
+    gpu = LostDriver()
+    state = GpuState([gpu], clock=lambda: now[0])
+    state.write(LOCK, [0], _clocks(900), exited)
+    gpu.lost = True
+    for _ in range(20):  # 10 s of reaper ticks, 0.5 s apart
+        assert state.reap() == []
+        now[0] += 0.5
+    assert state.slots[0].owner is None  # no dead owner left to check every tick
+    assert gpu.resets == 4  # tried at 0, 1, 3 and 7 s: the delay doubles
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    assert f"GPU 0: could not restore its defaults (client pid {exited.pid} exited)" in errors[0]
+    assert "Its clocks stay as set" in errors[0] and "nvidia-smi -i 0 -rgc" in errors[0]
+    assert gpu.current_sm_clock_mhz() == 900
+    gpu.lost = False
+    now[0] += 60
+    assert state.reap() == [0]
+    assert gpu.current_sm_clock_mhz() == A40_MAX_MHZ
+    assert caplog.records[-1].getMessage() == (
+        f"GPU 0: clocks and power limit restored to defaults (client pid {exited.pid} exited), "
+        "at try 5"
+    )
+    now[0] += 600
+    assert state.reap() == [] and gpu.resets == 5
+
+
+def test_a_client_writing_to_an_orphaned_gpu_takes_it_over(exited, live):
+    now = [0.0]
+    gpu = LostDriver()
+    state = GpuState([gpu], clock=lambda: now[0])
+    state.write(LOCK, [0], _clocks(900), exited)
+    gpu.lost = True
+    state.reap()
+    gpu.lost = False
+    assert state.write(LOCK, [0], _clocks(1200), live) == {}
+    now[0] += 600
+    assert state.reap() == []
+    assert gpu.current_sm_clock_mhz() == 1200 and state.slots[0].owner == live
+
+
+def test_a_restore_refused_at_exit_says_how_to_reset_by_hand(live, caplog):
+    gpu = LostDriver()
+    state = GpuState([gpu])
+    state.write(LOCK, [0], _clocks(900), live)
+    gpu.lost = True
+    state.restore_all("daemon exiting")
+    (error,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "(daemon exiting)" in error and "nvidia-smi -i 0 -rgc" in error
+    assert "retries" not in error
