@@ -18,7 +18,9 @@ GET  /gpu/get_power                     gpu_ids (optional)
 
 What it adds to zeusd: every value is checked against the GPU's supported clocks and
 power range before it reaches the driver (400 with the GPU's range), the socket is
-owner/group only by default, TCP refuses to start without a token, and whatever it set is
+owner/group only by default, TCP refuses to start without a token (`GpudConfig` has the
+token rule), connections are bounded (`max_connections`, one more gets 503) and timed out
+(`request_timeout_s`, `idle_timeout_s`), and whatever it set is
 undone when it exits (SIGTERM, SIGINT) or when the process that set it is gone, so a
 crashed job never leaves a GPU slowed.
 

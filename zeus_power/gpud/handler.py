@@ -1,5 +1,10 @@
-"""One HTTP/1.1 connection to the daemon: its peer, body and size limits, the token check,
-and the answer; what a request means is `zeus_power.gpud.routes`'s.
+"""One HTTP/1.1 connection to the daemon: its peer, timeouts, body and size limits, the
+token check, and the answer; what a request means is `zeus_power.gpud.routes`'s.
+
+Two timeouts (`GpudConfig`): a keep-alive connection may wait `idle_timeout_s` for its
+next request and is then closed (zeusd clients reconnect on their next call); once a
+request's first byte is in, reading the rest of it and sending the answer may take
+`request_timeout_s`, so a stalled client frees its connection slot soon.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from urllib.parse import parse_qsl, urlsplit
 from zeus_power.gpud.peers import peer_of
 from zeus_power.gpud.routes import RequestError, route
 
-__all__ = ["MAX_BODY_BYTES", "MAX_QUERY_CHARS", "Handler"]
+__all__ = ["MAX_BODY_BYTES", "MAX_QUERY_CHARS", "REFUSAL_TIMEOUT_S", "Handler", "Overloaded"]
 
 logger = logging.getLogger("zeus_power.gpud")
 
@@ -22,14 +27,17 @@ MAX_QUERY_CHARS = 2048
 """Longest query string accepted (gpu_ids of many GPUs fit easily)."""
 MAX_BODY_BYTES = 4096
 """The API takes no body; a client that sends more than this is cut off (413)."""
+REFUSAL_TIMEOUT_S = 2.0
+"""Longest wait for the request of a connection that is refused (503) for want of a slot."""
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
+    """Serves the requests of one connection until it closes, idles out or stalls."""
+
     server: Any  # the listener, carrying `config` and `state`
     protocol_version = "HTTP/1.1"
     server_version = "perseus-gpud"
     sys_version = ""
-    timeout = 600  # an idle keep-alive connection is closed after this (the client reconnects)
 
     def version_string(self) -> str:
         return self.server_version
@@ -43,6 +51,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.peer = peer_of(self.connection)
+
+    def handle_one_request(self) -> None:
+        config = self.server.config
+        self.connection.settimeout(config.idle_timeout_s)
+        try:
+            started = self.rfile.peek(1)  # type: ignore[attr-defined]
+        except TimeoutError:
+            logger.debug("%s idle for %.0f s: closed", self.address_string(), config.idle_timeout_s)
+            started = b""
+        if not started:  # the client closed, or idled out
+            self.close_connection = True
+            return
+        self.connection.settimeout(config.request_timeout_s)
+        super().handle_one_request()
 
     def address_string(self) -> str:
         if self.peer is not None:
@@ -157,3 +179,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.close_connection = True  # the 405's body must not be read as the next answer
         self._handle("HEAD")
+
+
+class Overloaded(Handler):
+    """Answers a connection that got no slot: 503 in zeusd's error shape, then closes it."""
+
+    def handle_one_request(self) -> None:
+        self.connection.settimeout(min(REFUSAL_TIMEOUT_S, self.server.config.request_timeout_s))
+        self.close_connection = True
+        http.server.BaseHTTPRequestHandler.handle_one_request(self)
+
+    def _handle(self, method: str) -> None:
+        self.close_connection = True
+        if not self._drain():
+            return
+        self._send(
+            503,
+            {
+                "error": f"perseus gpud is serving its maximum of "
+                f"{self.server.config.max_connections} connections; retry shortly (or raise "
+                "the daemon's --max-connections)"
+            },
+            headers={"Retry-After": "1", "Connection": "close"},
+        )
