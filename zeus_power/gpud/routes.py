@@ -22,7 +22,7 @@ from zeus_power.device import (
 )
 from zeus_power.errors import ZeusError
 from zeus_power.gpud.peers import Peer
-from zeus_power.gpud.state import GpuState
+from zeus_power.gpud.state import GpuState, StoppingError
 
 __all__ = ["API_GROUPS", "RequestError", "discovery", "route"]
 
@@ -44,7 +44,10 @@ class RequestError(ZeusError):
 
 
 def _gpu_status(exc: GPUError) -> int:
-    """zeusd's status for an NVML error: bad value/unsupported 400, no permission 403."""
+    """zeusd's status for an NVML error: bad value/unsupported 400, no permission 403; a
+    write while the daemon stops 503."""
+    if isinstance(exc, StoppingError):
+        return 503
     if isinstance(exc, GPUValueError | GPUNotSupportedError):
         return 400
     if isinstance(exc, GPUPermissionError):

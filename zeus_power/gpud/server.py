@@ -197,7 +197,7 @@ class GpudServer:
             self._listener.server_close()
             reaper.join()
             self.state.log_states("at exit")
-            self.state.restore_all("daemon exiting")
+            self.state.close("daemon exiting")
             if self.config.mode == "uds":
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.config.socket_path)

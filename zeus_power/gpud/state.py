@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from zeus_power.device import GPU, GPUError, GPUNotSupportedError, GPUValueError
 from zeus_power.gpud.peers import Peer, alive
 
-__all__ = ["RETRY_FIRST_S", "RETRY_MAX_S", "GpuState"]
+__all__ = ["RETRY_FIRST_S", "RETRY_MAX_S", "GpuState", "StoppingError"]
 
 logger = logging.getLogger("zeus_power.gpud")
 
@@ -39,6 +39,10 @@ RETRY_FIRST_S = 1.0
 """Seconds before the first retry of a restore the driver refused."""
 RETRY_MAX_S = 60.0
 """Longest wait between retries of a refused restore."""
+
+
+class StoppingError(GPUError):
+    """A write that came after the daemon began to stop (it would outlive the restore)."""
 
 
 @dataclass
@@ -60,6 +64,8 @@ class _Slot:
     power_limit_set: bool = False
     owner: Peer | None = None
     orphan: _Orphan | None = None
+    closed: bool = False
+    """Set when the daemon stops: later writes are refused, so none outlives the restore."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -126,6 +132,12 @@ class GpuState:
             slot = self.slots[index]
             try:
                 with slot.lock:
+                    if slot.closed:
+                        raise StoppingError(
+                            "the daemon is stopping and restores the GPUs' defaults; retry "
+                            "once it runs again",
+                            gpu_index=index,
+                        )
                     self._apply(what, index, slot, params)
                     slot.owner = peer if slot.changed else None
                     slot.orphan = None  # what was left to undo is the writer's now
@@ -267,11 +279,13 @@ class GpuState:
                 ", ".join(slot.changes()) or "nothing",
             )
 
-    def restore_all(self, why: str) -> None:
-        """Restore every GPU this daemon changed (at exit)."""
+    def close(self, why: str) -> None:
+        """Refuse every later write and restore every GPU this daemon changed (at exit)."""
         for index, slot in self.slots.items():
-            if slot.changed:
-                self.restore(index, why, retry=False)
+            with slot.lock:
+                slot.closed = True
+                if slot.changed:
+                    self._restore(index, slot, why, retry=False)
 
 
 def _by_hand(index: int) -> str:

@@ -21,7 +21,7 @@ import pytest
 from zeus_power.device import GPUError
 from zeus_power.device.emulated import EmulatedGPU
 from zeus_power.gpud.peers import Peer, start_ticks
-from zeus_power.gpud.state import GpuState
+from zeus_power.gpud.state import GpuState, StoppingError
 
 LOCK = "set_gpu_locked_clocks"
 A40_MAX_MHZ = 1740
@@ -154,7 +154,17 @@ def test_a_restore_refused_at_exit_says_how_to_reset_by_hand(live, caplog):
     state = GpuState([gpu])
     state.write(LOCK, [0], _clocks(900), live)
     gpu.lost = True
-    state.restore_all("daemon exiting")
+    state.close("daemon exiting")
     (error,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert "(daemon exiting)" in error and "nvidia-smi -i 0 -rgc" in error
     assert "retries" not in error
+
+
+def test_no_write_outlives_the_restore_at_exit(live):
+    gpu = EmulatedGPU(0, gpu_type="A40")
+    state = GpuState([gpu])
+    state.write(LOCK, [0], _clocks(900), live)
+    state.close("daemon exiting")
+    (refused,) = state.write(LOCK, [0], _clocks(1200), live).values()
+    assert isinstance(refused, StoppingError) and "the daemon is stopping" in str(refused)
+    assert gpu.current_sm_clock_mhz() == A40_MAX_MHZ and not state.slots[0].changed
