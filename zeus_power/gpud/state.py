@@ -244,40 +244,37 @@ class GpuState:
             logger.debug("GPU %d: restore try %d refused: %s", index, orphan.failures, exc)
             return
         slot.orphan = _Orphan(why, self._clock() + RETRY_FIRST_S, RETRY_FIRST_S)
-        left = [
-            n
-            for n, f in (("clocks", slot.clocks_locked), ("power limit", slot.power_limit_set))
-            if f
-        ]
         logger.error(
             "GPU %d: could not restore its defaults (%s): %s. Its %s stay as set until a "
-            "restore succeeds: the daemon retries quietly every %.0f..%.0f s and logs the "
-            "success; to reset it now, run as root `nvidia-smi -i %d -rgc` (clocks) and "
-            "`nvidia-smi -i %d -pl <default W>` (power limit), or restart the daemon",
+            "restore succeeds: the daemon retries quietly every %.0f to %.0f s and logs the "
+            "success; to reset them now, run as root: %s",
             index,
             why,
             exc,
-            " and ".join(left),
+            " and ".join(slot.changes()),
             RETRY_FIRST_S,
             RETRY_MAX_S,
-            index,
-            index,
+            _by_hand(index),
         )
 
     def log_states(self, when: str) -> None:
-        """One line per GPU: clock and power limit in force, what this daemon changed."""
+        """One line per GPU: clock and power limit in force, what this daemon changed (a GPU
+        the driver cannot read gets a line saying so: this runs before the exit's restore)."""
         for index, slot in sorted(self.slots.items()):
             gpu = slot.gpu
-            clock = getattr(gpu, "current_sm_clock_mhz", None)
-            logger.info(
-                "GPU %d %s: SM clock %s MHz, power limit %d mW (default %d), changed: %s",
-                index,
-                when,
-                clock() if clock is not None else "?",
-                gpu.get_power_limit_mw(),
-                gpu.default_power_limit_mw(),
-                ", ".join(slot.changes()) or "nothing",
-            )
+            clock = getattr(gpu, "current_sm_clock_mhz", None)  # the emulator's, not NVML's
+            try:
+                logger.info(
+                    "GPU %d %s: SM clock %s MHz, power limit %d mW (default %d), changed: %s",
+                    index,
+                    when,
+                    clock() if clock is not None else "?",
+                    gpu.get_power_limit_mw(),
+                    gpu.default_power_limit_mw(),
+                    ", ".join(slot.changes()) or "nothing",
+                )
+            except GPUError as exc:
+                logger.warning("GPU %d %s: cannot read its state: %s", index, when, exc)
 
     def close(self, why: str) -> None:
         """Refuse every later write and restore every GPU this daemon changed (at exit)."""
