@@ -1,9 +1,11 @@
 """The daemon's process: the listener (Unix socket or TCP), the reaper, start and stop.
 
 `GpudServer` binds the socket (refusing to replace a file that is not a socket or a live
-daemon's socket), serves each connection on its own thread with `zeus_power.gpud.handler.Handler`, at most
-`GpudConfig.max_connections` at once (one more is answered 503), runs the reaper every `reap_interval_s`, and when stopped restores every GPU it changed and removes
-the socket. `run_gpud` opens the GPUs and serves until SIGTERM or SIGINT.
+daemon's socket), serves each connection on its own thread with
+`zeus_power.gpud.handler.Handler`, at most `GpudConfig.max_connections` at once (one more
+is answered 503), runs the reaper every `reap_interval_s`, and when stopped refuses further
+writes, restores every GPU it changed and removes the socket. `run_gpud` opens the GPUs and
+serves until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ class _Bounded:
     too, the connection is closed at once. A warning says so at most once a minute.
     """
 
-    daemon_threads = True
     config: GpudConfig
+    state: GpuState
 
     def _init_bounds(self, config: GpudConfig) -> None:
         self.config = config
@@ -96,8 +98,8 @@ class _Bounded:
         now = time.monotonic()
         if now - self._warned_at_s >= 60:
             logger.warning(
-                "all %d connection slots are busy: %d connection(s) answered 503 in the last "
-                "minute. Raise --max-connections if the clients need more at once, or look for "
+                "all %d connection slots are busy: %d connection(s) answered 503 since the last "
+                "such warning. Raise --max-connections if the clients need more at once, or look for "
                 "a client that opens connections without closing them",
                 self.config.max_connections,
                 self._refused,
@@ -126,7 +128,7 @@ class GpudServer:
         self._stop = threading.Event()
         self._listener = self._bind()
         self._listener._init_bounds(config)
-        self._listener.state = self.state  # type: ignore[attr-defined]
+        self._listener.state = self.state
 
     @property
     def address(self) -> str:
