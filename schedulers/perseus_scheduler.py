@@ -10,7 +10,9 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from perseus.domain.plan import Plan
+from perseus.domain.profile import InstructionProfile
 from perseus.domain.units import max_slowdown_problem
+from perseus.errors import PlanError
 from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.settings import PerseusSettings
@@ -178,6 +180,8 @@ class Perseus(PlanningScheduler):
         super().__init__(job_info, rank_infos, perseus_settings, args)
         from perseus.planning import check_frontier_memory
 
+        self.perseus_args = args
+
         # Now, not after the profiling sweep: a job too big to solve fails at registration.
         check_frontier_memory(self.pipeline.num_instructions, self.pipeline.name)
         self.max_slowdown = args.max_slowdown
@@ -321,9 +325,8 @@ class Perseus(PlanningScheduler):
 
     # ------------------------------------------------------------------ solve & deploy
     def _cost_model(self) -> CostModel:
-        assert self.profile is not None and self.p2p_power_w is not None
-        args = self.args
-        assert isinstance(args, PerseusArgs)
+        profile, p2p = self._inputs()
+        args = self.perseus_args
         if args.switch_latency_ms is not None:
             switch, source = args.switch_latency_ms / 1000.0, "given"
         else:
@@ -331,9 +334,9 @@ class Perseus(PlanningScheduler):
             switch, source = (0.0, "unknown") if measured is None else (measured, "measured")
         base_t = median_figures(self.baseline)[0] if self.baseline else None
         return calibrate_costs(
-            self.profile,
+            profile,
             self.pipeline,
-            self.p2p_power_w,
+            p2p,
             switch_latency_s=switch,
             switch_source=source,
             hop_latency_s=None if args.hop_latency_ms is None else args.hop_latency_ms / 1000.0,
@@ -345,7 +348,7 @@ class Perseus(PlanningScheduler):
         from perseus.planning import solve_frontier
 
         self.complete_profile()
-        assert self.profile is not None and self.p2p_power_w is not None
+        profile, p2p = self._inputs()
         self.costs = costs = self._cost_model()
         self._note(f"cost model: {costs.describe()}")
         if costs.switch_source == "unknown":
@@ -354,7 +357,7 @@ class Perseus(PlanningScheduler):
                 "free (set switch_latency_ms to override)",
                 warning=True,
             )
-        problems = profile_problems(self.profile, switch_latency_s=costs.switch_latency_s)
+        problems = profile_problems(profile, switch_latency_s=costs.switch_latency_s)
         if problems:
             self._hold("held", problems)
             return
@@ -363,12 +366,12 @@ class Perseus(PlanningScheduler):
             self.job_info.job_id,
             self.num_stages,
             self.pipeline.num_microbatches,
-            self.p2p_power_w,
+            p2p,
         )
         self.frontier = solve_frontier(
-            self.profile,
+            profile,
             self.pipeline,
-            p2p_power_w=self.p2p_power_w,
+            p2p_power_w=p2p,
             switch_latency_s=costs.switch_latency_s,
             hop_latency_s=costs.hop_latency_s,
         )
@@ -391,6 +394,14 @@ class Perseus(PlanningScheduler):
         if self.deadline_s is not None:
             self.guard.budget = max(0.0, self.deadline_s / all_max_t - 1.0)
         self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}", costs=costs)
+
+    def _inputs(self) -> tuple[InstructionProfile, float]:
+        """The profile and the blocking power (set once profiling is complete)."""
+        if self.profile is None or self.p2p_power_w is None:
+            raise PlanError(
+                f"Job {self.job_info.job_id}: no profile or blocking power yet to plan with"
+            )
+        return self.profile, self.p2p_power_w
 
     def _predicted(self, plan: Plan) -> tuple[float, float]:
         """(saving, slowdown) of `plan` against all-max, both scored by the same model."""
@@ -437,13 +448,13 @@ class Perseus(PlanningScheduler):
     def _plan_of(self, frequencies: list[list[int]], *, hop_latency_s: float | None = None) -> Plan:
         from perseus.planning import make_plan
 
-        assert self.profile is not None and self.p2p_power_w is not None
+        profile, p2p = self._inputs()
         costs = self.costs
         return make_plan(
-            self.profile,
+            profile,
             self.pipeline,
             frequencies,
-            self.p2p_power_w,
+            p2p,
             switch_latency_s=costs.switch_latency_s if costs else 0.0,
             hop_latency_s=(costs.hop_latency_s if costs else 0.0)
             if hop_latency_s is None
@@ -453,8 +464,8 @@ class Perseus(PlanningScheduler):
     def _all_max_plan(self) -> Plan:
         from perseus.planning import max_frequencies
 
-        assert self.profile is not None
-        return self._plan_of(max_frequencies(self.profile, self.pipeline))
+        profile, _ = self._inputs()
+        return self._plan_of(max_frequencies(profile, self.pipeline))
 
     def baseline_plan(self) -> Plan | None:
         """The all-max plan scored by the same model as the deployed plan."""
@@ -495,13 +506,14 @@ class Perseus(PlanningScheduler):
     def _faster_plan(self, decision: GuardDecision) -> Plan | None:
         """The cheapest faster frontier point that meets the budget with the hop latency
         re-calibrated on the measured plan (`schedulers.costs.rescore_faster`)."""
-        assert self.chosen is not None and self.frontier is not None and self.costs is not None
-        assert self.profile is not None and self.p2p_power_w is not None
+        profile, p2p = self._inputs()
+        if self.chosen is None or self.frontier is None or self.costs is None:
+            return None  # nothing deployed from a frontier: all-max is the way back
         t_base = median_figures(self.baseline)[0]
         plan, self.costs = rescore_faster(
-            self.profile,
+            profile,
             self.pipeline,
-            self.p2p_power_w,
+            p2p,
             self.costs,
             chosen=self.chosen,
             candidates=[p.frequencies for p in self.frontier.points],

@@ -110,7 +110,7 @@ def test_a_wrong_profile_is_stepped_back_within_the_bound_and_never_oscillates(t
     assert len(plans) >= 15
     # The plan stays; every reference_every-th round of it runs all-max (the guard's
     # reference), unless the guard fell back to all-max itself.
-    all_max = [[x.frequencies for x in round_] for round_ in history[:1]][0]
+    all_max = [x.frequencies for x in history[0]]
     others = [p for p in plans if p != all_max]
     assert all(p == others[0] for p in others)
     if moves[-1]["event"] == "move":
