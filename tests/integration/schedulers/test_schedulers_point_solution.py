@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from server_fixtures import GroundTruth, SimulatedJob, running_server, stage_freqs
+from server_fixtures import FREQS, GroundTruth, SimulatedJob, running_server, stage_freqs
 
 from perseus.domain.plan import Plan
 from perseus.domain.schedule import make_schedule
@@ -17,7 +17,7 @@ M = 3
 def varied_plan(num_stages: int, *, bad_freq: int | None = None, num_microbatches: int = M) -> Plan:
     """Every instruction of the plan gets its own frequency (stage, position dependent)."""
     kinds = make_schedule("1f1b", num_stages, num_microbatches).kinds()
-    levels = [1500, 1425, 1350, 1275, 1200, 1125, 1050, 975, 900]
+    levels = FREQS[::5][:9]  # 1410, 1335, … 810 MHz
     freqs = [
         [(k, levels[(s + i) % len(levels)]) for i, k in enumerate(ks)] for s, ks in enumerate(kinds)
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import typer
-from server_fixtures import GroundTruth, SimulatedJob, running_server, stage_freqs
+from server_fixtures import F_MAX, FREQS, GroundTruth, SimulatedJob, running_server, stage_freqs
 from typer.testing import CliRunner
 
 from perseus.cli.serve import serve
@@ -34,8 +34,8 @@ def test_switching_perseus_scheduler_switches_behaviour(monkeypatch, tmp_path):
         "InstructionProfiler",
         '{"num_microbatches": 2, "warmup_rounds": 0, "sweep": "full"}',
     )
-    assert all(set(stage_freqs(h, 0)) == {1500} for h in all_max.history)
-    assert [stage_freqs(h, 0)[0] for h in profiler.history] == [1500, 1425, 1350]
+    assert all(set(stage_freqs(h, 0)) == {F_MAX} for h in all_max.history)
+    assert [stage_freqs(h, 0)[0] for h in profiler.history] == FREQS[:3]
     assert "AllMaxFrequency" in all_max.job_id and "InstructionProfiler" in profiler.job_id
 
 
