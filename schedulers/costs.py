@@ -17,14 +17,15 @@ import logging
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule
 from perseus.errors import PerseusError
 from perseus.protocol import RankInfo
 
-__all__ = ["CostModel", "calibrate_costs", "measured_switch_latency_s"]
+__all__ = ["CostModel", "calibrate_costs", "measured_switch_latency_s", "rescore_faster"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,3 +120,57 @@ def calibrate_costs(
         residual=statistics.median(errors) if errors else None,
         checked_rounds=len(errors),
     )
+
+
+def rescore_faster(
+    profile: InstructionProfile,
+    schedule: PipelineSchedule,
+    p2p_power_w: float,
+    costs: CostModel,
+    *,
+    chosen: Plan,
+    candidates: Sequence[list[list[int]]],
+    measured_time_s: float,
+    limit_s: float,
+) -> tuple[Plan | None, CostModel]:
+    """The cheapest of `candidates` faster than `chosen` that meets `limit_s` under the
+    costs re-measured on `chosen` (None when none does), and those costs.
+
+    `chosen` ran slower than its model said (`measured_time_s`): the hop latency is
+    re-calibrated so that the model gives `chosen` its measured time (never below the
+    latency it was planned with), and every candidate is re-scored with it.
+    """
+    from perseus.planning import calibrate_hop_latency, make_plan, pipeline_problem
+
+    pp = pipeline_problem(profile, schedule, p2p_power_w)
+    hop = calibrate_hop_latency(
+        pp,
+        chosen.stage_frequencies(),
+        measured_time_s,
+        switch_latency_s=costs.switch_latency_s,
+    )
+    new = replace(
+        costs,
+        hop_latency_s=max(hop, costs.hop_latency_s),
+        hop_source="re-calibrated on the deployed plan",
+    )
+
+    def scored(freqs: list[list[int]]) -> Plan:
+        return make_plan(
+            profile,
+            schedule,
+            freqs,
+            p2p_power_w,
+            switch_latency_s=new.switch_latency_s,
+            hop_latency_s=new.hop_latency_s,
+        )
+
+    now_s = scored(chosen.stage_frequencies()).iteration_time
+    best: Plan | None = None
+    for freqs in candidates:
+        plan = scored(freqs)
+        if plan.iteration_time >= now_s or plan.iteration_time > limit_s:
+            continue  # only plans faster than the one that broke its budget, within it
+        if best is None or plan.energy < best.energy:
+            best = plan
+    return best, (new if best is not None else costs)

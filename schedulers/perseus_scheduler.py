@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import math
 from typing import Any
@@ -13,14 +12,20 @@ from pydantic import Field, field_validator
 from perseus.domain.plan import Plan
 from perseus.domain.units import max_slowdown_problem
 from perseus.io.profile_csv import load_profile
-from perseus.protocol import JobInfo, JobNote, ProfilingResult, RankInfo, RoundStatus
+from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.settings import PerseusSettings
 from schedulers.args import SchedulerArgs
 from schedulers.checks import plan_problems, profile_problems
-from schedulers.costs import CostModel, calibrate_costs, measured_switch_latency_s
+from schedulers.costs import (
+    CostModel,
+    calibrate_costs,
+    measured_switch_latency_s,
+    rescore_faster,
+)
 from schedulers.guard import GuardDecision, PromiseGuard, RoundFigures, median_figures
 from schedulers.pipeline import RoundMeasurement, StagePlan
 from schedulers.planning import DEFAULT_P2P_POWER_W, PlanningArgs, PlanningScheduler
+from schedulers.story import JobStory
 from schedulers.stragglers import StragglerTracker
 
 __all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
@@ -197,8 +202,7 @@ class Perseus(PlanningScheduler):
         self._plan_since = 0
         self._overrides: dict[int, StagePlan] = {}
         self._running: dict[int, Plan] = {}
-        self._notes: list[JobNote] = []
-        self._events: list[dict[str, Any]] = []
+        self.story = JobStory(job_info.job_id, self.job_dir.promise)
         self._energy_j = 0.0
         self._iterations = 0
         self._profiling_cost = (0.0, 0.0)
@@ -459,48 +463,26 @@ class Perseus(PlanningScheduler):
         self._hold("fallback", [f"guard: {reason}"])
 
     def _faster_plan(self, decision: GuardDecision) -> Plan | None:
-        """The cheapest frontier point, re-scored with the hop latency that explains the
-        measured time of the plan that broke its budget, that meets the budget."""
-        from perseus.planning import calibrate_hop_latency, pipeline_problem
-
+        """The cheapest faster frontier point that meets the budget with the hop latency
+        re-calibrated on the measured plan (`schedulers.costs.rescore_faster`)."""
         assert self.chosen is not None and self.frontier is not None and self.costs is not None
         assert self.profile is not None and self.p2p_power_w is not None
         t_base = median_figures(self.baseline)[0]
-        measured_t = (1.0 + decision.measured_slowdown) * t_base
-        pp = pipeline_problem(self.profile, self.pipeline, self.p2p_power_w)
-        hop = calibrate_hop_latency(
-            pp,
-            self.chosen.stage_frequencies(),
-            measured_t,
-            switch_latency_s=self.costs.switch_latency_s,
+        plan, self.costs = rescore_faster(
+            self.profile,
+            self.pipeline,
+            self.p2p_power_w,
+            self.costs,
+            chosen=self.chosen,
+            candidates=[p.frequencies for p in self.frontier.points],
+            measured_time_s=(1.0 + decision.measured_slowdown) * t_base,
+            limit_s=(1.0 + self.guard.budget) * t_base,
         )
-        hop = max(hop, self.costs.hop_latency_s)
-        limit = (1.0 + self.guard.budget) * t_base
-        best: Plan | None = None
-        for point in self.frontier.points:
-            if point.iteration_time_s >= self.chosen.iteration_time:
-                continue  # only faster plans
-            plan = self._plan_of(point.frequencies, hop_latency_s=hop)
-            if plan.iteration_time <= limit and (best is None or plan.energy < best.energy):
-                best = plan
-        if best is None:
-            return None
-        # Deployed with the model it will be judged by from now on.
-        self.costs = CostModel(
-            switch_latency_s=self.costs.switch_latency_s,
-            switch_source=self.costs.switch_source,
-            hop_latency_s=hop,
-            hop_source="re-calibrated on the deployed plan",
-            residual=self.costs.residual,
-            checked_rounds=self.costs.checked_rounds,
-        )
-        return best
+        return plan
 
     # ------------------------------------------------------------------ reporting
     def _note(self, text: str, *, warning: bool = False) -> None:
-        (logger.warning if warning else logger.info)("Job %s: %s", self.job_info.job_id, text)
-        self._notes.append(JobNote(level="warning" if warning else "info", text=text))
-        del self._notes[:-30]
+        self.story.note(text, warning=warning)
 
     def _record(
         self,
@@ -521,21 +503,12 @@ class Perseus(PlanningScheduler):
                 "iteration_time_s": plan.iteration_time,
                 "energy_j": plan.energy,
             }
-        self._events.append(entry)
+        self.story.record(entry)
         if text is not None:
             self._note(text, warning=warning)
-        try:
-            self.job_dir.path.mkdir(parents=True, exist_ok=True)
-            with self.job_dir.promise.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(entry) + "\n")
-        except OSError as exc:
-            logger.warning(
-                "Job %s: could not write %s: %s", self.job_info.job_id, self.job_dir.promise, exc
-            )
 
     def promise_events(self) -> list[dict[str, Any]]:
-        events, self._events = self._events, []
-        return events
+        return self.story.take_events()
 
     def summary(self) -> str:
         """The job's measured figures so far, one line."""
@@ -552,7 +525,7 @@ class Perseus(PlanningScheduler):
         )
 
     def status(self) -> RoundStatus:
-        notes, self._notes = self._notes, []
+        notes = self.story.take_notes()
         estimate = None
         if self.phase is PerseusPhase.PROFILING:
             estimate = self._round + 1 + self._rounds_left()

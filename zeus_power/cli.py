@@ -59,9 +59,9 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
+    from zeus_power.bso.db import make_engine
     from zeus_power.bso.server import BSOSettings, create_app
-    from zeus_power.bso.server.db import make_engine
-    from zeus_power.bso.server.service import BSOService
+    from zeus_power.bso.service import BSOService
     from zeus_power.errors import ZeusBSORuntimeError, ZeusConfigError
     from zeus_power.serving import header_timeout_protocol, install_accept_error_filter, is_loopback
 

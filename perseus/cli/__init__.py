@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
+
 import typer
 
 from perseus.cli import demo as _demo
@@ -20,6 +23,39 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+DISTRIBUTION = "perseus-energy"
+"""The name the project is installed under (`pip show perseus-energy`)."""
+
+
+def package_version() -> str:
+    """The installed version, or a note that this checkout is not installed."""
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"perseus {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the installed version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Perseus: time–energy frontiers and per-instruction GPU frequency plans for pipeline training."""
+
+
 app.command("solve")(_solve.solve)
 app.command("evaluate")(_solve.evaluate_plan)
 app.command("choose")(_solve.choose)

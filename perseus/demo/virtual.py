@@ -161,6 +161,10 @@ class VirtualCluster:
     def run_round(self, schedules: Sequence[FrequencySchedule]) -> list[ProfilingResult]:
         """Run every rank's schedule for `steps_per_round` iterations; their results.
 
+        A round starts with every rank at once (the round's schedules arrive together);
+        within a round each rank starts its next iteration when it ends the last one, and
+        waits in it for its peers, as a real job's ranks do (`_iteration`).
+
         Raises `ValueError` when a rank has no schedule or its schedule does not list its
         pipeline rank's instructions in order.
         """
@@ -181,10 +185,12 @@ class VirtualCluster:
             r: {"iter_time": [], "iter_energy": [], "tb": {}, "eb": {}}
             for r in range(self.world_size)
         }
+        start = max(c() for c in self.clocks)
+        for r in range(self.world_size):
+            self._idle_until(r, start)
         for _ in range(self.steps_per_round):
-            begin = max(c() for c in self.clocks)
             for dp in range(self.dp_degree):
-                self._iteration(dp, freqs, begin, per_rank)
+                self._iteration(dp, freqs, per_rank)
         return [
             ProfilingResult(
                 rank=r,
@@ -200,21 +206,21 @@ class VirtualCluster:
         self,
         dp: int,
         freqs: dict[int, list[int]],
-        begin: float,
         out: dict[int, dict[str, Any]],
     ) -> None:
+        """One iteration of pipeline `dp`: each rank measures it from its own start (the
+        end of its previous iteration) to the end of its last instruction."""
         factor = self.slowdown.get(dp, 1.0)
-        T = self.tp_degree
         # Per pipeline rank, its tensor-parallel copies in this replica.
         groups = [
-            [self.rank_of(dp, pp, t) for t in range(T)] for pp in range(self.pipeline.num_stages)
+            [self.rank_of(dp, pp, t) for t in range(self.tp_degree)]
+            for pp in range(self.pipeline.num_stages)
         ]
-        start_mj = {}
+        begin = {r: self.clocks[r]() for group in groups for r in group}
+        start_mj = {r: self.gpus[r].total_energy_mj() for r in begin}
         for pp, group in enumerate(groups):
             kinds = {i.kind for i in self.pipeline.orders[pp]}
             for r in group:
-                self._idle_until(r, begin)
-                start_mj[r] = self.gpus[r].total_energy_mj()
                 for kind in kinds:
                     out[r]["tb"].setdefault(kind, []).append([])
                     out[r]["eb"].setdefault(kind, []).append([])
@@ -226,7 +232,7 @@ class VirtualCluster:
                     finish[p] + (self.hop_latency_s if p.rank != ins.rank else 0.0)
                     for p in self._dag.predecessors(ins)
                 ),
-                default=begin,
+                default=max(begin[r] for r in group),
             )
             start = max([ready, *(self.clocks[r]() + self.host_gap_s for r in group)])
             work = self.workloads[ins.stage, ins.kind]
@@ -245,12 +251,9 @@ class VirtualCluster:
                 out[r]["tb"][ins.kind][-1].append(run.time_s)
                 out[r]["eb"][ins.kind][-1].append((gpu.total_energy_mj() - e0) / 1000.0)
             finish[ins] = max(ends)
-        for group in groups:
-            for r in group:
-                out[r]["iter_time"].append(self.clocks[r]() - begin)
-                out[r]["iter_energy"].append(
-                    (self.gpus[r].total_energy_mj() - start_mj[r]) / 1000.0
-                )
+        for r in begin:
+            out[r]["iter_time"].append(self.clocks[r]() - begin[r])
+            out[r]["iter_energy"].append((self.gpus[r].total_energy_mj() - start_mj[r]) / 1000.0)
 
     def _idle_until(self, rank: int, t_s: float) -> None:
         """Advance a rank's clock to `t_s`, its GPU blocked (P2P power) meanwhile."""
