@@ -14,9 +14,10 @@ schedules come from the server, and a `perseus.demo.virtual.VirtualCluster` runs
 `EmulatedGPU`s in virtual time and produces what the ranks report (instruction times and
 energies, iteration times and the energy counters' changes). Nothing here computes a
 "measured" figure with the solver's formulas. What the emulator measures differs from the
-solver's accounting where a real job's would: e.g. a rank's iteration ends with its last
-instruction, so the blocked tail a plan charges to the ranks that finish early is not in
-the rank's iteration energy.
+solver's accounting where a real job's would: a round runs one iteration, which every rank
+starts together (the round's schedules arrive together) and ends with its own last
+instruction, so the blocked tail a plan charges to the ranks that finish first is in no
+rank's iteration energy (`planned_energy` adds it back).
 """
 
 from __future__ import annotations
