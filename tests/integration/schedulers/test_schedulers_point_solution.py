@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from server_fixtures import FREQS, GroundTruth, SimulatedJob, running_server, stage_freqs
+from server_fixtures import F_MAX, FREQS, GroundTruth, SimulatedJob, running_server, stage_freqs
 
 from perseus.domain.plan import Plan
 from perseus.domain.schedule import make_schedule
@@ -107,7 +107,7 @@ def test_a_zeus_style_literal_plan_runs_on_the_jobs_pipeline(tmp_path):
         (zeus_literal(3), {"num_microbatches": M}, "clocks for 3 pipeline rank(s)"),
         (zeus_literal(2), {"num_microbatches": M + 1}, "runs 8 instruction(s) there"),
         (
-            zeus_literal(2).replace("'forward', 1500", "'backward', 1500", 1),
+            zeus_literal(2).replace(f"'forward', {F_MAX}", f"'backward', {F_MAX}", 1),
             {"num_microbatches": M},
             "instruction #0 is 'backward'",
         ),
