@@ -35,6 +35,7 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 
 from perseus.demo.virtual import VirtualCluster
 from perseus.domain.profile import InstructionProfile
@@ -68,11 +69,17 @@ counts whole millijoules, and an instruction's energy is the difference of two r
 
 @contextlib.contextmanager
 def running_server(
-    settings: PerseusSettings, *, round_timeout_s: float = 30.0, serve_like_cli: bool = False
+    settings: PerseusSettings,
+    *,
+    round_timeout_s: float = 30.0,
+    serve_like_cli: bool = False,
+    app: FastAPI | None = None,
 ) -> Iterator[str]:
     """Run the real coordinator app under uvicorn in a thread; yields its base URL.
-    `serve_like_cli`: with `perseus serve`'s HTTP protocol (its header timeout)."""
-    app = create_app(settings, round_timeout_s=round_timeout_s)
+    `serve_like_cli`: with `perseus serve`'s HTTP protocol (its header timeout). `app`: this
+    app (made by `create_app`) instead of a new one, e.g. to reach its ``state``."""
+    if app is None:
+        app = create_app(settings, round_timeout_s=round_timeout_s)
     extra = {"http": header_timeout_protocol(settings.header_timeout_s)} if serve_like_cli else {}
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))

@@ -26,7 +26,7 @@ def _main() -> None:
     """Zeus batch-size optimizer service."""
 
 
-@app.command()
+@app.command(short_help="Serve the batch-size optimizer over HTTP.")
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,

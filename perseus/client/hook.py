@@ -45,6 +45,12 @@ IN_STEP --on_step_end--> BETWEEN_STEPS, or NEED_SCHEDULE after the round's last 
 IN_STEP, IN_INSTRUCTION --abort_step (the training step failed)--> BETWEEN_STEPS
 any --close--> CLOSED
 ```
+
+`close()` is the job's normal end: every rank waits there for the others (a barrier on the
+job's process group) and rank 0 then tells the coordinator that the job finished
+(``POST /finish``), so it is listed as ``finished``, not failed. Leaving the context manager
+on an exception, or ``close(finish=False)``, tells it nothing: a job whose ranks fail ends
+as ``failed`` at the coordinator's round timeout.
 """
 
 from __future__ import annotations
@@ -59,7 +65,13 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from perseus.client.bootstrap import check_layout, device_sync, process_group, share_job_id
+from perseus.client.bootstrap import (
+    all_ranks_reach,
+    check_layout,
+    device_sync,
+    process_group,
+    share_job_id,
+)
 from perseus.client.console import setup_job_logging
 from perseus.client.coordinator import CoordinatorClient, check_server_url
 from perseus.client.emulation import EmulationSettings, InstructionEmulator
@@ -68,7 +80,7 @@ from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
 from perseus.client.timing import TIMINGS, EventTimer, InstructionTiming
 from perseus.client.trace import Trace
-from perseus.errors import ConfigurationError, RankError
+from perseus.errors import ConfigurationError, CoordinatorError, RankError
 from perseus.protocol import (
     INSTRUCTIONS,
     FrequencySchedule,
@@ -233,6 +245,10 @@ class PerseusOptimizer:
             list(expected_instructions) if expected_instructions is not None else None
         )
         dist = process_group(rank, world_size)
+        self._dist = dist
+        self.finish_report: dict[str, Any] | None = None
+        """Rank 0, after a normal `close`: the coordinator's answer to the job's finish
+        (rounds, iterations and energy measured, the energy report)."""
 
         if gpu is None:
             from zeus_power.device import open_gpus
@@ -666,14 +682,19 @@ class PerseusOptimizer:
         )
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        """Stop the frequency worker, restore the GPU's clocks, close the HTTP client."""
+    def close(self, *, finish: bool = True) -> None:
+        """Stop the frequency worker, restore the GPU's clocks, close the HTTP client.
+
+        `finish` (the default: a normal end of training): the job is over; every rank waits
+        here for the others (at most twice `timeout_s`), then rank 0 tells the coordinator
+        (``POST /finish``), which lists the job as ``finished``. A finish that cannot be
+        told is a warning, never an error. ``finish=False`` (training failed) tells the
+        coordinator nothing: the job fails at its round timeout.
+        """
         if self._state is _HookState.CLOSED and self._freq is None:
             return
         self._state = _HookState.CLOSED
         self._savings.log_saving()
-        if self.status is not None and self.status.summary:
-            logger.info("Perseus: job %s ends: %s", self.job_id, self.status.summary)
         pending, self._pending = self._pending, None
         if pending is not None and not self._reported.wait(self.timeout_s):
             logger.warning(
@@ -686,11 +707,56 @@ class PerseusOptimizer:
             if self._freq is not None:
                 freq, self._freq = self._freq, None
                 freq.close()
+            if finish:
+                self._finish()
+                if self.rank == 0:
+                    logger.info("Perseus: job %s ends: %s", self.job_id, self._end_line())
         finally:
             self._coordinator.close()
             if self._trace is not None:
                 self._trace.close()
                 self._trace = None
+
+    def _finish(self) -> None:
+        """Every rank closed: rank 0 tells the coordinator the job finished."""
+        if self.world_size > 1:
+            why_not = all_ranks_reach(self._dist, 2 * self.timeout_s)
+            if why_not is not None and self._dist.is_initialized():
+                if self.rank == 0:
+                    logger.warning(
+                        "Job %s: not telling the coordinator that it finished: %s; it will "
+                        "be marked failed at the coordinator's round timeout",
+                        self.job_id,
+                        why_not,
+                    )
+                return
+        if self.rank != 0:
+            return
+        try:
+            self.finish_report = self._coordinator.finish_job(self.job_id)
+        except CoordinatorError as exc:
+            logger.warning(
+                "Job %s: could not tell the coordinator it finished: %s", self.job_id, exc
+            )
+
+    def _end_line(self) -> str:
+        """What the job did, one line: the coordinator's final report when it answered the
+        finish, else the last status it sent."""
+        answer = self.finish_report or {}
+        report = answer.get("energy") if isinstance(answer.get("energy"), dict) else {}
+        saving, slowdown = report.get("measured_saving"), report.get("measured_slowdown")
+        energy_j, iterations = answer.get("energy_j"), answer.get("iterations_measured")
+        if isinstance(energy_j, int | float) and isinstance(iterations, int):
+            total = f"{energy_j:,.0f} J over {iterations} measured iteration(s), all GPUs"
+            if isinstance(saving, int | float) and isinstance(slowdown, int | float):
+                return (
+                    f"measured saving {saving:.2%} at {slowdown:+.2%} slowdown against its "
+                    f"all-max rounds (medians); {total}"
+                )
+            return f"no plan was measured against all-max; {total}"
+        if self.status is not None and self.status.summary:
+            return self.status.summary
+        return "the coordinator sent no figures"
 
     def __enter__(self) -> PerseusOptimizer:
         return self
@@ -706,7 +772,7 @@ class PerseusOptimizer:
             return
         # Already failing: restore what can be restored, but never mask the original error.
         try:
-            self.close()
+            self.close(finish=False)
         except Exception as close_exc:
             logger.warning(
                 "Rank %d: closing the Perseus hook also failed: %s", self.rank, close_exc

@@ -373,10 +373,10 @@ class PipelineAttachment:
         return torch.is_grad_enabled() or not needs_grad
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        """Unwrap the schedule and its stages, close the hook (restores the GPU's clocks).
-
-        Idempotent."""
+    def close(self, *, finish: bool = True) -> None:
+        """Unwrap the schedule and its stages, close the hook (restores the GPU's clocks;
+        `finish`: training ended normally, the coordinator lists the job as finished; see
+        `PerseusOptimizer.close`). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -384,7 +384,7 @@ class PipelineAttachment:
         try:
             self._unwrap()
         finally:
-            self.hook.close()
+            self.hook.close(finish=finish)
 
     def __enter__(self) -> PipelineAttachment:
         return self
@@ -399,7 +399,7 @@ class PipelineAttachment:
             self.close()
             return
         with contextlib.suppress(Exception):  # never mask the original error
-            self.close()
+            self.close(finish=False)
 
 
 def pipeline_spec(schedule: Any) -> PipelineSpec:

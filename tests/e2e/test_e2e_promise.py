@@ -98,19 +98,20 @@ def _events(job_dir: Path) -> list[dict]:
 
 
 def test_the_job_ends_well_and_tells_its_story(run):
-    case, done, log, job_dir = run
+    _case, done, log, job_dir = run
     assert done.returncode == 0, done.stderr[-4000:]
     err = done.stderr
     assert "registered with http://127.0.0.1" in err
     assert "profiling round 1 of about" in err
     assert ("deployed a plan predicted" in err) or ("all-max stays" in err), err[-3000:]
-    assert "ends: " in err and "J in" in err
+    assert "ends: " in err and "J over" in err
     assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
     assert not (job_dir / "failed").exists()
+    assert (job_dir / "finished").exists()
 
 
 def test_the_promise_is_kept_or_the_job_says_why_not(run):
-    case, done, log, job_dir = run
+    case, done, _log, job_dir = run
     assert done.returncode == 0, done.stderr[-4000:]
     report = _report(job_dir)
     assert report["measured_all_max"] is not None
