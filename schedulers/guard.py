@@ -106,6 +106,8 @@ class PromiseGuard:
         window: Deployed rounds per check.
         z: Standard errors of the medians' difference that count as a real difference.
         max_moves: Moves to faster plans before the guard goes straight to all-max.
+        baseline_window: The newest all-max rounds a check compares with (older ones age
+            out: a machine drifts, so the plan is compared with all-max measured near it).
         resolution: The smallest relative spread a measurement can have (a floor on the
             baseline's σ: the timer's and the energy counter's resolution over a round).
     """
@@ -118,12 +120,14 @@ class PromiseGuard:
         z: float = 3.0,
         max_moves: int = 1,
         resolution: float = 1e-4,
+        baseline_window: int = 1000,
     ) -> None:
         self.budget = budget
         self.window = window
         self.z = z
         self.max_moves = max_moves
         self.resolution = resolution
+        self.baseline_window = baseline_window
         self.baseline: list[RoundFigures] = []
         self.state = GuardState.ALL_MAX
         self.moves = 0
@@ -135,8 +139,10 @@ class PromiseGuard:
 
     # ------------------------------------------------------------------ inputs
     def add_baseline(self, figures: RoundFigures) -> None:
-        """An all-max round (the reference of every comparison)."""
+        """An all-max round (the reference of every comparison; the newest
+        `baseline_window` count)."""
         self.baseline.append(figures)
+        del self.baseline[: -self.baseline_window]
 
     def watch(self, predicted_slowdown: float) -> None:
         """A plan predicted at `predicted_slowdown` was deployed: watch it from the next round."""

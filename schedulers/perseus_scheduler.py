@@ -96,6 +96,15 @@ class PerseusArgs(PlanningArgs):
     guard_window: int = Field(
         default=4, ge=2, le=1000, description="deployed rounds per guard check"
     )
+    reference_every: int = Field(
+        default=10,
+        ge=0,
+        le=10_000,
+        description="while a plan runs, every reference_every-th round runs all-max, so the "
+        "guard compares the plan with all-max measured at the same time (machines drift: "
+        "temperature, other jobs); it costs that share of the saving. 0: only the all-max "
+        "rounds before profiling",
+    )
     guard_z: float = Field(
         default=3.0,
         gt=0.0,
@@ -174,9 +183,13 @@ class Perseus(PlanningScheduler):
         self.max_slowdown = args.max_slowdown
         self.deadline_s = args.deadline
         self.baseline_rounds = args.baseline_rounds
+        self.reference_every = args.reference_every
         self.guarded = args.guard and args.baseline_rounds > 0
         self.guard = PromiseGuard(
-            budget=args.max_slowdown, window=args.guard_window, z=args.guard_z
+            budget=args.max_slowdown,
+            window=args.guard_window,
+            z=args.guard_z,
+            baseline_window=max(4, args.baseline_rounds + 1),
         )
         self.stragglers = StragglerTracker(
             job_info.job_id,
@@ -222,13 +235,23 @@ class Perseus(PlanningScheduler):
                 self._last_plan = plan
                 return plan
             self._deploy()
+        if self._reference_due():
+            self._ran = "baseline"
+            return self.max_plan()
         self._ran = "other" if self._overrides else self.phase.value
         if self._chosen_plan is None:
             raise RuntimeError("Perseus has no plan to run")  # _deploy always adopts one
         return self._chosen_plan
 
+    def _reference_due(self) -> bool:
+        """Whether this round is one of the deployed plan's all-max reference rounds."""
+        every = self.reference_every
+        if not (self.guarded and every and self.phase is PerseusPhase.DEPLOYED):
+            return False
+        return not self._overrides and (self._round - self._plan_since) % every == every - 1
+
     def pipeline_overrides(self) -> dict[int, StagePlan]:
-        return self._overrides
+        return {} if self._ran == "baseline" else self._overrides
 
     def on_measurement(
         self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
@@ -367,14 +390,14 @@ class Perseus(PlanningScheduler):
         all_max_t = self._all_max_plan().iteration_time
         if self.deadline_s is not None:
             self.guard.budget = max(0.0, self.deadline_s / all_max_t - 1.0)
-        self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}")
+        self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}", costs=costs)
 
     def _predicted(self, plan: Plan) -> tuple[float, float]:
         """(saving, slowdown) of `plan` against all-max, both scored by the same model."""
         base = self._all_max_plan()
         return 1.0 - plan.energy / base.energy, plan.iteration_time / base.iteration_time - 1.0
 
-    def _run(self, plan: Plan, event: str, reason: str) -> None:
+    def _run(self, plan: Plan, event: str, reason: str, *, costs: CostModel | None = None) -> None:
         """Deploy `plan` (a frontier point) and watch it."""
         self.adopt(plan)
         self.phase = PerseusPhase.DEPLOYED
@@ -391,7 +414,14 @@ class Perseus(PlanningScheduler):
                 f"; checked against the {len(self.baseline)} all-max rounds over the next "
                 f"{1 + self.guard.window} rounds"
             )
-        self._record(event, reason, plan=plan, warning=event != "deployed", text=text)
+        model = {}
+        if costs is not None:
+            model = {
+                "switch_latency_s": costs.switch_latency_s,
+                "hop_latency_s": costs.hop_latency_s,
+                "model_residual": costs.residual,
+            }
+        self._record(event, reason, plan=plan, warning=event != "deployed", text=text, **model)
         self._update_overrides()
 
     def _hold(self, event: str, problems: list[str]) -> None:
