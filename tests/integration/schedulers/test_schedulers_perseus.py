@@ -49,7 +49,7 @@ def test_profiles_solves_and_deploys_a_plan_that_saves_energy_without_slowdown(t
     truth = GroundTruth(IMBALANCED)
     with running_server(settings(tmp_path, freq_step=4)) as url:
         job = SimulatedJob(url, truth, pp=4, num_microbatches=M)
-        history = job.run_sync(24)
+        history = job.run_sync(25)
     dp_of = {i.rank: i.dp_rank for i in job.infos}
     # A warm-up and the 4 all-max rounds of the baseline first.
     all_max = [k for k, h in enumerate(history) if set(stage_freqs(h, 0)) == {F_MAX}]
@@ -59,7 +59,7 @@ def test_profiles_solves_and_deploys_a_plan_that_saves_energy_without_slowdown(t
     all_max_time = statistics.median(t for _, t in figures)
     phases = [s.phase if s else None for s in job.statuses]
     deployed = history[-1]
-    assert phases[-6:] == ["deployed"] * 6 and deployed == history[-6], "the plan stays"
+    assert phases[-5:] == ["deployed"] * 5 and all(h == deployed for h in history[-5:])
     energy, time_s = pipeline_energy_and_time(job.results[-1], dp_of)
     assert time_s <= all_max_time * (1 + 1e-9)
     assert energy < 0.9 * all_max_energy, (energy, all_max_energy)

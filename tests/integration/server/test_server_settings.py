@@ -153,9 +153,9 @@ def test_perseus_serve_flags_run_the_loop(tmp_path):
         }
         job = SimulatedJob(coordinator.url, truth, pp=2, num_microbatches=4)
         # A warm-up, 4 all-max rounds (the baseline), the blocking power's own round, then
-        # the plan from round 6.
-        history = job.run_sync(7)
-        assert [s.phase if s else None for s in job.statuses[-2:]] == ["profiling", "deployed"]
+        # the plan from round 6 (its first round may be an all-max reference).
+        history = job.run_sync(8)
+        assert job.statuses[-1] is not None and job.statuses[-1].phase == "deployed"
         assert "+Perseus+" in job.job_id
         assert all(set(stage_freqs(history[0], r)) == {F_MAX} for r in history[0])
         assert any(set(stage_freqs(history[-1], r)) != {F_MAX} for r in history[-1])
