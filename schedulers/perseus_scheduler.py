@@ -211,6 +211,8 @@ class Perseus(PlanningScheduler):
         self._lead_in = 1 + self.baseline_rounds if self.baseline_rounds else 0
         """All-max rounds issued before the sweep (the first is a warm-up, not measured)."""
         self._round = -1
+        self._issuing = False
+        """Inside `plan_next`: a plan adopted now runs from the round being issued."""
         self._ran = "baseline"
         self._last_plan: StagePlan = []
         self._round_iterations = 0
@@ -233,12 +235,16 @@ class Perseus(PlanningScheduler):
             if self._round < self._lead_in:
                 self._ran = "baseline"
                 return self.max_plan()
-            if self.sweep is not None and not self.sweep.done:
+            if self._sweep_left():
                 plan = self.sweep.current_plan()
                 self._ran = "sweep-max" if plan == self.max_plan() else "sweep"
                 self._last_plan = plan
                 return plan
-            self._deploy()
+            self._issuing = True
+            try:
+                self._deploy()
+            finally:
+                self._issuing = False
         if self._reference_due():
             self._ran = "baseline"
             return self.max_plan()
@@ -246,6 +252,19 @@ class Perseus(PlanningScheduler):
         if self._chosen_plan is None:
             raise RuntimeError("Perseus has no plan to run")  # _deploy always adopts one
         return self._chosen_plan
+
+    def _first_round_of_a_new_plan(self) -> int:
+        """The round a plan adopted now runs first: the one being issued when it is adopted
+        while issuing one (a deployment), else the next (a move after a measurement)."""
+        return self._round if self._issuing else self._round + 1
+
+    def _sweep_left(self) -> bool:
+        """Whether the sweep still has rounds to run. With a given profile the sweep only
+        measures the blocking power, which the all-max baseline rounds measured already."""
+        sweep = self.sweep
+        if sweep is None or sweep.done:
+            return False
+        return not (self.profile is not None and sweep.p2p_samples)
 
     def _reference_due(self) -> bool:
         """Whether this round is one of the deployed plan's all-max reference rounds."""
@@ -412,7 +431,7 @@ class Perseus(PlanningScheduler):
         """Deploy `plan` (a frontier point) and watch it."""
         self.adopt(plan)
         self.phase = PerseusPhase.DEPLOYED
-        self._plan_rounds, self._plan_since = [], self._round + 1
+        self._plan_rounds, self._plan_since = [], self._first_round_of_a_new_plan()
         saving, slowdown = self._predicted(plan)
         if self.guarded:
             self.guard.watch(slowdown)
@@ -439,7 +458,7 @@ class Perseus(PlanningScheduler):
         """Run all-max from now on, saying why."""
         self.adopt(self._all_max_plan())
         self.phase = PerseusPhase.ALL_MAX
-        self._plan_rounds, self._plan_since = [], self._round + 1
+        self._plan_rounds, self._plan_since = [], self._first_round_of_a_new_plan()
         self.guard.hold()
         reason = "; ".join(problems)
         self._record(event, reason, plan=self.chosen, warning=True, text=f"all-max stays: {reason}")
