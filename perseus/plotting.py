@@ -160,7 +160,7 @@ def _box(x0: float, x1: float, y0: float, y1: float) -> list[tuple[float, float]
 
 def _timeline_figure(profile: InstructionProfile, plan: Plan, *, title: str | None) -> Figure:
     schedule = plan.pipeline_schedule()
-    placed = timeline(profile, schedule, plan.stage_frequencies())
+    placed = timeline(profile, schedule, plan.stage_frequencies(), hop_latency_s=plan.hop_latency)
     num_ranks = schedule.num_stages
     freqs = [p.freq_mhz for p in placed]
     norm = Normalize(

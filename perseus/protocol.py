@@ -36,12 +36,14 @@ __all__ = [
     "FrequencySchedule",
     "InstructionProfilingResult",
     "JobInfo",
+    "JobNote",
     "JobRecord",
     "OfflineProfilingResult",
     "ParallelLayout",
     "PipelineSpec",
     "ProfilingResult",
     "RankInfo",
+    "RoundStatus",
     "load_prof",
     "load_ranks",
     "load_sched",
@@ -55,11 +57,13 @@ REGISTER_JOB_URL = "/register_job"
 REGISTER_RANK_URL = "/register_rank/{job_id}"
 REPORT_RESULT_URL = "/result/{job_id}"
 STRAGGLER_URL = "/straggler/{job_id}"
+FINISH_URL = "/finish/{job_id}"
 INFO_URL = "/info"
 
 JOB_TOKEN_HEADER = "X-Perseus-Job-Token"
 """The job credential: answered by ``POST /register_job``, required by every route under
-the job's id (``/register_rank``, ``/schedule``, ``/result``, ``/straggler``)."""
+the job's id (``/register_rank``, ``/schedule``, ``/result``, ``/finish``; ``/straggler``
+and ``GET /jobs/{job_id}`` take it or the coordinator's token)."""
 
 
 InstructionKind = Literal["forward", "backward", "backward_input", "backward_weight"]
@@ -86,6 +90,8 @@ MAX_REFRESH_S = 60.0
 SAMPLED_TAIL = 0.25
 """The share of each refresh period that A100 and H100 power sensors sample, at its end
 (arXiv 2312.02741): windows carry their busy seconds in it (`EnergyWindow.tail_busy_s`)."""
+MAX_SWITCH_LATENCY_S = 10.0
+"""A clock switch measured longer than this is a broken measurement."""
 
 Seconds = Annotated[float, Field(gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)]
 """A measured time: finite, > 0, at most `MAX_TIME_S`."""
@@ -129,9 +135,7 @@ class PipelineSpec(BaseModel):
         if total > MAX_ACTIONS:
             raise ValueError(f"the orders hold {total:,} actions; at most {MAX_ACTIONS:,}")
         try:
-            built = PipelineSchedule.from_orders(
-                self.schedule, self.orders, self.num_microbatches
-            )
+            built = PipelineSchedule.from_orders(self.schedule, self.orders, self.num_microbatches)
         except ScheduleError as exc:
             raise ValueError(str(exc)) from None
         if built.num_virtual_stages != self.num_stages:
@@ -283,6 +287,43 @@ class RankInfo(BaseModel):
     )
     """How often the GPU's energy counter refreshes, as the rank measured it at start
     (0: continuous; None: not measured, e.g. no counter). Rounds are sized from it."""
+    switch_latency_s: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=MAX_SWITCH_LATENCY_S,
+        allow_inf_nan=False,
+        description="how long this rank's GPU took to apply a locked SM clock, measured by the "
+        "rank (`perseus.client.frequency.measure_switch_latency`); None: not measured",
+    )
+
+
+MAX_NOTES = 32
+"""Notes one round's status may carry."""
+MAX_NOTE_CHARS = 2000
+
+
+class JobNote(BaseModel):
+    """One line the coordinator asks the job to log (rank 0 logs it)."""
+
+    level: Literal["info", "warning"] = "info"
+    text: str = Field(max_length=MAX_NOTE_CHARS)
+
+
+class RoundStatus(BaseModel):
+    """Where the job stands, sent to rank 0 with its schedule so the job can say what it
+    does without the user configuring anything (`perseus.client.hook`)."""
+
+    phase: str = Field(max_length=64, description="e.g. profiling, deployed, all-max")
+    round: int = Field(ge=0)
+    profiling_rounds: int | None = Field(
+        default=None, ge=0, description="about how many rounds profiling takes in all"
+    )
+    notes: list[JobNote] = Field(default_factory=list, max_length=MAX_NOTES)
+    summary: str | None = Field(
+        default=None,
+        max_length=MAX_NOTE_CHARS,
+        description="the job's measured figures so far, one line (logged when the job ends)",
+    )
 
 
 class FrequencySchedule(BaseModel):
@@ -293,11 +334,14 @@ class FrequencySchedule(BaseModel):
     ``max(steps_per_round, steps)``); None: the hook's own `steps_per_round`. The
     coordinator asks for long rounds while it profiles, so that the energy counter
     refreshes often enough within each.
+    `status` (rank 0's schedule only; optional, Zeus's clients ignore it): where the job
+    stands and what to log.
     """
 
     rank: int = Field(ge=0)
     frequencies: list[tuple[str, int]]
     steps: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
+    status: RoundStatus | None = None
 
 
 class EnergyWindow(BaseModel):

@@ -50,16 +50,19 @@ class PlanningScheduler(PipelineScheduler):
     def deployed_plan(self) -> Plan | None:
         return self.chosen
 
-    def report_profiling(self, plan: Plan) -> None:
+    def report_profiling(self, plan: Plan | None) -> None:
         """Log what the sweep cost and write it to ``profiling.json`` (with `plan`: the
-        deployed plan, what running it instead would have cost)."""
+        plan chosen, what running it instead would have cost)."""
         if self.sweep is None:
             return
-        job_j = plan.energy * self.job_info.dp_degree  # a plan's energy is one pipeline's
-        report = self.sweep.report(plan.iteration_time, job_j)
+        if plan is None:
+            report = self.sweep.report()
+        else:
+            job_j = plan.energy * self.job_info.dp_degree  # a plan's energy is one pipeline's
+            report = self.sweep.report(plan.iteration_time, job_j)
         atomic_write_text(self.job_dir.profiling, json.dumps(report, indent=2) + "\n")
         logger.info(
-            "Job %s: profiling took %d round(s), %d iteration(s), %.1f s, %.1f kJ; the deployed "
+            "Job %s: profiling took %d round(s), %d iteration(s), %.1f s, %.1f kJ; the chosen "
             "plan would have taken %+.1f s and %+.2f kJ less (%s)",
             self.job_info.job_id,
             report["rounds"],

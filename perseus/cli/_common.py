@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
+from typing import Annotated, ParamSpec, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from perseus.errors import PerseusError
-
-if TYPE_CHECKING:
-    from perseus.domain.profile import InstructionProfile
 
 __all__ = [
     "AllowImplausiblePower",
@@ -24,6 +23,7 @@ __all__ = [
     "err_console",
     "estimates_note",
     "fraction_progress",
+    "narrow_table",
     "resolve_profile_path",
 ]
 
@@ -51,6 +51,20 @@ def fraction_progress(verb: str) -> Progress:
         console=console,
         transient=True,
     )
+
+
+def narrow_table(
+    title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str = ""
+) -> Table:
+    """A table that fits 80 columns: light rules, no outer padding, one-word headers (units
+    and meanings go in `caption`) and cells (a name, then right-aligned numbers) that are
+    never wrapped or cut."""
+    table = Table(title=title, caption=caption or None, box=box.MINIMAL, pad_edge=False)
+    for i, name in enumerate(headers):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 P = ParamSpec("P")
@@ -108,10 +122,10 @@ EMULATED_NOTE = (
 """What the commands that read a profile print when its rows are marked emulated."""
 
 
-def estimates_note(profile: InstructionProfile) -> str | None:
+def estimates_note(estimates: tuple[int, int, float, float] | None) -> str | None:
     """What a command prints when a profile's energies were estimated from aggregate
-    readings (its ``method`` column): how many, and how sure (None: all measured)."""
-    estimates = profile.estimates()
+    readings (its ``method`` column; `InstructionProfile.estimates`): how many, and how
+    sure (None: all measured)."""
     if estimates is None:
         return None
     n, total, median, worst = estimates

@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from perseus.cli._common import (
     EMULATED_NOTE,
     AllowImplausiblePower,
     cli_errors,
     console,
+    err_console,
     estimates_note,
     fraction_progress,
+    narrow_table,
     resolve_profile_path,
 )
 from perseus.domain.kinds import SCHEDULES
@@ -76,10 +77,22 @@ def solve(
             "--switch-latency-ms",
             min=0.0,
             max=10_000.0,
-            help="How long a clock change takes to apply on the GPU (ms; 10-20 on real "
-            "GPUs, 15 on emulated ones by default). Plans then count it: changes they cannot "
-            "reach in time are dropped and every time and energy includes the switches. "
-            "0: changes are free.",
+            help="How long a clock change takes to apply on the GPU, ms (10-20 on real "
+            "GPUs; the emulated ones take ZEUS_EMULATED_SWITCH_LATENCY_MS, 15 unless set). "
+            "Plans then count it: changes they cannot reach in time are dropped and every "
+            "time and energy includes the switches. The default, 0, plans changes as free.",
+        ),
+    ] = 0.0,
+    hop_latency_ms: Annotated[
+        float,
+        typer.Option(
+            "--hop-latency-ms",
+            min=0.0,
+            max=10_000.0,
+            help="How long each P2P hop between two pipeline ranks takes (ms; tens to "
+            "hundreds of µs with NCCL, 1-3 ms with gloo on one host). The solver plans for "
+            "it: plans leave the slack the hops need, and every time and energy includes "
+            "them. 0: hops are free.",
         ),
     ] = 0.0,
     allow_implausible_power: AllowImplausiblePower = False,
@@ -130,7 +143,7 @@ def solve(
 
     if prof.emulated:
         console.print(EMULATED_NOTE, style="yellow", highlight=False, soft_wrap=True)
-    note = estimates_note(prof)
+    note = estimates_note(prof.estimates())
     if note is not None:
         console.print(note, style="yellow", highlight=False, soft_wrap=True)
     console.print(f"Blocking (P2P) power {blocking.describe()}", highlight=False, soft_wrap=True)
@@ -144,6 +157,7 @@ def solve(
             p2p_power_w=p2p_power_w,
             progress=lambda f: progress.update(task, completed=f),
             switch_latency_s=switch_latency_ms / 1000.0,
+            hop_latency_s=hop_latency_ms / 1000.0,
         )
     frontier.write(out)
     # The all-max plan, scored by the solve (with its switching latency): the baseline that
@@ -151,27 +165,17 @@ def solve(
     base = frontier.all_max
     assert base is not None  # solve_frontier always keeps it
     points = frontier.points
-    table = Table(
-        title=f"Frontier of {prof.source} — {sched.name}, S={sched.num_stages}"
-        + (f" ({sched.num_virtual_stages} stages)" if sched.num_chunks > 1 else "")
-        + f", M={sched.num_microbatches}"
-    )
-    table.add_column("plan", no_wrap=True)
-    table.add_column("time (s)", justify="right")
-    table.add_column("energy (J)", justify="right")
-    table.add_column("slowdown", justify="right")
-    table.add_column("saved", justify="right")
-    table.add_column("clock changes", justify="right")
-    table.add_column("above LP bound", justify="right")
-    table.add_row(
-        "all max frequency",
-        f"{base.iteration_time_s:.4f}",
-        f"{base.energy_j:.1f}",
-        "—",
-        "—",
-        str(clock_changes(base.frequencies)),
-        "—",
-    )
+    rows = [
+        [
+            "all max frequency",
+            f"{base.iteration_time_s:.4f}",
+            f"{base.energy_j:.1f}",
+            "—",
+            "—",
+            str(clock_changes(base.frequencies)),
+            "—",
+        ]
+    ]
     # Slowdowns are against all-max; where its top clock is power-capped, the fastest
     # plan beats it (a negative slowdown) and "no slowdown" may use any clocks.
     shown = {}
@@ -181,20 +185,36 @@ def solve(
         shown[label] = frontier.choose(max_slowdown=slowdown)
     shown["minimum energy"] = min(points, key=lambda p: p.energy_j)
     for label, point in shown.items():
-        table.add_row(
-            label,
-            f"{point.iteration_time_s:.4f}",
-            f"{point.energy_j:.1f}",
-            f"{100 * frontier.slowdown(point):+.2f} %",
-            f"{100 * (1 - point.energy_j / base.energy_j):.2f} %",
-            str(clock_changes(point.frequencies)),
-            f"{100 * point.gap:.2f} %",
+        rows.append(
+            [
+                label,
+                f"{point.iteration_time_s:.4f}",
+                f"{point.energy_j:.1f}",
+                f"{100 * frontier.slowdown(point):+.2f} %",
+                f"{100 * (1 - point.energy_j / base.energy_j):.2f} %",
+                str(clock_changes(point.frequencies)),
+                f"{100 * point.gap:.2f} %",
+            ]
         )
+    table = narrow_table(
+        f"Frontier of {prof.source} — {sched.name}, S={sched.num_stages}"
+        + (f" ({sched.num_virtual_stages} stages)" if sched.num_chunks > 1 else "")
+        + f", M={sched.num_microbatches}",
+        ["plan", "time", "energy", "slowdown", "saved", "changes", "gap"],
+        rows,
+        caption="per iteration: time in s, energy in J; changes: clock changes (all ranks); "
+        "gap: energy above the LP lower bound",
+    )
     console.print(table)
     if switch_latency_ms > 0:
         console.print(
             f"Clock changes take {switch_latency_ms:g} ms: every time and energy above counts "
             "them (clock changes: per iteration, all ranks)."
+        )
+    if hop_latency_ms > 0:
+        console.print(
+            f"Every P2P hop between ranks takes {hop_latency_ms:g} ms: the plans are solved "
+            "for it and every time and energy above includes it."
         )
     console.print(
         f"{len(points)} frontier points written to [bold]{out / 'frontier.csv'}[/] and {out / 'plans'}/"
@@ -252,6 +272,16 @@ def evaluate_plan(
             help="Score with clock changes taking this long (ms); default: the plan's own.",
         ),
     ] = None,
+    hop_latency_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--hop-latency-ms",
+            min=0.0,
+            max=10_000.0,
+            help="Score with every P2P hop between ranks taking this long (ms); default: "
+            "the plan's own.",
+        ),
+    ] = None,
     allow_implausible_power: AllowImplausiblePower = False,
 ) -> None:
     """Score a plan exactly against a profile; prints JSON."""
@@ -264,7 +294,8 @@ def evaluate_plan(
     from perseus.domain.plan import clock_changes
 
     latency_s = loaded.switch_latency if switch_latency_ms is None else switch_latency_ms / 1000
-    ev = evaluate_plan(prof, loaded, switch_latency_s=latency_s)
+    hop_s = loaded.hop_latency if hop_latency_ms is None else hop_latency_ms / 1000
+    ev = evaluate_plan(prof, loaded, switch_latency_s=latency_s, hop_latency_s=hop_s)
     report: dict[str, float | bool | int] = {
         "iteration_time": ev.iteration_time_s,
         "energy": ev.energy_j,
@@ -272,6 +303,7 @@ def evaluate_plan(
         "blocking_energy": ev.blocking_energy_j,
         "clock_changes": clock_changes(loaded.stage_frequencies()),
         "switch_latency": latency_s,
+        "hop_latency": hop_s,
     }
     if prof.emulated or loaded.emulated:
         report["emulated"] = True  # the numbers are the emulator's model
@@ -293,8 +325,12 @@ def choose(
         float | None, typer.Option("--deadline", help="Iteration time limit in seconds.")
     ] = None,
 ) -> None:
-    """Print the path of the minimum-energy plan that meets a slowdown or a deadline."""
-    from perseus.io.frontier_dir import read_frontier_table, read_reference_time
+    """Print the path of the minimum-energy plan that meets a slowdown or a deadline.
+
+    The path goes to stdout alone (so that $(perseus choose ...) is the path); the plan's
+    time, energy, saving and slowdown against all-max follow it on stderr.
+    """
+    from perseus.io.frontier_dir import read_frontier_table, read_reference_plan
     from perseus.planning import choose_index
 
     if (max_slowdown is None) == (deadline is None):
@@ -307,14 +343,31 @@ def choose(
     if problem:
         raise PerseusError(problem)
     table = read_frontier_table(frontier_dir)  # rows in index order
+    reference = read_reference_plan(frontier_dir)
+    reference_s = reference.iteration_time if reference is not None else table.iteration_time[0]
     k = choose_index(
         table.iteration_time,
         table.energy,
         max_slowdown=max_slowdown,
         deadline_s=deadline,
-        reference_s=read_reference_time(frontier_dir, table) if max_slowdown is not None else None,
+        reference_s=reference_s if max_slowdown is not None else None,
     )
-    typer.echo(str(Path(frontier_dir) / table.plan[k]))
+    path = Path(frontier_dir) / table.plan[k]
+    typer.echo(str(path))
+    time_s, energy_j = float(table.iteration_time[k]), float(table.energy[k])
+    figures = f"{path.name}: {time_s:.4f} s, {energy_j:.1f} J per iteration"
+    if reference is not None and reference.energy > 0:
+        figures += (
+            f"; {100 * (1 - energy_j / reference.energy):.2f} % energy saved at "
+            f"{100 * (time_s / reference.iteration_time - 1):+.2f} % time against all-max "
+            f"({reference.iteration_time:.4f} s, {reference.energy:.1f} J)"
+        )
+    else:
+        figures += (
+            f"; {100 * (time_s / reference_s - 1):+.2f} % time against the fastest plan "
+            "(no all_max.json here: saving unknown)"
+        )
+    err_console.print(figures, highlight=False, soft_wrap=True)
 
 
 @cli_errors
@@ -356,7 +409,8 @@ def polish(
     prof = load_profile(resolve_profile_path(profile), check_power=not allow_implausible_power)
     original = load_plan(plan)
     sched = original.pipeline_schedule()
-    pipeline = PipelineProblem(prof, sched, original.p2p_power)
+    # The windows are re-chosen with the plan's own hop latency on the DAG's edges.
+    pipeline = PipelineProblem(prof, sched, original.p2p_power, hop_latency_s=original.hop_latency)
     problem = pipeline.solver
     choice = pipeline.choice_of(original.stage_frequencies())
     with fraction_progress("polishing") as progress:
@@ -371,7 +425,7 @@ def polish(
             progress=lambda f: progress.update(task, completed=f),
         )
     freqs = pipeline.frequencies_of(result.choice)
-    ev = evaluate(prof, sched, freqs, original.p2p_power)
+    ev = evaluate(prof, sched, freqs, original.p2p_power, hop_latency_s=original.hop_latency)
     if prof.emulated:
         console.print(EMULATED_NOTE, style="yellow", highlight=False, soft_wrap=True)
     save_plan(
@@ -381,21 +435,24 @@ def polish(
             p2p_power_w=original.p2p_power,
             evaluation=ev,
             emulated=prof.emulated or original.emulated,
+            hop_latency_s=original.hop_latency,
         ),
         out,
     )
     lp = solve_lp_curve(problem)
-    table = Table(title=f"Polish of {plan}")
-    table.add_column("plan")
-    table.add_column("iteration time (s)", justify="right")
-    table.add_column("energy (J)", justify="right")
-    table.add_column("above LP bound", justify="right")
+    rows = []
     for label, T, E in (
         ("before", result.initial_iteration_time_s, result.initial_energy_j),
         ("after", ev.iteration_time_s, ev.energy_j),
     ):
         bound = float(lp.lower_bound(T))
-        table.add_row(label, f"{T:.5f}", f"{E:.2f}", f"{100 * (E / bound - 1):.3f} %")
+        rows.append([label, f"{T:.5f}", f"{E:.2f}", f"{100 * (E / bound - 1):.3f} %"])
+    table = narrow_table(
+        f"Polish of {plan}",
+        ["plan", "time", "energy", "gap"],
+        rows,
+        caption="per iteration: time in s, energy in J; gap: energy above the LP lower bound",
+    )
     console.print(table)
     note = "" if result.complete else " (stopped by --budget before the last window)"
     console.print(

@@ -52,6 +52,12 @@ IN_STEP --on_step_end--> BETWEEN_STEPS, or NEED_SCHEDULE after the round's last 
 IN_STEP, IN_INSTRUCTION --abort_step (the training step failed)--> BETWEEN_STEPS
 any --close--> CLOSED
 ```
+
+`close()` is the job's normal end: every rank waits there for the others (a barrier on the
+job's process group) and rank 0 then tells the coordinator that the job finished
+(``POST /finish``), so it is listed as ``finished``, not failed. Leaving the context manager
+on an exception, or ``close(finish=False)``, tells it nothing: a job whose ranks fail ends
+as ``failed`` at the coordinator's round timeout.
 """
 
 from __future__ import annotations
@@ -66,16 +72,23 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from perseus.client.bootstrap import check_layout, device_sync, process_group, share_job_id
+from perseus.client.bootstrap import (
+    all_ranks_reach,
+    check_layout,
+    device_sync,
+    process_group,
+    share_job_id,
+)
+from perseus.client.console import setup_job_logging
 from perseus.client.coordinator import CoordinatorClient, check_server_url
 from perseus.client.emulation import EmulationSettings, InstructionEmulator
-from perseus.client.frequency import FrequencyController
+from perseus.client.frequency import FrequencyController, measure_switch_latency
 from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
 from perseus.client.sensing import CounterPoller, energy_windows
 from perseus.client.timing import TIMINGS, EventTimer, InstructionTiming
 from perseus.client.trace import Trace
-from perseus.errors import ConfigurationError, RankError
+from perseus.errors import ConfigurationError, CoordinatorError, RankError
 from perseus.protocol import (
     INSTRUCTIONS,
     FrequencySchedule,
@@ -83,6 +96,7 @@ from perseus.protocol import (
     PipelineSpec,
     ProfilingResult,
     RankInfo,
+    RoundStatus,
 )
 from zeus_power.device.base import GPU
 
@@ -207,6 +221,7 @@ class PerseusOptimizer:
         token: str | None = None,
     ) -> None:
         self._state = _HookState.CLOSED  # until construction succeeds
+        setup_job_logging(rank)
         timing = timing if timing is not None else os.environ.get("PERSEUS_TIMING", "auto")
         if timing not in TIMINGS:
             raise ConfigurationError(
@@ -238,6 +253,10 @@ class PerseusOptimizer:
             list(expected_instructions) if expected_instructions is not None else None
         )
         dist = process_group(rank, world_size)
+        self._dist = dist
+        self.finish_report: dict[str, Any] | None = None
+        """Rank 0, after a normal `close`: the coordinator's answer to the job's finish
+        (rounds, iterations and energy measured, the energy report)."""
 
         if gpu is None:
             from zeus_power.device import open_gpus
@@ -276,6 +295,15 @@ class PerseusOptimizer:
         self._events_steps: list[tuple[int, int, float, list[InstructionTiming]]] = []
         """Events timing: each step of the round so far (step, slot, time, instructions)."""
         self.available_frequencies = sorted(gpu.supported_sm_clocks_mhz(), reverse=True)
+        self.switch_latency_s = measure_switch_latency(gpu, self.available_frequencies)
+        """How long this GPU took to apply a locked clock (measured here; None: unknown)."""
+        if self.switch_latency_s is not None:
+            logger.debug(
+                "Rank %d: GPU %d applies a locked clock in %.1f ms (measured)",
+                rank,
+                device_id,
+                self.switch_latency_s * 1000,
+            )
         self._schedule = ScheduleValidator(
             rank=rank,
             pp_rank=pp_rank,
@@ -336,8 +364,33 @@ class PerseusOptimizer:
                     available_frequencies=self.available_frequencies,
                     emulated=self.emulated,
                     energy_refresh_s=refresh_s,
+                    switch_latency_s=self.switch_latency_s,
                 ),
             )
+            if rank == 0:
+                shape = (
+                    f"{pipeline.schedule}, {pipeline.num_microbatches} microbatches"
+                    if pipeline is not None
+                    else "the coordinator's default pipeline"
+                )
+                switch = (
+                    f"{self.switch_latency_s * 1000:.1f} ms"
+                    if self.switch_latency_s is not None
+                    else "unknown"
+                )
+                logger.info(
+                    "Perseus: job %s registered with %s: %d rank(s) (pp %d × dp %d × tp %d), "
+                    "%s; clock switch on GPU %d: %s",
+                    self.job_id,
+                    self.server_url,
+                    world_size,
+                    pp_degree,
+                    dp_degree,
+                    tp_degree,
+                    shape,
+                    device_id,
+                    switch,
+                )
             self._trace = Trace.open(trace_dir, rank)
             job_record: dict[str, Any] = {"kind": "job", "job_id": self.job_id, "rank": rank}
             if self.emulated:
@@ -381,6 +434,8 @@ class PerseusOptimizer:
         self._step_instrs: list[tuple[str, float]] = []
         """Sync timing: the step's instructions (name, time) until its energy is known."""
         self._savings = SavingsLog(rank, max(self.available_frequencies, default=0), logger)
+        self.status: RoundStatus | None = None
+        """The job's status as the coordinator last sent it (rank 0 only)."""
 
     def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
         """Tell the coordinator that pipeline `dp_rank` runs `slowdown` times slower (1.0: recovered)."""
@@ -464,6 +519,14 @@ class PerseusOptimizer:
         frequencies = self._schedule.accept(schedule, self.round + 1)
         self._round_steps = max(self.steps_per_round, schedule.steps or 0)
         self.round += 1
+        if schedule.status is not None:
+            self.status = schedule.status
+            for note in schedule.status.notes:
+                logger.log(
+                    logging.WARNING if note.level == "warning" else logging.INFO,
+                    "Perseus: %s",
+                    note.text,
+                )
         self._savings.schedule(self.round, [f for _, f in schedule.frequencies])
         self._write_trace(
             {
@@ -707,8 +770,15 @@ class PerseusOptimizer:
         )
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        """Stop the frequency worker, restore the GPU's clocks, close the HTTP client."""
+    def close(self, *, finish: bool = True) -> None:
+        """Stop the frequency worker, restore the GPU's clocks, close the HTTP client.
+
+        `finish` (the default: a normal end of training): the job is over; every rank waits
+        here for the others (at most twice `timeout_s`), then rank 0 tells the coordinator
+        (``POST /finish``), which lists the job as ``finished``. A finish that cannot be
+        told is a warning, never an error. ``finish=False`` (training failed) tells the
+        coordinator nothing: the job fails at its round timeout.
+        """
         if self._state is _HookState.CLOSED and self._freq is None:
             return
         self._state = _HookState.CLOSED
@@ -730,11 +800,56 @@ class PerseusOptimizer:
             if self._freq is not None:
                 freq, self._freq = self._freq, None
                 freq.close()
+            if finish:
+                self._finish()
+                if self.rank == 0:
+                    logger.info("Perseus: job %s ends: %s", self.job_id, self._end_line())
         finally:
             self._coordinator.close()
             if self._trace is not None:
                 self._trace.close()
                 self._trace = None
+
+    def _finish(self) -> None:
+        """Every rank closed: rank 0 tells the coordinator the job finished."""
+        if self.world_size > 1:
+            why_not = all_ranks_reach(self._dist, 2 * self.timeout_s)
+            if why_not is not None and self._dist.is_initialized():
+                if self.rank == 0:
+                    logger.warning(
+                        "Job %s: not telling the coordinator that it finished: %s; it will "
+                        "be marked failed at the coordinator's round timeout",
+                        self.job_id,
+                        why_not,
+                    )
+                return
+        if self.rank != 0:
+            return
+        try:
+            self.finish_report = self._coordinator.finish_job(self.job_id)
+        except CoordinatorError as exc:
+            logger.warning(
+                "Job %s: could not tell the coordinator it finished: %s", self.job_id, exc
+            )
+
+    def _end_line(self) -> str:
+        """What the job did, one line: the coordinator's final report when it answered the
+        finish, else the last status it sent."""
+        answer = self.finish_report or {}
+        report = answer.get("energy") if isinstance(answer.get("energy"), dict) else {}
+        saving, slowdown = report.get("measured_saving"), report.get("measured_slowdown")
+        energy_j, iterations = answer.get("energy_j"), answer.get("iterations_measured")
+        if isinstance(energy_j, int | float) and isinstance(iterations, int):
+            total = f"{energy_j:,.0f} J over {iterations} measured iteration(s), all GPUs"
+            if isinstance(saving, int | float) and isinstance(slowdown, int | float):
+                return (
+                    f"measured saving {saving:.2%} at {slowdown:+.2%} slowdown against its "
+                    f"all-max rounds (medians); {total}"
+                )
+            return f"no plan was measured against all-max; {total}"
+        if self.status is not None and self.status.summary:
+            return self.status.summary
+        return "the coordinator sent no figures"
 
     def __enter__(self) -> PerseusOptimizer:
         return self
@@ -750,7 +865,7 @@ class PerseusOptimizer:
             return
         # Already failing: restore what can be restored, but never mask the original error.
         try:
-            self.close()
+            self.close(finish=False)
         except Exception as close_exc:
             logger.warning(
                 "Rank %d: closing the Perseus hook also failed: %s", self.rank, close_exc

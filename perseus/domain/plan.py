@@ -112,6 +112,11 @@ class Plan(BaseModel):
     )
     """Seconds a clock change takes to apply, which `iteration_time` and `energy` account
     for (`perseus.planning.switching`); 0 (omitted): changes are free."""
+    hop_latency: float = Field(
+        default=0.0, ge=0.0, le=10.0, exclude_if=lambda latency: latency == 0.0
+    )
+    """Seconds every P2P hop between two pipeline ranks takes, which `iteration_time` and
+    `energy` account for (an edge lag in the solver's DAG); 0 (omitted): hops are free."""
 
     @field_validator("version")
     @classmethod
@@ -132,6 +137,7 @@ class Plan(BaseModel):
         evaluation: Evaluation,
         emulated: bool = False,
         switch_latency_s: float = 0.0,
+        hop_latency_s: float = 0.0,
     ) -> Plan:
         check_plan_shape(schedule, frequencies)
         return cls(
@@ -150,6 +156,7 @@ class Plan(BaseModel):
             emulated=emulated,
             clock_changes=clock_changes(frequencies),
             switch_latency=switch_latency_s,
+            hop_latency=hop_latency_s,
         )
 
     def pipeline_schedule(self) -> PipelineSchedule:

@@ -161,6 +161,7 @@ class Frontier:
         all_max: FrontierPoint | None = None,
         emulated: bool = False,
         switch_latency_s: float = 0.0,
+        hop_latency_s: float = 0.0,
     ):
         if not points:
             raise SolverError("A frontier needs at least one point")
@@ -174,6 +175,8 @@ class Frontier:
         """Solved from an emulated GPU's profile: its plans say so."""
         self.switch_latency_s = float(switch_latency_s)
         """Clock switching latency the points' numbers account for (0: changes are free)."""
+        self.hop_latency_s = float(hop_latency_s)
+        """P2P hop latency between ranks the points were solved and scored with (0: free)."""
 
     def __len__(self) -> int:
         return len(self.points)
@@ -228,6 +231,7 @@ class Frontier:
             evaluation=evaluation,
             emulated=self.emulated,
             switch_latency_s=self.switch_latency_s,
+            hop_latency_s=self.hop_latency_s,
         )
 
     def write(self, out_dir: str | os.PathLike[str]) -> Path:
@@ -272,6 +276,7 @@ class Frontier:
             all_max=all_max,
             emulated=any(row.plan.emulated for row in rows),
             switch_latency_s=rows[0].plan.switch_latency,
+            hop_latency_s=rows[0].plan.hop_latency,
         )
 
 
@@ -302,12 +307,17 @@ def solve_frontier(
     resolution_s: float | None = None,
     max_points: int | None = 500,
     switch_latency_s: float = 0.0,
+    hop_latency_s: float = 0.0,
 ) -> Frontier:
     """Compute the time–energy frontier of one pipeline.
 
     `profile` and `schedule` become the solver's problem (`PipelineProblem`); `p2p_power_w`
     is the power a GPU draws while blocked on P2P communication or idle. `progress`,
     `resolution_s` and `max_points` are `perseus.solver.compute_frontier`'s.
+
+    `hop_latency_s` is the time every P2P hop between two pipeline ranks takes: a lag on
+    those edges of the DAG the solver optimises (LP, rounding, exact scores), so plans
+    leave the slack the hops need; the all-max baseline is scored with it too.
 
     With `switch_latency_s` > 0 (the switching model, `perseus.planning.switching`), every
     point's unreachable clock changes are repaired, its time and energy re-scored with
@@ -317,8 +327,8 @@ def solve_frontier(
         raise SolverError(f"switch_latency_s must be between 0 and 10 s, got {switch_latency_s!r}")
     t0 = time.perf_counter()
     check_frontier_memory(schedule.num_instructions, schedule.name)
-    try:  # the solver checks the blocking power and max_points itself
-        problem = PipelineProblem(profile, schedule, p2p_power_w)
+    try:  # the solver checks the blocking power, the hop latency and max_points itself
+        problem = PipelineProblem(profile, schedule, p2p_power_w, hop_latency_s=hop_latency_s)
     except ScheduleError as exc:
         raise SolverError(str(exc)) from exc
     solution = compute_frontier(
@@ -374,6 +384,7 @@ def solve_frontier(
         all_max=all_max,
         emulated=profile.emulated,
         switch_latency_s=switch_latency_s,
+        hop_latency_s=problem.hop_latency_s,
     )
 
 

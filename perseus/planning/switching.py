@@ -9,7 +9,9 @@ during what follows. Upward changes thus cost time, downward ones cost energy.
 
 `switching_accounting` is the exact accounting of that (the emulated GPU's
 `ZEUS_EMULATED_SWITCH_LATENCY_MS` behaves the same way): it walks the DAG in topological
-order, tracks each rank's clock in force and pending switch, and replaces every
+order (an instruction starts when its last input arrives: its predecessors' finish plus
+the edge's lag, the P2P hop latency between ranks, so a plan's numbers count switches and
+hops together), tracks each rank's clock in force and pending switch, and replaces every
 instruction's profiled (time, energy) by its two-clock one; iteration time and energy then
 follow as in `perseus.planning.problem` (``E = Σ eᵢ + P_block · (S·T − Σ tᵢ)``). Each rank
 repeats its schedule, so an iteration starts with the clock (or the switch under way) that
@@ -72,6 +74,7 @@ def switching_durations(
     before = list(target)
     switch_at = [-math.inf] * len(pp.stage_index)
     preds = pb.preds
+    pred_lag = pb.pred_lag  # None: no edge has a lag
     finish = np.zeros(n + 1)  # row n: the "no predecessor" zero
     start = np.zeros(n)
     dur = np.empty(n)
@@ -81,7 +84,10 @@ def switching_durations(
     # instructions); the second is the steady state reported.
     for _ in range(2):
         for i in range(n):
-            s = float(finish[preds[i]].max())
+            if pred_lag is None:
+                s = float(finish[preds[i]].max())
+            else:
+                s = float((finish[preds[i]] + pred_lag[i]).max())
             r = int(rank_of[i])
             f = int(label[i])
             if f != target[r]:

@@ -53,6 +53,8 @@ class Level(NamedTuple):
     index: np.ndarray | slice  # instruction indices (a slice when consecutive)
     preds: list[np.ndarray]  # adjacency columns (see SolverProblem.level_preds)
     succs: list[np.ndarray]
+    pred_lags: list[np.ndarray | None] | None  # their edge lags (SolverProblem.level_pred_lags)
+    succ_lags: list[np.ndarray | None] | None
     step_time: LevelRows  # staircase durations
     vertex_time: LevelRows  # hull vertex durations
     vertex_step: LevelRows  # staircase position of each hull vertex

@@ -3,7 +3,7 @@
 Problem (for a fixed deadline ``T``)::
 
     minimise   Σᵢ cᵢ(dᵢ)                   cᵢ convex, piecewise linear, non-increasing
-    subject to every DAG path has Σ dᵢ ≤ T,  dᵢ ≥ aᵢ  (the instruction's fastest time)
+    subject to every DAG path has Σ dᵢ + Σ lags ≤ T,  dᵢ ≥ aᵢ  (the fastest time)
 
 with ``cᵢ`` the lower convex hull of the instruction's ``(t, e − P_block·t)`` options
 (`perseus.solver.problem.effective_cost_hull`). This is Fulkerson's (1961) project
@@ -13,7 +13,8 @@ and piecewise linear in ``T``; the energy lower bound is ``F(T) + P_block·S·T`
 Algorithm: the LP dual is a maximum-*length* flow problem. Split every instruction into a
 start node and a finish node joined by parallel arcs, one per hull vertex ``τⱼ``, of
 length ``τⱼ`` and capacity equal to the increase in slope there (the fastest vertex's arc
-has infinite capacity); precedence arcs have length 0 and infinite capacity. Sending ``v``
+has infinite capacity); precedence arcs have infinite capacity and the edge's lag as their
+length (0 without lags; a lag is a fixed delay no price can shorten). Sending ``v``
 units of flow is the dual of "shorten the iteration at marginal price ``v``". Successive
 longest augmenting paths (primal–dual, like Phillips–Dessouky's cuts) then trace the
 whole curve from the slowest end ``T_max`` (every instruction at its cheapest vertex):
@@ -161,7 +162,8 @@ def solve_lp_curve(
     has_succ[e[:, 0]] = True
     src = np.flatnonzero(~has_pred)
     snk = np.flatnonzero(~has_succ)
-    # Arcs: n activity arcs, then length-0 infinite-capacity arcs (precedence, source, sink).
+    # Arcs: n activity arcs, then infinite-capacity arcs: precedence (length = the edge's
+    # lag), source and sink (length 0).
     au = np.concatenate([start, finish[e[:, 0]], np.zeros(len(src), dtype=np.int64), finish[snk]])
     av = np.concatenate([finish, start[e[:, 1]], start[src], np.ones(len(snk), dtype=np.int64)])
     A = len(au)
@@ -184,9 +186,13 @@ def solve_lp_curve(
     flow = np.zeros(A, dtype=np.int64)
     length = np.zeros(2 * A)
     cap = np.zeros(2 * A, dtype=np.int64)
-    cap[pos_f[n:]] = _INF_CAP  # other arcs: infinite forward capacity, length 0
+    cap[pos_f[n:]] = _INF_CAP  # other arcs: infinite forward capacity
+    if problem.has_lags:  # a backward residual arc has minus its forward arc's length
+        length[pos_f[n : n + len(e)]] = problem.edge_lag_s
+        length[pos_b[n : n + len(e)]] = -problem.edge_lag_s
 
-    # Initial potentials: earliest times with every instruction at its slowest vertex.
+    # Initial potentials: earliest times (lags included) with every instruction at its
+    # slowest vertex.
     fin = problem.finish_times(b)
     pi = np.empty(V)
     pi[finish] = fin

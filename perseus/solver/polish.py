@@ -9,9 +9,10 @@ frontier is far too slow, but for the one plan a user deploys it is minutes well
 `polish_plan` sweeps a time window over the plan's schedule. Inside a window (every
 instruction whose current start falls in it) it picks every instruction's option exactly (a
 mixed-integer program solved by scipy's HiGHS) with everything outside held: a window
-instruction starts after its fixed predecessors finish and finishes before its fixed
-successors' latest starts and the plan's iteration time ``T``. An edge always goes to a
-later start, so no path leaves a window and comes back into it. With ``T`` held, the
+instruction starts after its fixed predecessors finish (plus the edge's lag) and finishes
+before its fixed successors' latest starts (less the lag) and the plan's iteration time
+``T``; inside the window, ``s_v ≥ s_u + t_u + lag(u, v)``. An edge always goes to a later
+start, so no path leaves a window and comes back into it. With ``T`` held, the
 window's objective ``Σ (e − P_block·t)`` is exactly the plan's energy change; the last
 window may also shorten ``T``, at ``P_block·S`` joules per second. A window's
 result is kept only when the exact score (`SolverProblem.score`) confirms lower energy at
@@ -198,11 +199,12 @@ def _solve_window(
     s_hi = np.full(n_w, deadline_s)
     finish_hi = np.full(n_w, np.inf)  # s + Σ t·x ≤ this (fixed successors' latest starts)
     u, v = problem.edges[:, 0], problem.edges[:, 1]
+    lag = problem.edge_lag_s
     pu, pv = pos[u], pos[v]
     into = (pu < 0) & (pv >= 0)  # fixed predecessor → window
-    np.maximum.at(s_lo, pv[into], finish[u[into]])
+    np.maximum.at(s_lo, pv[into], finish[u[into]] + lag[into])
     out = (pu >= 0) & (pv < 0)  # window → fixed successor
-    np.minimum.at(finish_hi, pu[out], latest[v[out]])
+    np.minimum.at(finish_hi, pu[out], latest[v[out]] - lag[out])
     inner = (pu >= 0) & (pv >= 0)
     iu, iv = pu[inner], pv[inner]
     rows, cols, vals = [], [], []
@@ -211,7 +213,7 @@ def _solve_window(
     cols.append(np.arange(nx))
     vals.append(np.ones(nx))
     r = n_w
-    # inner edges: s_v − s_u − Σ t·x_u ≥ 0
+    # inner edges: s_v − s_u − Σ t·x_u ≥ lag(u, v)
     m = len(iu)
     er = r + np.arange(m)
     rows += [er, er]
@@ -236,7 +238,7 @@ def _solve_window(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
         shape=(nrows, nx + n_w + 1),
     ).tocsr()
-    lo = np.concatenate([np.ones(n_w), np.zeros(m), np.full(2 * n_w, -np.inf)])
+    lo = np.concatenate([np.ones(n_w), lag[inner], np.full(2 * n_w, -np.inf)])
     hi = np.concatenate([np.ones(n_w), np.full(m, np.inf), finish_hi, np.zeros(n_w)])
     outside = pos < 0
     floor = float(finish[outside].max()) if tail and outside.any() else 0.0

@@ -11,7 +11,9 @@ The input is generic (`perseus.planning` builds it from a profile and a pipeline
   runs slower than the one below it);
 - the blocking power ``P`` (W) every resource draws while it is not running a node;
 - the resources (for pipelines the GPUs of the stages), each an ordered index array of the
-  nodes it runs. Only their count ``S`` enters the accounting.
+  nodes it runs. Only their count ``S`` enters the accounting;
+- optionally a *lag* (s) per edge ``(u, v)``: ``v`` may start only ``lag(u, v)`` after ``u``
+  finishes (for pipelines the P2P hop latency between two ranks). Default: all zero.
 
 Everything the LP, the rounding and the exact scoring need is turned into numpy arrays
 once: the DAG is kept as padded predecessor/successor tables plus its topological
@@ -19,8 +21,13 @@ once: the DAG is kept as padded predecessor/successor tables plus its topologica
 longest-path pass is one vectorised step per generation, for many plans at once.
 
 `score` is the project's one implementation of a plan's accounting: ``T`` = longest path
-(earliest starts), ``E = Σ eᵢ + P·(S·T − Σ tᵢ)``, with the sums taken one node at a time in
-topological order (`perseus.planning.evaluate` reports exactly these numbers).
+(earliest starts, every edge's lag on it), ``E = Σ eᵢ + P·(S·T − Σ tᵢ)``, with the sums taken
+one node at a time in topological order (`perseus.planning.evaluate` reports exactly these
+numbers). A lag is time no node runs: a resource waiting on it draws the blocking power,
+like any other wait.
+
+Lags are kept per adjacency column and level only where they are non-zero, so a problem
+without lags runs exactly the arithmetic it ran before lags existed (bit-identical results).
 """
 
 from __future__ import annotations
@@ -122,6 +129,7 @@ class SolverProblem:
         level_of: np.ndarray,
         resources: list[np.ndarray],
         lead_ramp: np.ndarray,
+        edge_lag_s: np.ndarray | None = None,
     ):
         self.p2p_power_w = float(p2p_power_w)
         self.n = len(type_of)
@@ -140,6 +148,7 @@ class SolverProblem:
         # predecessors/successors as a few elementwise ops instead of an axis reduction.
         self.level_preds = [[preds[lv, c] for c in range(preds.shape[1])] for lv in levels]
         self.level_succs = [[succs[lv, c] for c in range(succs.shape[1])] for lv in levels]
+        self._set_lags(edge_lag_s)
         self.resources = resources
         self.num_resources = len(resources)
         self.lead_ramp = lead_ramp
@@ -154,6 +163,58 @@ class SolverProblem:
             self.opt_energy[k, : len(o)] = o.energy_j
             self.opt_label[k, : len(o)] = o.label
         self._hulls: list[CostHull] | None = None
+
+    def _set_lags(self, edge_lag_s: np.ndarray | None) -> None:
+        """Lay out the edge lags (validated) beside the adjacency tables.
+
+        ``edge_lag_s`` (per edge, s; ``None``: all zero); ``pred_lag`` / ``succ_lag`` are
+        the lag of each entry of ``preds`` / ``succs`` (0 for padding), ``None`` when every
+        lag is zero; ``level_pred_lags[l][c]`` the lags of level ``l``'s adjacency column
+        ``c``, ``None`` where they are all zero (the hot loops then skip the addition).
+        """
+        m = len(self.edges)
+        if edge_lag_s is None:
+            lag = np.zeros(m)
+        else:
+            lag = np.asarray(edge_lag_s, dtype=float)
+            if lag.shape != (m,):
+                raise SolverError(
+                    f"edge_lag_s needs one lag per edge ({m}), got an array of shape {lag.shape}"
+                )
+            bad = np.flatnonzero(~np.isfinite(lag) | (lag < 0))
+            if len(bad):
+                u, v = self.edges[bad[0]]
+                raise SolverError(
+                    f"Edge lags must be finite numbers of seconds >= 0; edge ({u}, {v}) has "
+                    f"{float(lag[bad[0]])!r}"
+                )
+        self.edge_lag_s = lag
+        self.pred_lag: np.ndarray | None = None
+        self.succ_lag: np.ndarray | None = None
+        self.level_pred_lags: list[list[np.ndarray | None] | None] = [None] * len(self.levels)
+        self.level_succ_lags: list[list[np.ndarray | None] | None] = [None] * len(self.levels)
+        if not lag.any():
+            return
+        n = self.n
+        self.pred_lag = _padded_adjacency(n, self.edges[:, 1], lag)
+        self.succ_lag = _padded_adjacency(n, self.edges[:, 0], lag)
+        self.level_pred_lags = [_level_lags(self.pred_lag, lv) for lv in self.levels]
+        self.level_succ_lags = [_level_lags(self.succ_lag, lv) for lv in self.levels]
+
+    @property
+    def has_lags(self) -> bool:
+        """Whether any edge has a non-zero lag."""
+        return self.pred_lag is not None
+
+    def with_edge_lag(self, edge_lag_s: np.ndarray | Sequence[float] | None) -> SolverProblem:
+        """The same problem with other edge lags (one per edge of `edges`; ``None``: zero).
+
+        Shares every other array with this problem (cheap: no DAG layout again).
+        """
+        other = object.__new__(SolverProblem)
+        other.__dict__.update(self.__dict__)
+        other._set_lags(None if edge_lag_s is None else np.asarray(edge_lag_s, dtype=float))
+        return other
 
     @property
     def hulls(self) -> list[CostHull]:
@@ -177,6 +238,7 @@ class SolverProblem:
         resources: Sequence[np.ndarray | Sequence[int]],
         p2p_power_w: float,
         lead_ramp: np.ndarray | None = None,
+        edge_lag_s: np.ndarray | Sequence[float] | None = None,
     ) -> SolverProblem:
         """Validate the inputs and lay out the arrays.
 
@@ -189,6 +251,8 @@ class SolverProblem:
             p2p_power_w: Power (W) a resource draws while not running a node.
             lead_ramp: Per node, the fraction (0..1) of the staggered dithering's lead it
                 gets (`perseus.solver.frontier.staggered_lead`); default 1 everywhere.
+            edge_lag_s: Per edge of `edges` (same order), the lag (s, finite, >= 0): ``v``
+                starts no earlier than ``finish(u) + lag``. Default: all zero.
         """
         if not np.isfinite(p2p_power_w) or p2p_power_w < 0:
             raise SolverError(
@@ -208,8 +272,8 @@ class SolverProblem:
             (edges >= 0).all() and (edges < n).all() and (edges[:, 0] < edges[:, 1]).all()
         ):
             raise SolverError("Edges must join nodes 0..n-1 numbered in a topological order")
-        preds = _padded_adjacency(n, edges[:, 1], edges[:, 0])
-        succs = _padded_adjacency(n, edges[:, 0], edges[:, 1])
+        preds = _padded_adjacency(n, edges[:, 1], edges[:, 0], fill=n)
+        succs = _padded_adjacency(n, edges[:, 0], edges[:, 1], fill=n)
 
         level = np.zeros(n, dtype=np.int64)
         for k in range(n):  # topological order: predecessors already have their level
@@ -232,6 +296,7 @@ class SolverProblem:
             level_of=level,
             resources=[np.asarray(r, dtype=np.int64) for r in resources],
             lead_ramp=ramp,
+            edge_lag_s=None if edge_lag_s is None else np.asarray(edge_lag_s, dtype=float),
         )
 
     # ------------------------------------------------------------------ accounting
@@ -240,8 +305,10 @@ class SolverProblem:
         d = np.asarray(durations, dtype=float)
         start = np.zeros(d.shape)
         finish = np.zeros((self.n + 1, *d.shape[1:]))  # row n: the "no predecessor" zero
-        for lv, pred in zip(self.level_rows, self.level_preds, strict=True):
-            start[lv] = latest_of(finish, pred)
+        for lv, pred, lag in zip(
+            self.level_rows, self.level_preds, self.level_pred_lags, strict=True
+        ):
+            start[lv] = latest_of(finish, pred, lag)
             finish[lv] = start[lv] + d[lv]
         return start, finish[: self.n]
 
@@ -258,8 +325,13 @@ class SolverProblem:
         d = np.asarray(durations, dtype=float)
         ls = np.empty((self.n + 1, *d.shape[1:]))
         ls[self.n] = deadline_s
-        for lv, succ in zip(reversed(self.level_rows), reversed(self.level_succs), strict=True):
-            ls[lv] = earliest_of(ls, succ) - d[lv]
+        for lv, succ, lag in zip(
+            reversed(self.level_rows),
+            reversed(self.level_succs),
+            reversed(self.level_succ_lags),
+            strict=True,
+        ):
+            ls[lv] = earliest_of(ls, succ, lag) - d[lv]
         return ls[: self.n]
 
     def latest_start_finish(
@@ -267,15 +339,20 @@ class SolverProblem:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Latest (start, finish) times that keep every path within `deadline_s`.
 
-        A node's latest finish is the earliest latest start of its successors (or the
-        deadline); its latest start is that minus its duration.
+        A node's latest finish is the earliest latest start of its successors, each less
+        its edge's lag (or the deadline); its latest start is that minus its duration.
         """
         d = np.asarray(durations, dtype=float)
         ls = np.empty((self.n + 1, *d.shape[1:]))
         lf = np.empty(d.shape)
         ls[self.n] = deadline_s
-        for lv, succ in zip(reversed(self.level_rows), reversed(self.level_succs), strict=True):
-            lf[lv] = earliest_of(ls, succ)
+        for lv, succ, lag in zip(
+            reversed(self.level_rows),
+            reversed(self.level_succs),
+            reversed(self.level_succ_lags),
+            strict=True,
+        ):
+            lf[lv] = earliest_of(ls, succ, lag)
             ls[lv] = lf[lv] - d[lv]
         return ls[: self.n], lf
 
@@ -287,7 +364,7 @@ class SolverProblem:
     def account(self, choice: np.ndarray, *, exact: bool = True) -> Accounting:
         """The accounting of plans `choice` ``(n, K)`` (option indices), per plan.
 
-        Earliest starts, ``T`` = latest finish, compute time ``Σ (finish − start)``,
+        Earliest starts (edge lags included), ``T`` = latest finish, compute time ``Σ (finish − start)``,
         blocking energy ``P·(S·T − Σ tᵢ)``, energy = compute energy + blocking energy. With
         `exact`, the sums run one node at a time in topological order (``0 + x₀ + x₁ +
         …``), so the numbers do not depend on how many plans are scored together;
@@ -341,27 +418,69 @@ def _rows(index: np.ndarray) -> np.ndarray | slice:
     return index
 
 
-def latest_of(times: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:
-    """Row-wise max of ``times[c]`` over the adjacency columns (a new array)."""
-    out = times[columns[0]]
-    for c in columns[1:]:
-        np.maximum(out, times[c], out=out)
+LevelLags = list[np.ndarray | None] | None
+"""Per adjacency column of one level, its edges' lags (``None``: all zero; the whole list
+``None``: no lag in the level)."""
+
+
+def _lagged(
+    times: np.ndarray, column: np.ndarray, lag: np.ndarray | None, sign: float
+) -> np.ndarray:
+    """``times[column] + sign·lag`` (a new array), the lag broadcast over plans."""
+    out = times[column]
+    if lag is not None:
+        shaped = lag.reshape(lag.shape + (1,) * (out.ndim - 1))
+        if sign > 0:
+            out += shaped
+        else:
+            out -= shaped
     return out
 
 
-def earliest_of(times: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:
-    """Row-wise min of ``times[c]`` over the adjacency columns (a new array)."""
-    out = times[columns[0]]
-    for c in columns[1:]:
-        np.minimum(out, times[c], out=out)
+def latest_of(times: np.ndarray, columns: list[np.ndarray], lags: LevelLags = None) -> np.ndarray:
+    """Row-wise max of ``times[c] + lag_c`` over the adjacency columns (a new array)."""
+    if lags is None:
+        out = times[columns[0]]
+        for c in columns[1:]:
+            np.maximum(out, times[c], out=out)
+        return out
+    out = _lagged(times, columns[0], lags[0], 1.0)
+    for c, lag in zip(columns[1:], lags[1:], strict=True):
+        np.maximum(out, _lagged(times, c, lag, 1.0), out=out)
     return out
 
 
-def _padded_adjacency(n: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """Row k lists the `cols` paired with `rows == k`, padded with the sentinel `n`."""
+def earliest_of(times: np.ndarray, columns: list[np.ndarray], lags: LevelLags = None) -> np.ndarray:
+    """Row-wise min of ``times[c] − lag_c`` over the adjacency columns (a new array)."""
+    if lags is None:
+        out = times[columns[0]]
+        for c in columns[1:]:
+            np.minimum(out, times[c], out=out)
+        return out
+    out = _lagged(times, columns[0], lags[0], -1.0)
+    for c, lag in zip(columns[1:], lags[1:], strict=True):
+        np.minimum(out, _lagged(times, c, lag, -1.0), out=out)
+    return out
+
+
+def _level_lags(table: np.ndarray, rows: np.ndarray) -> LevelLags:
+    """The lag columns of one level (see `LevelLags`)."""
+    cols: list[np.ndarray | None] = []
+    for c in range(table.shape[1]):
+        lag = table[rows, c]
+        cols.append(lag if lag.any() else None)
+    return cols if any(c is not None for c in cols) else None
+
+
+def _padded_adjacency(n: int, rows: np.ndarray, cols: np.ndarray, fill: float = 0) -> np.ndarray:
+    """Row k lists the `cols` paired with `rows == k` (in edge order), padded with `fill`.
+
+    With node indices as `cols` and ``fill = n`` this is the adjacency table; with the
+    edges' lags as `cols` and ``fill = 0``, the lag of each of its entries.
+    """
     counts = np.bincount(rows, minlength=n) if len(rows) else np.zeros(n, dtype=np.int64)
     width = max(1, int(counts.max()) if n else 1)
-    table = np.full((n, width), n, dtype=np.int64)
+    table = np.full((n, width), fill, dtype=cols.dtype)
     order = np.argsort(rows, kind="stable")
     r, c = rows[order], cols[order]
     starts = np.searchsorted(r, np.arange(n))

@@ -27,9 +27,9 @@ Every method works on a batch of targets ``(LP durations dᵢ, deadline T)`` at 
   slack reclaimed up to the LP segment's slower vertex, most valuable segments first.
 
 Slack reclaim (`reclaim`), latest instructions first (reverse topological generations): an
-instruction may finish as late as the earliest latest-start of its successors (or ``T``)
-and start as early as its predecessors allow (their current times); it takes the best
-option within that window. Processing generations in reverse keeps every predecessor's
+instruction may finish as late as the earliest latest-start of its successors (each less
+its edge's lag; or ``T``) and start as early as its predecessors allow (their current
+times plus lags); it takes the best option within that window. Processing generations in reverse keeps every predecessor's
 window valid, so the plan still fits in ``T``.
 """
 
@@ -89,12 +89,19 @@ class Rounder:
                 lv,
                 pred,
                 succ,
+                pred_lag,
+                succ_lag,
                 LevelRows(self.step_time[problem.type_of[lv]], np.nan),
                 LevelRows(self.vertex_time[problem.type_of[lv]], np.nan),
                 LevelRows(self.vertex_step[problem.type_of[lv]], 0),
             )
-            for lv, pred, succ in zip(
-                problem.level_rows, problem.level_preds, problem.level_succs, strict=True
+            for lv, pred, succ, pred_lag, succ_lag in zip(
+                problem.level_rows,
+                problem.level_preds,
+                problem.level_succs,
+                problem.level_pred_lags,
+                problem.level_succ_lags,
+                strict=True,
             )
         ]
 
@@ -241,7 +248,7 @@ class Rounder:
         step = np.empty(D.shape, dtype=np.int64)
         for level in self._levels:
             lv = level.index
-            start = latest_of(finish, level.preds)
+            start = latest_of(finish, level.preds, level.pred_lags)
             budget = (lp_finish[lv] - start) * (1 + _REL_TOL)
             if lead is not None:
                 budget = budget - lead[lv][:, None]
@@ -271,7 +278,7 @@ class Rounder:
         step = np.empty(D.shape, dtype=np.int64)
         for level in reversed(self._levels):
             lv = level.index
-            finish = earliest_of(start, level.succs)
+            finish = earliest_of(start, level.succs, level.succ_lags)
             budget = (finish - lp_start[lv]) * (1 + _REL_TOL)
             k = np.maximum(level.vertex_time.count_at_most(budget) - 1, 0)
             step[lv] = level.vertex_step.take(k)
@@ -306,7 +313,7 @@ class Rounder:
         latest_start[pb.n] = T
         for level in reversed(self._levels):
             lv = level.index
-            latest_finish = earliest_of(latest_start, level.succs)
+            latest_finish = earliest_of(latest_start, level.succs, level.succ_lags)
             budget = (latest_finish - start[lv]) * (1 + _REL_TOL)
             if vertices_only:
                 fits = level.vertex_time.count_at_most(budget) - 1
@@ -361,8 +368,10 @@ class Rounder:
         fixed = np.abs(latest - start) <= 1e-12 * max(deadline, 1.0)
         latest_start = np.empty(pb.n + 1)
         latest_start[pb.n] = deadline
-        for lv, succ in zip(reversed(pb.levels), reversed(pb.level_succs), strict=True):
-            latest_finish = earliest_of(latest_start, succ)
+        for lv, succ, lag in zip(
+            reversed(pb.levels), reversed(pb.level_succs), reversed(pb.level_succ_lags), strict=True
+        ):
+            latest_finish = earliest_of(latest_start, succ, lag)
             budget = latest_finish - start[lv]
             ot = pb.opt_time[pb.type_of[lv]]
             with np.errstate(invalid="ignore"):  # padding options: inf − P·inf, never chosen

@@ -16,7 +16,7 @@ import pytest
 from paths import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import bench_sensors  # noqa: E402
+import bench_sensors
 
 
 def _cell(sensors: str, profiler: str) -> bench_sensors.Cell:

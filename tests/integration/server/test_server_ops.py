@@ -1,17 +1,26 @@
-"""The operator's view against a real coordinator on loopback, after a simulated Perseus job
-ran some rounds: ``/healthz``, ``/metrics``, ``/jobs``, ``/jobs/{id}`` report what the job
-did, and ``perseus report`` reads the same numbers from the job's dump."""
+"""The operator's view against a real coordinator on loopback, after a Perseus job on
+emulated GPUs ran some rounds: ``/healthz``, ``/metrics``, ``/jobs``, ``/jobs/{id}`` report
+what the job did, and ``perseus report`` reads the same numbers from the job's dump."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import math
+import platform
+import statistics
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_fixtures import F_MAX, GroundTruth, SimulatedJob, running_server, write_truth_profile
+from server_fixtures import (
+    F_MAX,
+    GroundTruth,
+    SimulatedJob,
+    planned_energy,
+    running_server,
+    write_truth_profile,
+)
 from typer.testing import CliRunner
 
 from perseus.cli import app as cli_app
@@ -20,11 +29,15 @@ from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import load_profile
 from perseus.planning import evaluate, max_frequencies
 from perseus.protocol import ProfilingResult
+from perseus.server.metrics import package_version as m_version
 from perseus.settings import PerseusSettings
 
 M = 4
 PP, DP = 2, 2
-ROUNDS = 4
+ROUNDS = 10
+"""A warm-up, 4 all-max rounds (the baseline), the profile source's own all-max round for the
+blocking power, then the plan from round 6 (its first round may be an all-max reference)."""
+TRUTH = GroundTruth([0.010, 0.016])
 
 
 def figures(results: list[ProfilingResult]) -> tuple[float, float]:
@@ -39,7 +52,7 @@ def ran(tmp_path_factory):
     """A Perseus job (given profile, measured blocking power) after ROUNDS reported rounds and
     one more handed out; yields (url, job, tmp dir) with the coordinator still up."""
     tmp = tmp_path_factory.mktemp("ops")
-    truth = GroundTruth([0.010, 0.016])
+    truth = TRUTH
     profile = write_truth_profile(truth, PP, tmp / "truth.csv")
     settings = PerseusSettings(
         scheduler="Perseus",
@@ -73,27 +86,44 @@ def kinds(job: SimulatedJob, plan_freqs: list[list[int]]) -> list[str]:
     return out
 
 
+def medians(job: SimulatedJob, rounds: list[int]) -> tuple[float, float]:
+    each = [figures(job.results[k]) for k in rounds]
+    return statistics.median(t for t, _ in each), statistics.median(e for _, e in each)
+
+
 def expected(job: SimulatedJob, tmp) -> dict:
     plan = load_plan(tmp / "dump" / job.job_id / "deployed_plan.json")
     k = kinds(job, plan.stage_frequencies())[:ROUNDS]
-    assert "all-max" in k and "deployed" in k, k  # the job measured both
+    # A warm-up and 4 baseline rounds at all-max (they measure the blocking power too),
+    # then the plan: it measured both.
+    assert k[:5] == ["all-max"] * 5 and k[5] == "deployed" and k[-2:] == ["deployed"] * 2, k
+    assert set(k) == {"all-max", "deployed"}, k
+    # Medians: of the all-max rounds but the first (a warm-up), and of the plan's rounds.
+    t_max, e_max = medians(job, [i for i, x in enumerate(k) if x == "all-max" and i > 0])
+    t_dep, e_dep = medians(job, [i for i, x in enumerate(k) if x == "deployed"])
     last_max = max(i for i, x in enumerate(k) if x == "all-max")
     last_dep = max(i for i, x in enumerate(k) if x == "deployed")
-    t_max, e_max = figures(job.results[last_max])
-    t_dep, e_dep = figures(job.results[last_dep])
     schedule = make_schedule("1f1b", PP, M)
     profile = load_profile(tmp / "truth.csv")
     base = evaluate(profile, schedule, max_frequencies(profile, schedule), plan.p2p_power)
     return {
         "plan": plan,
         "kinds": k,
+        "latest_all_max": figures(job.results[last_max]),
+        "latest_deployed": figures(job.results[last_dep]),
         "measured_all_max": (t_max, e_max),
         "measured_deployed": (t_dep, e_dep),
         "predicted_all_max": (base.iteration_time_s, base.energy_j * DP),
         "predicted_deployed": (plan.iteration_time, plan.energy * DP),
         "measured_saving": 1 - e_dep / e_max,
         "predicted_saving": 1 - plan.energy / base.energy_j,
+        "measured_slowdown": t_dep / t_max - 1,
+        "predicted_slowdown": plan.iteration_time / base.iteration_time_s - 1,
     }
+
+
+ENERGY_REL = 3e-4
+"""The energy counter counts whole millijoules: under 1 mJ of every instruction's ≥ 3.7 J."""
 
 
 def test_healthz_needs_nothing_and_counts_jobs(ran):
@@ -146,9 +176,19 @@ def test_job_detail_reports_what_the_job_measured_and_its_plan_predicted(ran):
     assert energy["measured_saving"] == pytest.approx(want["measured_saving"], rel=1e-9)
     assert energy["predicted_saving"] == pytest.approx(want["predicted_saving"], rel=1e-9)
     assert energy["measured_saving"] > 0.01  # the plan saved energy ...
-    # ... and the simulator is the profile's ground truth: measured = predicted.
-    assert energy["measured_saving"] == pytest.approx(energy["predicted_saving"], rel=1e-6)
+    # ... and the profile is the emulator's own: the plan's time is what the GPUs ran, its
+    # energy what they measured plus the blocked tail its accounting charges to the ranks
+    # that finish an iteration first (their iteration ends with their last instruction).
     assert energy["measured_slowdown"] == pytest.approx(energy["predicted_slowdown"], abs=1e-9)
+    dp_of = {i.rank: i.dp_rank for i in job.infos}
+    for which, plan_energy in (
+        ("all-max", want["predicted_all_max"][1] / DP),
+        ("deployed", plan.energy),
+    ):
+        last = max(i for i, x in enumerate(want["kinds"]) if x == which)
+        planned = planned_energy(job.results[last], TRUTH.p2p_power_w, dp_of)
+        assert planned == pytest.approx(plan_energy, rel=ENERGY_REL), which
+    assert energy["measured_saving"] == pytest.approx(energy["predicted_saving"], abs=0.01)
 
 
 def test_an_unknown_job_is_404(ran):
@@ -179,7 +219,32 @@ def test_metrics_count_what_the_job_did(ran):
     assert m["perseus_ranks", ()] == world
     assert m["perseus_rounds_total", ()] == ROUNDS + 1
     assert m["perseus_round_latency_seconds_count", ()] == ROUNDS + 1
-    assert m["perseus_job_rounds", (("job_id", job.job_id),)] == ROUNDS + 1
+    assert m["perseus_job_rounds_total", (("job_id", job.job_id),)] == ROUNDS + 1
+    assert m["perseus_job_iterations_total", (("job_id", job.job_id),)] == ROUNDS
+    # The cumulative counters, recomputed here from what the simulated ranks reported: every
+    # GPU's energy, and per round (one iteration each) its energy against the latest
+    # all-max round's, from the first all-max round on.
+    total = math.fsum(e for results in job.results for r in results for e in r.iter_energy)
+    saved = overspent = 0.0
+    base = None
+    for kind, results in zip(want["kinds"], job.results, strict=True):
+        energy = figures(results)[1]
+        if kind == "all-max":
+            base = energy
+        if base is not None:
+            saved += max(0.0, base - energy)
+            overspent += max(0.0, energy - base)
+    job_label = (("job_id", job.job_id),)
+    assert m["perseus_energy_joules_total", job_label] == pytest.approx(total, rel=1e-12)
+    assert m["perseus_energy_saved_joules_total", job_label] == pytest.approx(saved, rel=1e-9)
+    assert m["perseus_energy_overspent_joules_total", job_label] == pytest.approx(
+        overspent, rel=1e-9, abs=1e-9
+    )
+    assert saved > 0  # the deployed rounds saved energy
+    assert m["perseus_job_state", (("job_id", job.job_id), ("state", "running"))] == 1
+    assert m["perseus_job_state", (("job_id", job.job_id), ("state", "finished"))] == 0
+    assert m["perseus_build_info", (("python", platform.python_version()), ("version", m_version()))] == 1
+    assert not [name for name, _ in m if name.endswith("_created")]
 
     def requests(route: str, method: str) -> float:
         return m[
@@ -190,7 +255,8 @@ def test_metrics_count_what_the_job_did(ran):
     assert requests("/register_rank/{job_id}", "POST") == world
     assert requests("/schedule/{job_id}", "GET") == world * (ROUNDS + 1)
     assert requests("/result/{job_id}", "POST") == world * ROUNDS
-    for which, key in (("all-max", "measured_all_max"), ("deployed", "measured_deployed")):
+    # The gauges of each kind are its latest round's; the saving is the medians'.
+    for which, key in (("all-max", "latest_all_max"), ("deployed", "latest_deployed")):
         t, e = want[key]
         labels = (("job_id", job.job_id), ("which", which))
         assert m["perseus_job_energy_per_iteration_joules", labels] == pytest.approx(e, rel=1e-9)
@@ -199,6 +265,9 @@ def test_metrics_count_what_the_job_did(ran):
         labels = (("job_id", job.job_id), ("source", source))
         got = m["perseus_job_energy_saving_ratio", labels]
         assert got == pytest.approx(want[f"{source}_saving"], rel=1e-9)
+        assert m["perseus_job_slowdown_ratio", labels] == pytest.approx(
+            want[f"{source}_slowdown"], rel=1e-9
+        )
 
 
 def test_report_cli_reads_the_same_numbers_from_the_dump_and_plots(ran):
