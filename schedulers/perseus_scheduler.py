@@ -29,6 +29,7 @@ from schedulers.pipeline import RoundMeasurement, StagePlan
 from schedulers.planning import DEFAULT_P2P_POWER_W, PlanningArgs, PlanningScheduler
 from schedulers.story import JobStory
 from schedulers.stragglers import StragglerTracker
+from schedulers.sweep import counter_round_steps
 
 __all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
 
@@ -187,6 +188,9 @@ class Perseus(PlanningScheduler):
         self.max_slowdown = args.max_slowdown
         self.deadline_s = args.deadline
         self.baseline_rounds = args.baseline_rounds
+        self._estimator = args.estimator
+        self._round_ticks = args.round_ticks
+        self._last_iteration_s: float | None = None
         self.reference_every = args.reference_every
         self.guarded = args.guard and args.baseline_rounds > 0
         self.guard = PromiseGuard(
@@ -258,6 +262,16 @@ class Perseus(PlanningScheduler):
         while issuing one (a deployment), else the next (a move after a measurement)."""
         return self._round if self._issuing else self._round + 1
 
+    def round_steps(self) -> int | None:
+        """While profiling, rounds long enough for the GPUs' energy counters: the sweep's
+        energy windows, and the all-max baseline rounds every measured saving is taken
+        against (a round of one 40 ms iteration on a counter that refreshes every 100 ms
+        reads 0 or a whole refresh). The deployed plan's rounds are the ranks' own."""
+        if self.phase is not PerseusPhase.PROFILING or self._estimator != "windows":
+            return None
+        refresh = [r.energy_refresh_s for r in self.rank_infos]
+        return counter_round_steps(refresh, self._last_iteration_s, self._round_ticks)
+
     def _sweep_left(self) -> bool:
         """Whether the sweep still has rounds to run. With a given profile the sweep only
         measures the blocking power, which the all-max baseline rounds measured already."""
@@ -286,6 +300,9 @@ class Perseus(PlanningScheduler):
             return
         self._count(results)
         figures = RoundFigures(self._round, measurement.iteration_time_s, measurement.job_energy_j)
+        self._last_iteration_s = measurement.iteration_time_s
+        if issued == "baseline" and self.sweep is not None and not self.sweep.done:
+            self.sweep.absorb(measurement)  # all-max windows: the blocking power, the top clock
         if issued in ("baseline", "sweep-max") and self._round > 0:
             self.baseline.append(figures)
             self.guard.add_baseline(figures)

@@ -83,7 +83,14 @@ from schedulers.args import SweepArgs
 from schedulers.estimation import PowerRegression
 from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
 
-__all__ = ["InstructionSweep", "ProfilingCost", "SweepPhase", "coarse_levels", "refine_levels"]
+__all__ = [
+    "InstructionSweep",
+    "ProfilingCost",
+    "SweepPhase",
+    "coarse_levels",
+    "counter_round_steps",
+    "refine_levels",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +107,21 @@ class SweepPhase(enum.Enum):
     DONE = "done"
 
 
-MIN_ROUND_S = 0.5
-"""The shortest profiling round with a continuous counter (ideal emulated sensors)."""
+def counter_round_steps(
+    refresh_s: Sequence[float | None], iteration_s: float | None, round_ticks: int
+) -> int | None:
+    """Iterations a round needs to hold `round_ticks` refreshes of the slowest of the
+    ranks' energy counters (`RankInfo.energy_refresh_s`), at the last measured iteration
+    time; None (the ranks' own rounds) when a counter's period is unknown, every counter is
+    continuous, or no iteration was measured yet."""
+    if iteration_s is None or not refresh_s or any(r is None for r in refresh_s):
+        return None
+    slowest = max(r for r in refresh_s if r is not None)
+    if slowest <= 0:
+        return None
+    # Two more refreshes than asked: the partial periods at both ends are not windows.
+    steps = math.ceil((round_ticks + 2) * slowest / max(iteration_s, 1e-6))
+    return max(1, min(steps, MAX_ITERATIONS))
 
 
 @dataclass
@@ -325,14 +345,12 @@ class InstructionSweep:
 
     def round_steps(self) -> int | None:
         """Iterations the next round needs to hold `round_ticks` refreshes of the slowest
-        energy counter, from the last measured iteration time (None: the ranks' own
-        rounds: without windows, or before any round was measured)."""
-        if not self.windows or self.done or self.last_iteration_s is None:
+        energy counter (`counter_round_steps`; None: the ranks' own rounds, also without
+        windows and once done)."""
+        if not self.windows or self.done:
             return None
-        # Two more refreshes than asked: the partial periods at both ends are not windows.
-        round_s = max((self.round_ticks + 2) * self.refresh_s, MIN_ROUND_S)
-        steps = math.ceil(round_s / max(self.last_iteration_s, 1e-6))
-        return max(1, min(steps, MAX_ITERATIONS))
+        refresh = [r.energy_refresh_s for r in self.scheduler.rank_infos]
+        return counter_round_steps(refresh, self.last_iteration_s, self.round_ticks)
 
     def current_plan(self) -> StagePlan:
         """The plan of the round being issued (all max during warm-up and once done): per
@@ -342,17 +360,23 @@ class InstructionSweep:
             for order in self.scheduler.pipeline.orders
         ]
 
+    def absorb(self, m: RoundMeasurement) -> None:
+        """Take a round's energy windows and instruction times into the fit, and its cost,
+        without advancing the sweep: the sweep's own rounds, and any other round run while
+        profiling (a scheduler's all-max baseline rounds are data too)."""
+        self.cost.add(m)
+        self.last_iteration_s = m.iteration_time_s
+        if self.windows:
+            for rank, rows in m.windows.items():
+                self.regression.add(rank, rows)
+            for rank, times in m.unit_time.items():
+                for unit, (total_s, count) in times.items():
+                    self.regression.add_time(rank, unit, total_s, count)
+
     def observe(self, m: RoundMeasurement | None) -> None:
         """Record the last issued round and advance the state machine."""
         if m is not None and self.phase is not SweepPhase.DONE:
-            self.cost.add(m)
-            self.last_iteration_s = m.iteration_time_s
-            if self.windows:
-                for rank, rows in m.windows.items():
-                    self.regression.add(rank, rows)
-                for rank, times in m.unit_time.items():
-                    for unit, (total_s, count) in times.items():
-                        self.regression.add_time(rank, unit, total_s, count)
+            self.absorb(m)
         match self.phase:
             case SweepPhase.DONE:
                 return

@@ -62,7 +62,7 @@ KIND_PRESETS: Mapping[str, Mapping[str, tuple[float, float]]] = {
 }
 """Per instruction kind, (memory fraction, activity) of the emulated work: the medians over
 the stages of the A40 fits of the SOSP'24 GPT-3 175B and Bloom 176B profiles
-(`python scripts/calibrate_emulator.py --kinds`; ``docs/emulator.md``). The split backward's
+(the per-kind medians `scripts/calibrate_emulator.py` prints; ``docs/emulator.md``). The split backward's
 halves (``backward_input``, ``backward_weight``) take the backward's: no published profile
 measures them apart. ``uniform`` is the emulator before kinds differed."""
 

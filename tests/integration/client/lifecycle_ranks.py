@@ -2,7 +2,7 @@
 
 ``python tests/integration/client/lifecycle_ranks.py --url URL --rank R --world 2
 --master-port P --steps 12``: rank R of a `--world`-stage pipeline (one GPU per stage, an
-`EmulatedGPU` in nominal mode), `--microbatches` microbatches, `--steps` iterations, one
+`EmulatedGPU` with ideal sensors, in nominal mode), `--microbatches` microbatches, `--steps` iterations, one
 round per step. `--slow-last-round S`: this rank sleeps S seconds before its last round (it
 closes while the others wait for it). `--die-after K`: this rank exits abruptly after K
 steps, closing nothing (a crashed rank). Rank 0 prints the coordinator's answer to the
@@ -58,7 +58,9 @@ def main() -> int:
         server_url=args.url,
         job_metadata="lifecycle",
         pipeline=PipelineSpec.of(schedule),
-        gpu=EmulatedGPU(args.rank),
+        # Ideal sensors: the life cycle is under test. With a counter refreshing every
+        # 100 ms, measuring these 40 ms iterations would take rounds of about 60 of them.
+        gpu=EmulatedGPU(args.rank, sensors="ideal"),
         emulation=EmulationSettings(nominal=True),
         nominal_time_s=NOMINAL_S,
         timeout_s=10.0,
