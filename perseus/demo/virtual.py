@@ -9,9 +9,11 @@ instruction's clock when the instruction starts, and the GPU applies it with its
 switching lag; a rank blocked on its peers draws the GPU's blocking power. The
 tensor-parallel ranks of a pipeline rank run each of its instructions together: it starts
 on all of them once the last is ready, and its successors wait for the slowest copy. What
-the ranks report is what the hook reports: each instruction's duration and the energy
-counter's change over it, each iteration's time and the counter's change over it (from the
-iteration's start to the rank's last instruction).
+the ranks report is each instruction's duration and the energy counter's change over it,
+each iteration's time and the counter's change over it (from the iteration's start to the
+rank's last instruction): on GPUs with ideal sensors (`EmulatedGPU(sensors="ideal")`), since
+only an exact counter shows one instruction's energy. The hook on real sensors reports
+energy windows instead; `benchmarks/bench_sensors.py` simulates ranks that do.
 
 The emulator implements clocks, switching and power independently of the planner, so a
 plan's prediction checked against a `VirtualCluster` is a check, not a tautology; the model
@@ -91,6 +93,10 @@ class VirtualCluster:
                 switch_latency_s=self.switch_latency_s,
                 noise=self.noise,
                 seed=self.seed + r,
+                # Ideal sensors: the ranks report each instruction's own counter change,
+                # which only an exact, continuous counter shows (a real one refreshes every
+                # 100 ms; benchmarks/bench_sensors.py simulates ranks on those).
+                sensors="ideal",
             )
             for r, c in enumerate(self.clocks)
         ]

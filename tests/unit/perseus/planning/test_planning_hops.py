@@ -48,7 +48,8 @@ def _replay(schedule, workloads, frequencies, switch_latency_s, hop_latency_s):
     second iteration. Independent of the planner's arithmetic."""
     clocks = [VirtualClock() for _ in schedule.orders]
     gpus = [
-        EmulatedGPU(r, gpu_type=GPU, clock=c, switch_latency_s=switch_latency_s)
+        # Ideal sensors: one iteration's energy against the plan's, to the mJ.
+        EmulatedGPU(r, gpu_type=GPU, clock=c, switch_latency_s=switch_latency_s, sensors="ideal")
         for r, c in enumerate(clocks)
     ]
     position = {ins: k for order in schedule.orders for k, ins in enumerate(order)}
