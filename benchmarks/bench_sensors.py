@@ -290,6 +290,8 @@ class Cell:
     options: int
     wall_s: float
     failed: str | None = None
+    held: bool = False
+    """The scheduler kept all-max: a check of the profile or the plan failed."""
 
 
 def run_cell(sensors_name: str, length: str, profiler: str, args: argparse.Namespace) -> Cell:
@@ -323,8 +325,8 @@ def run_cell(sensors_name: str, length: str, profiler: str, args: argparse.Names
                 schedules = scheduler.next_schedule()
             except ProfileError as exc:  # today's, when iterations see no refresh: 0 J rows
                 return Cell(sensors_name, length, profiler, *([math.nan] * 10), failed=str(exc))
-            if scheduler.phase is PerseusPhase.DEPLOYED:
-                break
+            if scheduler.phase is not PerseusPhase.PROFILING:
+                break  # deployed, or all-max held (a profile or plan check failed)
             results, _ = ranks.run(schedules)
             scheduler.observe(results)
         report = json.loads(scheduler.job_dir.profiling.read_text())
@@ -356,6 +358,7 @@ def run_cell(sensors_name: str, length: str, profiler: str, args: argparse.Names
         plan_gap=mine.energy_j / best.energy_j - 1,
         options=len(errors),
         wall_s=time.perf_counter() - t0,
+        held=scheduler.phase is PerseusPhase.ALL_MAX,
     )
 
 
@@ -394,7 +397,7 @@ def main() -> int:
                     f"| {sensors} | {length} | {profiler} | {cell.rounds} | {cell.iterations} "
                     f"| {cell.seconds:.1f} s | {cell.off_plan_energy_j / 1000:+.1f} kJ "
                     f"| {cell.err_median:.2%} / {cell.err_p95:.2%} | {cell.block_err:+.1%} "
-                    f"| {cell.plan_gap:+.2%} |",
+                    f"| {cell.plan_gap:+.2%}{' (held at all-max)' if cell.held else ''} |",
                     flush=True,
                 )
     if args.json:
