@@ -112,12 +112,12 @@ class SweepArgs(SchedulerArgs):
         "that report no windows)",
     )
     round_ticks: int = Field(
-        default=20,
+        default=10,
         ge=1,
         le=1000,
         description="'windows': energy-counter refreshes each profiling round holds at least "
-        "(20 at the 100 ms of an H100: 2 s), from the refresh period the ranks measured and "
-        "the last measured iteration time",
+        "(10 at the 100 ms of an H100: about 1.2 s), from the refresh period the ranks "
+        "measured and the last measured iteration time",
     )
     target_uncertainty: float = Field(
         default=0.01,
