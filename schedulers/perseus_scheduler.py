@@ -269,6 +269,8 @@ class Perseus(PlanningScheduler):
         reads 0 or a whole refresh). The deployed plan's rounds are the ranks' own."""
         if self.phase is not PerseusPhase.PROFILING or self._estimator != "windows":
             return None
+        if self._ran.startswith("sweep") and self.sweep is not None:
+            return self.sweep.round_steps()
         refresh = [r.energy_refresh_s for r in self.rank_infos]
         return counter_round_steps(refresh, self._last_iteration_s, self._round_ticks)
 

@@ -107,6 +107,11 @@ class SweepPhase(enum.Enum):
     DONE = "done"
 
 
+MIN_ROUND_S = 0.5
+"""The shortest sweep round on a continuous counter (ideal emulated sensors): its windows
+are exact, but the fit needs a few of them per round."""
+
+
 def counter_round_steps(
     refresh_s: Sequence[float | None], iteration_s: float | None, round_ticks: int
 ) -> int | None:
@@ -350,6 +355,11 @@ class InstructionSweep:
         if not self.windows or self.done:
             return None
         refresh = [r.energy_refresh_s for r in self.scheduler.rank_infos]
+        if self.refresh_s == 0 and self.last_iteration_s is not None:
+            # A continuous counter: any round has exact windows, but the fit needs a few.
+            return max(
+                1, min(math.ceil(MIN_ROUND_S / max(self.last_iteration_s, 1e-6)), MAX_ITERATIONS)
+            )
         return counter_round_steps(refresh, self.last_iteration_s, self.round_ticks)
 
     def current_plan(self) -> StagePlan:
