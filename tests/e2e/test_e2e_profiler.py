@@ -4,7 +4,7 @@ Every row of the profile CSV the coordinator writes must match the DVFS model th
 GPUs follow (time = nominal · stretch(f), energy = busy power(f) · time, per kind) within
 5 %: the frequency the hook applied, the time it measured, the energy windows it cut from
 the GPU's refreshing counter, the coordinator's fit and the CSV all have to be right for
-that. Each profiling round lasts about 2 s (20 refreshes of the default sensors' counter).
+that. Each profiling round lasts about 1.2 s (10 refreshes of the default sensors' counter).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_the_sweep_runs_high_to_low_then_back_to_max(profiled):
         rounds = [r["frequencies"] for r in records if r["kind"] == "schedule"]
         steps = [r["round"] for r in records if r["kind"] == "step"]
         assert len(steps) == STEPS and len(rounds) == max(steps) + 1
-        # The sweep's rounds are long (about 2 s: 20 refreshes of the energy counter), the
+        # The sweep's rounds are long (about 1.2 s: 10 refreshes of the energy counter), the
         # warm-up's first one a single step (no iteration time measured yet).
         assert steps.count(0) == 1 and steps.count(1) >= 5, steps
         lowest = [min(f for _, f in freqs) for freqs in rounds]
