@@ -125,7 +125,7 @@ def counter_round_steps(
     if slowest <= 0:
         return None
     # Two more refreshes than asked: the partial periods at both ends are not windows.
-    steps = math.ceil((round_ticks + 2) * slowest / max(iteration_s, 1e-6))
+    steps = math.ceil((round_ticks + 2) * slowest / max(iteration_s, 1e-6) - 1e-9)
     return max(1, min(steps, MAX_ITERATIONS))
 
 
@@ -342,11 +342,19 @@ class InstructionSweep:
     def _freq_of(self, stage: int, name: str) -> int:
         if self.phase is SweepPhase.SWEEP and self._group(stage, name) in self.active:
             return self.pass_levels[self.step]
-        if self.phase in (SweepPhase.REFINE, SweepPhase.CONFIRM) and self.pending.get(
-            (stage, name)
-        ):
+        if self.phase is SweepPhase.CONFIRM:
+            level = self._confirm_level(stage)
+            return self.levels[0] if level is None else level
+        if self.phase is SweepPhase.REFINE and self.pending.get((stage, name)):
             return self.pending[stage, name][0]
         return self.levels[0]
+
+    def _confirm_level(self, stage: int) -> int | None:
+        """CONFIRM: the clock every kind of `stage` runs this round, the highest of its
+        kinds' next pending ones (one clock a stage: no clock changes within the round,
+        which would charge an instruction part of its predecessor's clock)."""
+        firsts = [left[0] for (s, _), left in self.pending.items() if s == stage and left]
+        return max(firsts) if firsts else None
 
     def round_steps(self) -> int | None:
         """Iterations the next round needs to hold `round_ticks` refreshes of the slowest
@@ -473,28 +481,51 @@ class InstructionSweep:
             )
 
     def _record_refine(self, m: RoundMeasurement) -> None:
-        confirming = self.phase is SweepPhase.CONFIRM
+        if self.phase is SweepPhase.CONFIRM:
+            self._record_confirm(m)
+            return
         for unit, left in list(self.pending.items()):
             stage, name = unit
             freq = left.pop(0)
             vs = m.virtual_stages[stage]
-            if confirming:  # the mean over its rounds; the energy is refitted at the end
-                n = self.repeats.get((stage, name, freq), 0)
-                self.time_s[unit][freq] = (self.time_s[unit][freq] * n + vs.time_s[name]) / (n + 1)
-                self.repeats[stage, name, freq] = n + 1
-            else:
-                self.time_s[unit][freq] = vs.time_s[name]
+            self.time_s[unit][freq] = vs.time_s[name]
             self.energy_j[unit][freq] = self._energy(stage, name, freq, vs.energy_j[name])
             if not left:
-                more = [] if confirming else self._refine_next(unit)
+                more = self._refine_next(unit)
                 if more:
                     self.pending[unit] = more
                 else:
                     del self.pending[unit]
-        if confirming:
-            self.confirm_rounds_left -= 1
-            if self.confirm_rounds_left <= 0:
-                self.pending.clear()
+        if not self.pending:
+            self.phase = SweepPhase.DONE
+            self._start_confirm()
+
+    def _record_confirm(self, m: RoundMeasurement) -> None:
+        """A CONFIRM round: every kind of a stage with options pending ran at its
+        `_confirm_level`; each kind's time there is averaged over its rounds (and its
+        energy refitted), and the level leaves the pending lists that held it."""
+        levels = {stage: self._confirm_level(stage) for stage, _ in self.pending}
+        for unit in self.units:
+            stage, name = unit
+            level = levels.get(stage)
+            if level is None:
+                continue
+            vs = m.virtual_stages[stage]
+            n = self.repeats.get((stage, name, level), 0)
+            times = self.time_s.setdefault(unit, {})
+            times[level] = (times.get(level, vs.time_s[name]) * n + vs.time_s[name]) / (n + 1)
+            self.repeats[stage, name, level] = n + 1
+            self.energy_j.setdefault(unit, {})[level] = self._energy(
+                stage, name, level, vs.energy_j[name]
+            )
+            left = self.pending.get(unit)
+            if left and left[0] == level:
+                left.pop(0)
+                if not left:
+                    del self.pending[unit]
+        self.confirm_rounds_left -= 1
+        if self.confirm_rounds_left <= 0:
+            self.pending.clear()
         if not self.pending:
             self.phase = SweepPhase.DONE
             self._start_confirm()

@@ -25,14 +25,7 @@ require_torch()
 LAYERS = "2,4,3,1"
 M = 4
 MAX_MHZ = 1410  # the emulated A100's max SM clock
-# Short rounds (3 counter refreshes, no re-measurement): the daemon's plumbing is under test.
-PERSEUS_ARGS = {
-    "num_microbatches": M,
-    "freq_step": 10,
-    "max_slowdown": 0.01,
-    "round_ticks": 1,
-    "target_uncertainty": 0,
-}
+PERSEUS_ARGS = {"num_microbatches": M, "freq_step": 10, "max_slowdown": 0.01}
 STEPS = 30
 _LOCK = re.compile(
     r"set_gpu_locked_clocks \{'min_clock_mhz': (\d+), 'max_clock_mhz': \d+\} on GPUs \[(\d)\] "
@@ -41,7 +34,12 @@ _LOCK = re.compile(
 
 
 def _env(daemon: Gpud) -> dict[str, str]:
-    return {"ZEUS_GPU_BACKEND": "zeusd", "ZEUSD_SOCK_PATH": daemon.sock}
+    # Ideal sensors on the job's side: the daemon's plumbing is under test, not measurement.
+    return {
+        "ZEUS_GPU_BACKEND": "zeusd",
+        "ZEUSD_SOCK_PATH": daemon.sock,
+        "ZEUS_EMULATED_SENSORS": "ideal",
+    }
 
 
 @pytest.fixture

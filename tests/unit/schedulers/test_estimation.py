@@ -128,3 +128,15 @@ def test_a_gross_outlier_window_is_dropped_and_powers_are_never_negative():
     tiny = PowerRegression()
     tiny.add(0, [WindowRow(0.0, 0.1, {F: 0.05}), WindowRow(1.0, 0.1, {F: 0.01})])
     assert all(e.power_w >= 0 for e in tiny.fit()[0].units.values())
+
+
+def test_rounds_are_sized_for_the_slowest_counter():
+    from schedulers.sweep import counter_round_steps
+
+    # 10 refreshes and the two partial ones at the ends, of the slowest counter (0.1 s).
+    assert counter_round_steps([0.1, 0.05], 0.3, 10) == 4
+    assert counter_round_steps([0.1], 5.0, 10) == 1
+    assert counter_round_steps([0.1], 1e-5, 10) == 10_000  # at most MAX_ITERATIONS
+    assert counter_round_steps([0.1, None], 0.3, 10) is None  # a rank that could not tell
+    assert counter_round_steps([0.0, 0.0], 0.3, 10) is None  # continuous: any round will do
+    assert counter_round_steps([0.1], None, 10) is None  # no iteration measured yet
