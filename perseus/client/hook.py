@@ -85,7 +85,7 @@ from perseus.client.emulation import EmulationSettings, InstructionEmulator
 from perseus.client.frequency import FrequencyController, measure_switch_latency
 from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
-from perseus.client.sensing import CounterPoller, energy_windows
+from perseus.client.sensing import CounterPoller, energy_windows, mean_power_w
 from perseus.client.timing import TIMINGS, EventTimer, InstructionTiming
 from perseus.client.trace import Trace
 from perseus.errors import ConfigurationError, CoordinatorError, RankError
@@ -473,15 +473,31 @@ class PerseusOptimizer:
             )
             self._poller = None
             return None
+        ticks = poller.ticks(self._round_start_s, end_s)
         windows = energy_windows(
-            poller.ticks(self._round_start_s, end_s),
+            ticks,
             self._intervals,
             len(self._schedule.frequencies),
             start_s=self._round_start_s,
             end_s=end_s,
         )
         poller.forget(end_s - 1.0)
+        if poller.period_s:
+            power_w = mean_power_w(ticks, end_s - self._round_start_s)
+            if power_w is not None:
+                self._spread_round_energy(power_w)
         return windows
+
+    def _spread_round_energy(self, power_w: float) -> None:
+        """Each step's energy (and its instructions'): the round's mean power between its
+        first and last refresh × their time. A refreshing counter read at a step's ends
+        lags each end by up to a period, which for steps of a few hundred ms is 0, one or
+        two refreshes of energy; between refreshes it is exact. The trace keeps the reads."""
+        self._iter_energy = [power_w * t for t in self._iter_time]
+        self._energy_breakdown = {
+            name: [[power_w * t for t in step] for step in steps]
+            for name, steps in self._time_breakdown.items()
+        }
 
     def _energy_since(self, start_mj: float, duration_s: float) -> float:
         """Joules since a counter reading (or power × time on GPUs without a counter)."""

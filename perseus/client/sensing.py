@@ -38,7 +38,14 @@ import numpy as np
 
 from perseus.protocol import MAX_WINDOWS, SAMPLED_TAIL, EnergyWindow
 
-__all__ = ["CONTINUOUS_BELOW_S", "CounterPoller", "Tick", "energy_windows", "periodic_ticks"]
+__all__ = [
+    "CONTINUOUS_BELOW_S",
+    "CounterPoller",
+    "Tick",
+    "energy_windows",
+    "mean_power_w",
+    "periodic_ticks",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -239,6 +246,23 @@ def periodic_ticks(ticks: Sequence[Tick], *, slack_s: float = 0.0005) -> list[Ti
         return list(ticks)
     refined = {id(k): float(f) for k, f in zip(precise, fitted, strict=True)}
     return [Tick(refined[id(k)], k.energy_mj, True, 0.0) if id(k) in refined else k for k in ticks]
+
+
+def mean_power_w(ticks: Sequence[Tick], span_s: float) -> float | None:
+    """The mean power between the first and the last refresh of `ticks` (refresh-timed,
+    see `periodic_ticks`), or None when they cover less than half of `span_s`.
+
+    Two reads of a counter that refreshes every 100 ms each lag the moment they were taken
+    by up to a period: the difference of two reads around a 1 s round is off by a few %,
+    the difference between two refreshes only by the sensor's noise."""
+    timed = [k for k in periodic_ticks(ticks) if k.precise]
+    if len(timed) < 2:
+        return None
+    first, last = timed[0], timed[-1]
+    elapsed_s = last.time_s - first.time_s
+    if elapsed_s <= 0 or elapsed_s < 0.5 * span_s:
+        return None
+    return (last.energy_mj - first.energy_mj) / 1000.0 / elapsed_s
 
 
 def _busy_until(starts: np.ndarray, ends: np.ndarray, cum: np.ndarray, t: np.ndarray) -> np.ndarray:

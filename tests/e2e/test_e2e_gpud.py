@@ -34,11 +34,13 @@ _LOCK = re.compile(
 
 
 def _env(daemon: Gpud) -> dict[str, str]:
-    # Ideal sensors on the job's side: the daemon's plumbing is under test, not measurement.
+    # The daemon's plumbing is under test, not measurement: ideal sensors on the job's
+    # side, one compute-bound workload for every kind (the emulation this test was made for).
     return {
         "ZEUS_GPU_BACKEND": "zeusd",
         "ZEUSD_SOCK_PATH": daemon.sock,
         "ZEUS_EMULATED_SENSORS": "ideal",
+        "PERSEUS_EMULATE_KINDS": "uniform",
     }
 
 

@@ -22,9 +22,10 @@ require_torch()
 
 QUICK_SWEEP = {"freq_step": 40, "min_frequency": 800, "max_slowdown": 0.01}
 # These tests check that jobs register, profile and get their own plans, not measurement:
-# ideal sensors, so that a two-clock sweep's small saving is not held for the noise of a
-# counter refreshing every 100 ms (its own tests: test_e2e_sensors, test_e2e_perseus).
-IDEAL = {"ZEUS_EMULATED_SENSORS": "ideal"}
+# ideal sensors and one compute-bound workload for every kind, so that the two-clock sweep
+# finds the saving it always found and no noise of a counter refreshing every 100 ms holds
+# it back (measurement has its own tests: test_e2e_sensors, test_e2e_perseus).
+IDEAL = {"ZEUS_EMULATED_SENSORS": "ideal", "PERSEUS_EMULATE_KINDS": "uniform"}
 STEPS = 24
 
 

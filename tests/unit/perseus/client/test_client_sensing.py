@@ -7,7 +7,13 @@ import time
 
 import pytest
 
-from perseus.client.sensing import CounterPoller, Tick, energy_windows, periodic_ticks
+from perseus.client.sensing import (
+    CounterPoller,
+    Tick,
+    energy_windows,
+    mean_power_w,
+    periodic_ticks,
+)
 
 
 class StepCounter:
@@ -146,3 +152,13 @@ def test_periodic_refreshes_are_timed_by_the_line_through_their_brackets():
     # Refreshes that are not periodic come back as they were.
     irregular = [Tick(t, 1.0 * k, True, 0.002) for k, t in enumerate([0.0, 0.1, 0.23, 0.3, 0.41])]
     assert periodic_ticks(irregular) == irregular
+
+
+def test_a_rounds_mean_power_is_read_between_its_first_and_last_refresh():
+    # 250 W between refreshes 0.1 s apart, seen through 2 ms brackets.
+    ticks = [Tick(0.0137 + 0.1 * k, 25_000.0 * k, True, 0.002) for k in range(10)]
+    assert mean_power_w(ticks, 1.0) == pytest.approx(250.0)
+    # Fewer than two refreshes, or refreshes that span under half the round: no figure.
+    assert mean_power_w(ticks[:1], 1.0) is None
+    assert mean_power_w(ticks[:4], 1.0) is None
+    assert mean_power_w([Tick(0.1, 0.0, False), Tick(0.9, 1.0, False)], 1.0) is None
