@@ -110,7 +110,16 @@ def test_a_round_is_reported_as_one_profiling_result(all_max, tmp_path):
     # The rank registered its GPU as emulated: the coordinator knows its numbers are a model's.
     assert [r["emulated"] for r in json.loads((job_dir / "ranks.json").read_text())] == [True]
     trace = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
-    assert trace[0] == {"kind": "job", "job_id": hook.job_id, "rank": 0, "emulated": True}
+    assert trace[0] == {
+        "kind": "job",
+        "job_id": hook.job_id,
+        "rank": 0,
+        "leader": 0,  # one rank: it leads itself
+        "dp_rank": 0,
+        "pp_rank": 0,
+        "tp_rank": 0,
+        "emulated": True,
+    }
     assert [r["round"] for r in trace if r["kind"] == "step"] == [0, 0, 1]
 
 
