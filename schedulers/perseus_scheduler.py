@@ -10,7 +10,9 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from perseus.domain.plan import Plan
+from perseus.domain.profile import InstructionProfile
 from perseus.domain.units import max_slowdown_problem
+from perseus.errors import PlanError
 from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.settings import PerseusSettings
@@ -178,6 +180,8 @@ class Perseus(PlanningScheduler):
         super().__init__(job_info, rank_infos, perseus_settings, args)
         from perseus.planning import check_frontier_memory
 
+        self.perseus_args = args
+
         # Now, not after the profiling sweep: a job too big to solve fails at registration.
         check_frontier_memory(self.pipeline.num_instructions, self.pipeline.name)
         self.max_slowdown = args.max_slowdown
@@ -207,6 +211,8 @@ class Perseus(PlanningScheduler):
         self._lead_in = 1 + self.baseline_rounds if self.baseline_rounds else 0
         """All-max rounds issued before the sweep (the first is a warm-up, not measured)."""
         self._round = -1
+        self._issuing = False
+        """Inside `plan_next`: a plan adopted now runs from the round being issued."""
         self._ran = "baseline"
         self._last_plan: StagePlan = []
         self._round_iterations = 0
@@ -229,12 +235,16 @@ class Perseus(PlanningScheduler):
             if self._round < self._lead_in:
                 self._ran = "baseline"
                 return self.max_plan()
-            if self.sweep is not None and not self.sweep.done:
+            if self._sweep_left():
                 plan = self.sweep.current_plan()
                 self._ran = "sweep-max" if plan == self.max_plan() else "sweep"
                 self._last_plan = plan
                 return plan
-            self._deploy()
+            self._issuing = True
+            try:
+                self._deploy()
+            finally:
+                self._issuing = False
         if self._reference_due():
             self._ran = "baseline"
             return self.max_plan()
@@ -242,6 +252,19 @@ class Perseus(PlanningScheduler):
         if self._chosen_plan is None:
             raise RuntimeError("Perseus has no plan to run")  # _deploy always adopts one
         return self._chosen_plan
+
+    def _first_round_of_a_new_plan(self) -> int:
+        """The round a plan adopted now runs first: the one being issued when it is adopted
+        while issuing one (a deployment), else the next (a move after a measurement)."""
+        return self._round if self._issuing else self._round + 1
+
+    def _sweep_left(self) -> bool:
+        """Whether the sweep still has rounds to run. With a given profile the sweep only
+        measures the blocking power, which the all-max baseline rounds measured already."""
+        sweep = self.sweep
+        if sweep is None or sweep.done:
+            return False
+        return not (self.profile is not None and sweep.p2p_samples)
 
     def _reference_due(self) -> bool:
         """Whether this round is one of the deployed plan's all-max reference rounds."""
@@ -321,9 +344,8 @@ class Perseus(PlanningScheduler):
 
     # ------------------------------------------------------------------ solve & deploy
     def _cost_model(self) -> CostModel:
-        assert self.profile is not None and self.p2p_power_w is not None
-        args = self.args
-        assert isinstance(args, PerseusArgs)
+        profile, p2p = self._inputs()
+        args = self.perseus_args
         if args.switch_latency_ms is not None:
             switch, source = args.switch_latency_ms / 1000.0, "given"
         else:
@@ -331,9 +353,9 @@ class Perseus(PlanningScheduler):
             switch, source = (0.0, "unknown") if measured is None else (measured, "measured")
         base_t = median_figures(self.baseline)[0] if self.baseline else None
         return calibrate_costs(
-            self.profile,
+            profile,
             self.pipeline,
-            self.p2p_power_w,
+            p2p,
             switch_latency_s=switch,
             switch_source=source,
             hop_latency_s=None if args.hop_latency_ms is None else args.hop_latency_ms / 1000.0,
@@ -345,7 +367,7 @@ class Perseus(PlanningScheduler):
         from perseus.planning import solve_frontier
 
         self.complete_profile()
-        assert self.profile is not None and self.p2p_power_w is not None
+        profile, p2p = self._inputs()
         self.costs = costs = self._cost_model()
         self._note(f"cost model: {costs.describe()}")
         if costs.switch_source == "unknown":
@@ -354,7 +376,7 @@ class Perseus(PlanningScheduler):
                 "free (set switch_latency_ms to override)",
                 warning=True,
             )
-        problems = profile_problems(self.profile, switch_latency_s=costs.switch_latency_s)
+        problems = profile_problems(profile, switch_latency_s=costs.switch_latency_s)
         if problems:
             self._hold("held", problems)
             return
@@ -363,12 +385,12 @@ class Perseus(PlanningScheduler):
             self.job_info.job_id,
             self.num_stages,
             self.pipeline.num_microbatches,
-            self.p2p_power_w,
+            p2p,
         )
         self.frontier = solve_frontier(
-            self.profile,
+            profile,
             self.pipeline,
-            p2p_power_w=self.p2p_power_w,
+            p2p_power_w=p2p,
             switch_latency_s=costs.switch_latency_s,
             hop_latency_s=costs.hop_latency_s,
         )
@@ -390,18 +412,26 @@ class Perseus(PlanningScheduler):
         all_max_t = self._all_max_plan().iteration_time
         if self.deadline_s is not None:
             self.guard.budget = max(0.0, self.deadline_s / all_max_t - 1.0)
-        self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}")
+        self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}", costs=costs)
+
+    def _inputs(self) -> tuple[InstructionProfile, float]:
+        """The profile and the blocking power (set once profiling is complete)."""
+        if self.profile is None or self.p2p_power_w is None:
+            raise PlanError(
+                f"Job {self.job_info.job_id}: no profile or blocking power yet to plan with"
+            )
+        return self.profile, self.p2p_power_w
 
     def _predicted(self, plan: Plan) -> tuple[float, float]:
         """(saving, slowdown) of `plan` against all-max, both scored by the same model."""
         base = self._all_max_plan()
         return 1.0 - plan.energy / base.energy, plan.iteration_time / base.iteration_time - 1.0
 
-    def _run(self, plan: Plan, event: str, reason: str) -> None:
+    def _run(self, plan: Plan, event: str, reason: str, *, costs: CostModel | None = None) -> None:
         """Deploy `plan` (a frontier point) and watch it."""
         self.adopt(plan)
         self.phase = PerseusPhase.DEPLOYED
-        self._plan_rounds, self._plan_since = [], self._round + 1
+        self._plan_rounds, self._plan_since = [], self._first_round_of_a_new_plan()
         saving, slowdown = self._predicted(plan)
         if self.guarded:
             self.guard.watch(slowdown)
@@ -414,14 +444,21 @@ class Perseus(PlanningScheduler):
                 f"; checked against the {len(self.baseline)} all-max rounds over the next "
                 f"{1 + self.guard.window} rounds"
             )
-        self._record(event, reason, plan=plan, warning=event != "deployed", text=text)
+        model = {}
+        if costs is not None:
+            model = {
+                "switch_latency_s": costs.switch_latency_s,
+                "hop_latency_s": costs.hop_latency_s,
+                "model_residual": costs.residual,
+            }
+        self._record(event, reason, plan=plan, warning=event != "deployed", text=text, **model)
         self._update_overrides()
 
     def _hold(self, event: str, problems: list[str]) -> None:
         """Run all-max from now on, saying why."""
         self.adopt(self._all_max_plan())
         self.phase = PerseusPhase.ALL_MAX
-        self._plan_rounds, self._plan_since = [], self._round + 1
+        self._plan_rounds, self._plan_since = [], self._first_round_of_a_new_plan()
         self.guard.hold()
         reason = "; ".join(problems)
         self._record(event, reason, plan=self.chosen, warning=True, text=f"all-max stays: {reason}")
@@ -430,13 +467,13 @@ class Perseus(PlanningScheduler):
     def _plan_of(self, frequencies: list[list[int]], *, hop_latency_s: float | None = None) -> Plan:
         from perseus.planning import make_plan
 
-        assert self.profile is not None and self.p2p_power_w is not None
+        profile, p2p = self._inputs()
         costs = self.costs
         return make_plan(
-            self.profile,
+            profile,
             self.pipeline,
             frequencies,
-            self.p2p_power_w,
+            p2p,
             switch_latency_s=costs.switch_latency_s if costs else 0.0,
             hop_latency_s=(costs.hop_latency_s if costs else 0.0)
             if hop_latency_s is None
@@ -446,8 +483,8 @@ class Perseus(PlanningScheduler):
     def _all_max_plan(self) -> Plan:
         from perseus.planning import max_frequencies
 
-        assert self.profile is not None
-        return self._plan_of(max_frequencies(self.profile, self.pipeline))
+        profile, _ = self._inputs()
+        return self._plan_of(max_frequencies(profile, self.pipeline))
 
     def baseline_plan(self) -> Plan | None:
         """The all-max plan scored by the same model as the deployed plan."""
@@ -488,13 +525,14 @@ class Perseus(PlanningScheduler):
     def _faster_plan(self, decision: GuardDecision) -> Plan | None:
         """The cheapest faster frontier point that meets the budget with the hop latency
         re-calibrated on the measured plan (`schedulers.costs.rescore_faster`)."""
-        assert self.chosen is not None and self.frontier is not None and self.costs is not None
-        assert self.profile is not None and self.p2p_power_w is not None
+        profile, p2p = self._inputs()
+        if self.chosen is None or self.frontier is None or self.costs is None:
+            return None  # nothing deployed from a frontier: all-max is the way back
         t_base = median_figures(self.baseline)[0]
         plan, self.costs = rescore_faster(
-            self.profile,
+            profile,
             self.pipeline,
-            self.p2p_power_w,
+            p2p,
             self.costs,
             chosen=self.chosen,
             candidates=[p.frequencies for p in self.frontier.points],

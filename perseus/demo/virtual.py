@@ -6,9 +6,11 @@ Every instruction starts as soon as its DAG predecessors are done (plus `hop_lat
 every edge between two pipeline ranks, and `host_gap_s` of host work before it on its own
 rank, neither of which the instruction's own time includes); the rank asks its GPU for the
 instruction's clock when the instruction starts, and the GPU applies it with its own
-switching lag; a rank blocked on its peers draws the GPU's blocking power. What the ranks
-report is what the hook reports: each instruction's duration and the energy counter's
-change over it, each iteration's time and the counter's change over it (from the
+switching lag; a rank blocked on its peers draws the GPU's blocking power. The
+tensor-parallel ranks of a pipeline rank run each of its instructions together: it starts
+on all of them once the last is ready, and its successors wait for the slowest copy. What
+the ranks report is what the hook reports: each instruction's duration and the energy
+counter's change over it, each iteration's time and the counter's change over it (from the
 iteration's start to the rank's last instruction).
 
 The emulator implements clocks, switching and power independently of the planner, so a
@@ -41,13 +43,16 @@ _POLL_S = 1e-4
 
 @dataclass
 class VirtualCluster:
-    """A job of ``pp × dp`` ranks (tp 1) running `pipeline` on emulated GPUs.
+    """A job of ``pp × dp × tp`` ranks running `pipeline` on emulated GPUs.
 
     Args:
         pipeline: The pipeline every data-parallel replica runs.
-        workloads: (stage, kind) → the instruction's work (`Workload`), per virtual stage.
+        workloads: (stage, kind) → the instruction's work (`Workload`), per virtual stage:
+            what each tensor-parallel GPU of the stage runs.
         gpu_type: The emulated GPU (`zeus_power.device.specs`).
-        dp_degree: Data-parallel replicas (rank = dp · pp_degree + pp).
+        dp_degree: Data-parallel replicas.
+        tp_degree: Tensor-parallel copies of every pipeline rank, tp fastest in the rank
+            numbering: rank = (dp · pp_degree + pp) · tp_degree + tp.
         switch_latency_s: How long each GPU takes to apply a locked clock.
         hop_latency_s: Time added to every DAG edge between two pipeline ranks.
         host_gap_s: Host time before every instruction on its rank (not in its duration).
@@ -60,6 +65,7 @@ class VirtualCluster:
     workloads: Mapping[tuple[int, str], Workload]
     gpu_type: str = "A100-SXM"
     dp_degree: int = 1
+    tp_degree: int = 1
     switch_latency_s: float = 0.015
     hop_latency_s: float = 0.0
     host_gap_s: float = 0.0
@@ -71,7 +77,11 @@ class VirtualCluster:
     clocks: list[VirtualClock] = field(init=False)
 
     def __post_init__(self) -> None:
-        world = self.pipeline.num_stages * self.dp_degree
+        if self.dp_degree < 1 or self.tp_degree < 1:
+            raise ValueError(
+                f"dp_degree={self.dp_degree} and tp_degree={self.tp_degree} must be >= 1"
+            )
+        world = self.pipeline.num_stages * self.dp_degree * self.tp_degree
         self.clocks = [VirtualClock() for _ in range(world)]
         self.gpus = [
             EmulatedGPU(
@@ -92,8 +102,14 @@ class VirtualCluster:
     def world_size(self) -> int:
         return len(self.gpus)
 
-    def rank_of(self, dp: int, pp: int) -> int:
-        return dp * self.pipeline.num_stages + pp
+    def rank_of(self, dp: int, pp: int, tp: int = 0) -> int:
+        return (dp * self.pipeline.num_stages + pp) * self.tp_degree + tp
+
+    def layout_of(self, rank: int) -> tuple[int, int, int]:
+        """(dp, pp, tp) of `rank`."""
+        copy, tp = divmod(rank, self.tp_degree)
+        dp, pp = divmod(copy, self.pipeline.num_stages)
+        return dp, pp, tp
 
     # ------------------------------------------------------------------ registration
     def job_record(self, job_id: str = "virtual-job", **extra: Any) -> JobRecord:
@@ -102,7 +118,7 @@ class VirtualCluster:
             job_id=job_id,
             pp_degree=self.pipeline.num_stages,
             dp_degree=self.dp_degree,
-            tp_degree=1,
+            tp_degree=self.tp_degree,
             world_size=self.world_size,
             pipeline=PipelineSpec.of(self.pipeline),
             **extra,
@@ -113,13 +129,13 @@ class VirtualCluster:
         (`perseus.client.frequency.measure_switch_latency`, here in virtual time)."""
         infos = []
         for r, gpu in enumerate(self.gpus):
-            dp, pp = divmod(r, self.pipeline.num_stages)
+            dp, pp, tp = self.layout_of(r)
             infos.append(
                 RankInfo(
                     rank=r,
                     dp_rank=dp,
                     pp_rank=pp,
-                    tp_rank=0,
+                    tp_rank=tp,
                     available_frequencies=gpu.supported_sm_clocks_mhz(),
                     emulated=True,
                     switch_latency_s=self._time_switch(r),
@@ -148,9 +164,23 @@ class VirtualCluster:
         A round starts with every rank at once (the round's schedules arrive together);
         within a round each rank starts its next iteration when it ends the last one, and
         waits in it for its peers, as a real job's ranks do (`_iteration`).
+
+        Raises `ValueError` when a rank has no schedule or its schedule does not list its
+        pipeline rank's instructions in order.
         """
         by_rank = {s.rank: s for s in schedules}
-        S = self.pipeline.num_stages
+        freqs: dict[int, list[int]] = {}
+        for r in range(self.world_size):
+            if r not in by_rank:
+                raise ValueError(f"No schedule for rank {r} of the {self.world_size}")
+            order = self.pipeline.orders[self.layout_of(r)[1]]
+            entries = by_rank[r].frequencies
+            if [k for k, _ in entries] != [i.kind for i in order]:
+                raise ValueError(
+                    f"Rank {r}'s schedule lists {[k for k, _ in entries]}, but its pipeline "
+                    f"rank runs {[i.kind for i in order]}"
+                )
+            freqs[r] = [f for _, f in entries]
         per_rank: dict[int, dict[str, Any]] = {
             r: {"iter_time": [], "iter_energy": [], "tb": {}, "eb": {}}
             for r in range(self.world_size)
@@ -160,9 +190,7 @@ class VirtualCluster:
             self._idle_until(r, start)
         for _ in range(self.steps_per_round):
             for dp in range(self.dp_degree):
-                ranks = [self.rank_of(dp, pp) for pp in range(S)]
-                freqs = [[f for _, f in by_rank[r].frequencies] for r in ranks]
-                self._iteration(dp, ranks, freqs, per_rank)
+                self._iteration(dp, freqs, per_rank)
         return [
             ProfilingResult(
                 rank=r,
@@ -177,41 +205,53 @@ class VirtualCluster:
     def _iteration(
         self,
         dp: int,
-        ranks: list[int],
-        freqs: list[list[int]],
+        freqs: dict[int, list[int]],
         out: dict[int, dict[str, Any]],
     ) -> None:
         """One iteration of pipeline `dp`: each rank measures it from its own start (the
         end of its previous iteration) to the end of its last instruction."""
         factor = self.slowdown.get(dp, 1.0)
-        begin = {r: self.clocks[r]() for r in ranks}
-        start_mj = {r: self.gpus[r].total_energy_mj() for r in ranks}
-        for pp, r in enumerate(ranks):
-            for kind in {i.kind for i in self.pipeline.orders[pp]}:
-                out[r]["tb"].setdefault(kind, []).append([])
-                out[r]["eb"].setdefault(kind, []).append([])
+        # Per pipeline rank, its tensor-parallel copies in this replica.
+        groups = [
+            [self.rank_of(dp, pp, t) for t in range(self.tp_degree)]
+            for pp in range(self.pipeline.num_stages)
+        ]
+        begin = {r: self.clocks[r]() for group in groups for r in group}
+        start_mj = {r: self.gpus[r].total_energy_mj() for r in begin}
+        for pp, group in enumerate(groups):
+            kinds = {i.kind for i in self.pipeline.orders[pp]}
+            for r in group:
+                for kind in kinds:
+                    out[r]["tb"].setdefault(kind, []).append([])
+                    out[r]["eb"].setdefault(kind, []).append([])
         finish: dict[Instruction, float] = {}
         for ins in self._instructions:  # topological order; each rank's own order kept
-            r = ranks[ins.rank]
+            group = groups[ins.rank]
             ready = max(
                 (
                     finish[p] + (self.hop_latency_s if p.rank != ins.rank else 0.0)
                     for p in self._dag.predecessors(ins)
                 ),
-                default=begin[r],
+                default=max(begin[r] for r in group),
             )
-            gpu, clock = self.gpus[r], self.clocks[r]
-            self._idle_until(r, max(ready, clock() + self.host_gap_s))
-            f = freqs[ins.rank][self._position[ins]]
-            if f != gpu.target_sm_clock_mhz():
-                gpu.lock_sm_clocks(f, f)
+            start = max([ready, *(self.clocks[r]() + self.host_gap_s for r in group)])
             work = self.workloads[ins.stage, ins.kind]
-            e0 = gpu.total_energy_mj()
-            run = gpu.execute(work.scaled(factor) if factor != 1.0 else work)
-            finish[ins] = clock()
-            out[r]["tb"][ins.kind][-1].append(run.time_s)
-            out[r]["eb"][ins.kind][-1].append((gpu.total_energy_mj() - e0) / 1000.0)
-        for r in ranks:
+            if factor != 1.0:
+                work = work.scaled(factor)
+            ends = []
+            for r in group:
+                gpu, clock = self.gpus[r], self.clocks[r]
+                self._idle_until(r, start)
+                f = freqs[r][self._position[ins]]
+                if f != gpu.target_sm_clock_mhz():
+                    gpu.lock_sm_clocks(f, f)
+                e0 = gpu.total_energy_mj()
+                run = gpu.execute(work)
+                ends.append(clock())
+                out[r]["tb"][ins.kind][-1].append(run.time_s)
+                out[r]["eb"][ins.kind][-1].append((gpu.total_energy_mj() - e0) / 1000.0)
+            finish[ins] = max(ends)
+        for r in begin:
             out[r]["iter_time"].append(self.clocks[r]() - begin[r])
             out[r]["iter_energy"].append((self.gpus[r].total_energy_mj() - start_mj[r]) / 1000.0)
 

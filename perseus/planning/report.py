@@ -41,6 +41,7 @@ __all__ = [
     "RoundKind",
     "predicted_figures",
     "measure",
+    "REPORT_WINDOW",
     "median_of_rounds",
     "round_kind",
 ]
@@ -124,14 +125,23 @@ def round_kind(
     return RoundKind.ALL_MAX if all_max else RoundKind.DEPLOYED
 
 
+REPORT_WINDOW = 20
+"""Measured rounds of each kind a report's medians take: the newest, so that the coordinator
+(which keeps them) and a dump (which never prunes them) report the same figures."""
+
+
 def median_of_rounds(
     rounds: Sequence[tuple[int, RoundKind, IterationFigures]], *, plan_is_all_max: bool = False
 ) -> tuple[IterationFigures | None, IterationFigures | None]:
-    """(all-max, deployed) medians of measured rounds (number, kind, figures); see the module
-    docstring for which rounds count."""
+    """(all-max, deployed) medians of measured rounds (number, kind, figures): of each kind
+    the newest `REPORT_WINDOW`; see the module docstring for which rounds count."""
 
     def median(kind: RoundKind) -> IterationFigures | None:
-        picked = [f for n, k, f in rounds if k is kind and (n > 0 or kind is not RoundKind.ALL_MAX)]
+        picked = [
+            f
+            for n, k, f in sorted(rounds, key=lambda r: r[0])
+            if k is kind and (n > 0 or kind is not RoundKind.ALL_MAX)
+        ][-REPORT_WINDOW:]
         if not picked:
             return None
         return IterationFigures(

@@ -62,7 +62,7 @@ from perseus.errors import (
 )
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
-from perseus.planning.report import RoundKind, round_kind
+from perseus.planning.report import REPORT_WINDOW, RoundKind, round_kind
 from perseus.protocol import (
     FrequencySchedule,
     JobRecord,
@@ -185,12 +185,12 @@ class CoordinatedJob:
         """Called with the round's latency (s) when a round's schedules are handed out."""
         self.on_end: Callable[[CoordinatedJob], None] | None = None
         """Called once when the job fails or finishes."""
-        keep = max(1, settings.dump_keep_rounds)
+        keep = REPORT_WINDOW + 1  # round 0 is all-max but no report's
         self.report_rounds: dict[RoundKind, deque[int]] = {
             RoundKind.ALL_MAX: deque(maxlen=keep),
             RoundKind.DEPLOYED: deque(maxlen=keep),
         }
-        """The latest all-max and deployed rounds: the energy report's, never pruned."""
+        """The newest all-max and deployed rounds: the energy report's, never pruned."""
         self._rank_max: dict[int, int] | None = None
         self._rank_pp: dict[int, int] = {}
 

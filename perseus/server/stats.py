@@ -20,6 +20,7 @@ from typing import Any
 
 from perseus.domain.plan import Plan
 from perseus.planning.report import (
+    REPORT_WINDOW,
     EnergyReport,
     IterationFigures,
     IterationMeter,
@@ -48,8 +49,8 @@ class MeasuredRound:
         self.figures = figures
 
 
-MAX_KEPT = 1000
-"""Measured rounds of each kind kept for the report's medians."""
+MAX_KEPT = REPORT_WINDOW + 1
+"""Measured rounds of each kind kept for the report's medians (round 0 is never one)."""
 
 
 class JobStats:

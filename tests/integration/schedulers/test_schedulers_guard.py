@@ -110,7 +110,7 @@ def test_a_wrong_profile_is_stepped_back_within_the_bound_and_never_oscillates(t
     assert len(plans) >= 15
     # The plan stays; every reference_every-th round of it runs all-max (the guard's
     # reference), unless the guard fell back to all-max itself.
-    all_max = [[x.frequencies for x in round_] for round_ in history[:1]][0]
+    all_max = [x.frequencies for x in history[0]]
     others = [p for p in plans if p != all_max]
     assert all(p == others[0] for p in others)
     if moves[-1]["event"] == "move":
@@ -118,3 +118,18 @@ def test_a_wrong_profile_is_stepped_back_within_the_bound_and_never_oscillates(t
     slowdown, _ = measured(s, list(range(last + 2, s._round + 1)))
     tol, _ = s.guard.tolerances(window)
     assert slowdown <= BUDGET + tol
+
+
+def test_the_plan_runs_from_the_round_it_is_deployed_in(tmp_path):
+    c = cluster()
+    s = scheduler(c, tmp_path, profile_path=profile_csv(tmp_path))
+    history = run_rounds(s, c, 8)
+    (deployed,) = [e for e in s.promise_events() if e["event"] == "deployed"]
+    # Warm-up and 4 baseline rounds at all-max (the profile is given, and so the blocking
+    # power they measured is all the sweep would add), then the plan at once.
+    assert deployed["round"] == 1 + s.baseline_rounds
+    top = c.gpus[0].supported_sm_clocks_mhz()[0]
+    ran = history[deployed["round"]]
+    assert any(f < top for x in ran for _, f in x.frequencies)
+    assert s._plan_since == deployed["round"]
+    assert s.p2p_power_w == pytest.approx(c.gpus[0].p2p_block_power_w, rel=0.01)

@@ -410,14 +410,12 @@ def test_solve_and_choose_offer_plans_faster_than_all_max(tmp_path: Path) -> Non
     """Bloom's A40 top clock is power-capped: the fastest plan beats all-max (a negative
     slowdown), and `choose --max-slowdown 0` picks the cheapest plan no slower than
     all-max, measured against the frontier's all_max.json."""
-    from paths import SHARED_DATA
+    from paths import SHARED_DATA, require_data
 
     from perseus.io.plan_file import load_plan
     from perseus.planning import Frontier
 
-    profile = SHARED_DATA / "sosp24_bloom-176b_a40_8stage.csv"
-    if not profile.is_file():
-        pytest.skip(f"reference data not present at {profile}")
+    profile = require_data(SHARED_DATA / "sosp24_bloom-176b_a40_8stage.csv")
     out_dir = tmp_path / "f"
     code, out = _run("solve", profile, "-m", "4", "--out", out_dir, "--no-plots")
     assert code == 0, out
