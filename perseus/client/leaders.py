@@ -14,26 +14,32 @@ same order on every rank:
    GPU type with one set of SM clocks everywhere (Perseus plans one list of clocks for all
    copies of a stage): otherwise a `ConfigurationError` naming the ranks that differ, on
    every rank, before anything talks to the coordinator.
-2. **A group per leader.** For every stage and block, in the same order on every rank,
-   ``torch.distributed.new_group`` over the ranks its leader speaks for (the block's
-   replicas × every tensor rank); always gloo on CPU tensors, whatever backend trains, so
-   this traffic stays off the training's NCCL streams. A leader that speaks for itself
-   alone (dp = tp = 1) gets no group and no collective.
+2. **Groups in two levels.** A leader's group (its block's replicas × every tensor rank
+   of its stage) talks through two kinds of ``torch.distributed.new_group``, created for
+   every stage and block in the same order on every rank: the block's *replica heads* (each
+   replica's tensor-rank-0 process; the leader is the first), and each replica's *tensor
+   ranks*. Always gloo on CPU tensors, whatever backend trains, so this traffic stays off
+   the training's NCCL streams; a group of one rank is not made (dp = tp = 1: no group,
+   no collective).
 
 Each round, on the hook's exchange thread (off the training thread):
 
-- `JobFanOut.gather`: every rank of a group folds its round into its leader's with two
-  ``reduce`` calls (a MAX and a SUM of float64 vectors laid out the same on every rank):
-  per iteration the slowest GPU's time and the group's energy; per instruction the slowest
-  GPU's time and the energy of the tensor ranks of the leader's own replica; per replica its
-  slowest tensor rank's iteration time, its busiest tensor rank's instruction time, its
-  energy; and each idle GPU's blocking power. The leader gets one `ProfilingResult` that
-  speaks for the group (`ProfilingResult.replicas`, `ProfilingResult.idle_power_w`).
+- `JobFanOut.gather`: every rank sends its round (a float64 vector laid out the same on
+  every rank, `GroupFold`) to its replica head, and the heads send their replica's vectors
+  to the leader: two ``gather`` calls, each one hop, so the leader receives one message
+  per replica of its block and a head one per tensor rank (a ring reduce over the group
+  would take 2n sequential steps). The leader folds the rows: per iteration the slowest
+  GPU's time and the group's energy; per instruction the slowest GPU's time and the
+  energy of the tensor ranks of its own replica; per replica its slowest tensor rank's
+  iteration time, its busiest tensor rank's instruction time, its energy; and the median
+  blocking power of the idle GPUs. It gets one `ProfilingResult` that speaks for the group
+  (`ProfilingResult.replicas`, `ProfilingResult.idle_power_w`).
 - `JobFanOut.hand_out` / `JobFanOut.receive`: the leader broadcasts the schedule the
   coordinator gave it (JSON, the round number in a header; the error instead when it got
-  none), and every rank of its group checks that it is for the round it is about to run
-  and runs its replica's list (`FrequencySchedule.frequencies_for`). No rank ever runs a
-  schedule its leader did not hand out for that round.
+  none) to the heads, each head to its tensor ranks (binomial trees: ⌈log2⌉ hops each), and
+  every rank checks that it is for the round it is about to run and runs its replica's
+  list (`FrequencySchedule.frequencies_for`). No rank ever runs a schedule its leader did
+  not hand out for that round.
 
 `mesh_place` reads a rank's place from a ``torch.distributed.DeviceMesh``.
 """
@@ -43,11 +49,12 @@ from __future__ import annotations
 import datetime
 import hashlib
 import math
-import statistics
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from perseus.client.bootstrap import share_job_id
 from perseus.errors import ConfigurationError, CoordinatorError, RankError, ScheduleError
@@ -60,7 +67,7 @@ from perseus.protocol import (
     ReplicaFigures,
 )
 
-__all__ = ["JobFanOut", "MeshPlace", "mesh_place"]
+__all__ = ["GroupFold", "JobFanOut", "MeshPlace", "mesh_place"]
 
 _FIELDS = (
     "rank",
@@ -215,6 +222,126 @@ def mesh_place(mesh: Any) -> MeshPlace:
     )
 
 
+class GroupFold:
+    """How one group's round folds into its leader's `ProfilingResult` (`JobFanOut.gather`).
+
+    Every rank of the group turns its own result into one float64 vector of a fixed layout
+    (`contribution`): a check of the round's shape, its replica, its mean iteration time, its
+    per-iteration instruction time (busy), its mean iteration energy, its blocking power (−1:
+    never idle), then each instruction's time and energy and each iteration's time and
+    energy. The leader gathers them (one ``gather``: every member sends once, the leader
+    receives them side by side, so the depth does not grow with the group) and reads the
+    group's result off the rows (`decode`): per instruction the slowest member's time and the
+    summed energy of the members of its own replica (its tensor ranks), per iteration the
+    slowest member's time and every member's energy, per replica its slowest member's mean
+    iteration time, its busiest member's busy time and its members' energy, and the median
+    blocking power of the members that were idle.
+
+    Args:
+        leader: The leader's global rank.
+        members: The group's global ranks, ascending (the gather's row order).
+        replicas: The data-parallel replicas the leader speaks for.
+    """
+
+    _HEAD = 6
+
+    def __init__(self, *, leader: int, members: Sequence[int], replicas: range) -> None:
+        self.leader = leader
+        self.members = list(members)
+        self.replicas = replicas
+
+    @staticmethod
+    def _shape(result: ProfilingResult) -> list[tuple[str, list[int]]]:
+        kinds = [k for k in INSTRUCTIONS if k in result.time_breakdown]
+        return [(k, [len(it) for it in result.time_breakdown[k]]) for k in kinds]
+
+    def contribution(self, result: ProfilingResult, *, dp_rank: int) -> np.ndarray:
+        """One member's vector (see the class docstring)."""
+        shape = self._shape(result)
+        times = [x for k, _ in shape for it in result.time_breakdown[k] for x in it]
+        energies = [x for k, _ in shape for it in result.energy_breakdown.get(k, []) for x in it]
+        if len(energies) != len(times):
+            energies = [0.0] * len(times)
+        n, iters = len(times), len(result.iter_time)
+        busy_s = math.fsum(times) / iters
+        time_s = math.fsum(result.iter_time) / iters
+        energy_j = math.fsum(result.iter_energy) / iters
+        idle_s = time_s - busy_s
+        idle_w = -1.0
+        if idle_s > 1e-6 * max(time_s, 1e-12):
+            idle_w = max(0.0, (energy_j - math.fsum(energies) / iters) / idle_s)
+        check = float(zlib.crc32(repr((shape, iters)).encode()))
+        h = self._HEAD
+        row = np.empty(h + 2 * n + 2 * iters)
+        row[:h] = (check, dp_rank, time_s, busy_s, energy_j, idle_w)
+        row[h : h + n] = times
+        row[h + n : h + 2 * n] = energies
+        row[h + 2 * n : h + 2 * n + iters] = result.iter_time
+        row[h + 2 * n + iters :] = result.iter_energy
+        return row
+
+    def decode(self, rows: np.ndarray, own: ProfilingResult) -> ProfilingResult:
+        """The leader's folded result from the members' vectors (one row each; `own`: its
+        own result, for the shape). `RankError` when the rounds had different shapes."""
+        shape = self._shape(own)
+        n = sum(sum(lengths) for _, lengths in shape)
+        iters = len(own.iter_time)
+        h = self._HEAD
+        if rows.shape != (len(self.members), h + 2 * n + 2 * iters) or np.any(
+            rows[:, 0] != rows[0, 0]
+        ):
+            raise RankError(
+                f"Rank {self.leader} (a stage leader, replicas "
+                f"{_ranks_text(list(self.replicas))}): the ranks of its group "
+                f"{_ranks_text(self.members)} measured rounds of different shapes; every rank "
+                "of a stage must run the same instructions and steps per round"
+            )
+        dp = rows[:, 1].round().astype(int)
+        own_replica = rows[dp == self.replicas.start]
+        folded_t = rows[:, h : h + n].max(axis=0).tolist()
+        folded_e = own_replica[:, h + n : h + 2 * n].sum(axis=0).tolist()
+        time_breakdown: dict[str, list[list[float]]] = {}
+        energy_breakdown: dict[str, list[list[float]]] = {}
+        i = 0
+        for kind, lengths in shape:
+            time_breakdown[kind], energy_breakdown[kind] = [], []
+            for length in lengths:
+                time_breakdown[kind].append(folded_t[i : i + length])
+                energy_breakdown[kind].append(folded_e[i : i + length])
+                i += length
+        replicas = []
+        for d in self.replicas:
+            mine = rows[dp == d]
+            if not len(mine):
+                raise RankError(f"Rank {self.leader}: no member of its group ran replica {d}")
+            replicas.append(
+                ReplicaFigures(
+                    dp_rank=d,
+                    iter_time_s=float(mine[:, 2].max()),
+                    busy_s=float(mine[:, 3].max()),
+                    energy_j=float(mine[:, 4].sum()),
+                )
+            )
+        idle = rows[:, 5][rows[:, 5] >= 0]
+        return ProfilingResult(
+            rank=self.leader,
+            iter_time=rows[:, h + 2 * n : h + 2 * n + iters].max(axis=0).tolist(),
+            iter_energy=rows[:, h + 2 * n + iters :].sum(axis=0).tolist(),
+            time_breakdown=time_breakdown,  # type: ignore[arg-type]
+            energy_breakdown=energy_breakdown if own.energy_breakdown else {},  # type: ignore[arg-type]
+            replicas=replicas,
+            idle_power_w=float(np.median(idle)) if len(idle) else None,
+        )
+
+    def fold(
+        self, results: Mapping[int, ProfilingResult], dp_ranks: Mapping[int, int]
+    ) -> ProfilingResult:
+        """The leader's result from every member's (global rank → result, → dp rank), as
+        the gather delivers them: for simulations and tests of whole jobs."""
+        rows = np.stack([self.contribution(results[m], dp_rank=dp_ranks[m]) for m in self.members])
+        return self.decode(rows, results[self.leader])
+
+
 class JobFanOut:
     """This rank's part in the job's fan-out (module docstring): the table, its leader and
     its group. Collective: construct it on every rank, in the same order as the other
@@ -237,7 +364,9 @@ class JobFanOut:
         leader: The global rank of this rank's leader (itself, when it leads).
         registrar: The global rank that registers the job (the first leader).
         replicas: The replicas this rank's leader speaks for.
-        members: The global ranks of this rank's group, ascending.
+        members: The global ranks of this rank's group (every rank its leader speaks for),
+            ascending.
+        head: The global rank of this rank's replica head (its tensor-rank-0 process).
         switch_latency_s: The slowest measured clock switch of the group (None: none).
     """
 
@@ -299,37 +428,48 @@ class JobFanOut:
         rows = [self._row(t) for t in gathered]
         self._check(rows)
         by_place = {(r.dp_rank, r.pp_rank, r.tp_rank): r for r in rows}
-        self._group: Any = None
+        tp_ranks = range(layout.tp_degree)
+        self._heads: Any = None
+        """The gloo group of this leader's replica heads (tensor rank 0 of each replica of
+        its block), if this rank is one of them and there are several."""
+        self._tensor: Any = None
+        """The gloo group of this rank's replica's tensor ranks, if there are several."""
+        self.head = by_place[dp_rank, pp_rank, 0].rank
         self.members: list[int] = [rank]
         self.leader = rank
         self.replicas = range(dp_rank, dp_rank + 1)
         first: int | None = None
         latencies: list[int] = []
+        # Every rank calls new_group for every group, in this order.
         for pp in range(layout.pp_degree):
             for lead in self.leaders.replicas:
                 block = self.leaders.block(lead)
-                members = sorted(
-                    by_place[d, pp, t].rank for d in block for t in range(layout.tp_degree)
-                )
-                leader = by_place[lead, pp, 0].rank
+                heads = [by_place[d, pp, 0].rank for d in block]
+                leader = heads[0]
                 first = leader if first is None else min(first, leader)
-                group = None
-                if len(members) > 1:  # every rank calls new_group for every group, in order
-                    group = dist.new_group(members, timeout=self._timeout, backend="gloo")
+                group = self._new_group(heads)
+                if rank in heads:
+                    self._heads = group
+                members = sorted(by_place[d, pp, t].rank for d in block for t in tp_ranks)
                 if rank in members:
-                    self._group, self.members, self.leader, self.replicas = (
-                        group,
-                        members,
-                        leader,
-                        block,
-                    )
-                    latencies = [
-                        by_place[d, pp, t].switch_ns for d in block for t in range(layout.tp_degree)
-                    ]
+                    self.members, self.leader, self.replicas = members, leader, block
+                    latencies = [by_place[d, pp, t].switch_ns for d in block for t in tp_ranks]
+                for d in block:
+                    group = self._new_group([by_place[d, pp, t].rank for t in tp_ranks])
+                    if (d, pp) == (dp_rank, pp_rank):
+                        self._tensor = group
         assert first is not None
         self.registrar = first
+        self.fold = GroupFold(leader=self.leader, members=self.members, replicas=self.replicas)
+        """How this rank's group folds its rounds."""
         measured = [ns for ns in latencies if ns >= 0]
         self.switch_latency_s: float | None = max(measured) / 1e9 if measured else None
+
+    def _new_group(self, ranks: list[int]) -> Any:
+        """A gloo group over `ranks` (None for one rank: nothing to say to itself)."""
+        if len(ranks) < 2:
+            return None
+        return self._dist.new_group(sorted(ranks), timeout=self._timeout, backend="gloo")
 
     # ------------------------------------------------------------------ the table
     @staticmethod
@@ -385,114 +525,63 @@ class JobFanOut:
 
     # ------------------------------------------------------------------ a round
     def gather(self, result: ProfilingResult) -> ProfilingResult | None:
-        """Fold this rank's round into its leader's (collective over the group). The
-        leader gets the group's `ProfilingResult`; the others None."""
+        """Fold this rank's round into its leader's (collective over the group: the
+        `GroupFold` vectors gathered in two levels, a replica's tensor ranks to its head,
+        the heads to the leader). The leader gets the group's `ProfilingResult`; the
+        others None."""
+        rows = self.fold.contribution(result, dp_rank=self.dp_rank)[None, :]
+        rows = self._gather(rows, self._tensor, self.head)
+        if rows is None or self.rank != self.head:
+            return None
+        rows = self._gather(rows, self._heads, self.leader)
+        if rows is None:
+            return None
+        return self.fold.decode(rows, result)
+
+    def _gather(self, rows: np.ndarray, group: Any, dst: int) -> np.ndarray | None:
+        """`rows` of every rank of `group` stacked, at `dst` (None elsewhere)."""
         import torch
 
-        kinds = [k for k in INSTRUCTIONS if k in result.time_breakdown]
-        times = [x for k in kinds for it in result.time_breakdown[k] for x in it]
-        energies = [x for k in kinds for it in result.energy_breakdown.get(k, []) for x in it]
-        shape = [(k, [len(it) for it in result.time_breakdown[k]]) for k in kinds]
-        iters = len(result.iter_time)
-        check = float(zlib.crc32(repr((shape, iters, len(energies))).encode()))
-        n, r, g = len(times), len(self.replicas), len(self.members)
-        busy_s = math.fsum(times) / iters
-        compute_j = math.fsum(energies) / iters
-        time_s = math.fsum(result.iter_time) / iters
-        energy_j = math.fsum(result.iter_energy) / iters
-        idle_s = time_s - busy_s
-        idle_w = (
-            max(0.0, (energy_j - compute_j) / idle_s)
-            if idle_s > 1e-6 * max(time_s, 1e-12)
-            else None
-        )
-        slot = self.dp_rank - self.replicas.start
-        top = torch.zeros(2 + n + iters + 2 * r, dtype=torch.float64)
-        top[0], top[1] = check, -check
-        top[2 : 2 + n] = torch.tensor(times, dtype=torch.float64)
-        top[2 + n : 2 + n + iters] = torch.tensor(result.iter_time, dtype=torch.float64)
-        top[2 + n + iters + 2 * slot] = time_s
-        top[2 + n + iters + 2 * slot + 1] = busy_s
-        total = torch.zeros(1 + n + iters + r + g, dtype=torch.float64)
-        total[0] = 1.0
-        if self.dp_rank == self.replicas.start and len(energies) == n:
-            total[1 : 1 + n] = torch.tensor(energies, dtype=torch.float64)
-        total[1 + n : 1 + n + iters] = torch.tensor(result.iter_energy, dtype=torch.float64)
-        total[1 + n + iters + slot] = energy_j
-        if idle_w is not None:  # 0 means "never idle"; a power is stored plus one
-            total[1 + n + iters + r + self.members.index(self.rank)] = idle_w + 1.0
-        if self._group is not None:
-            try:
-                self._dist.reduce(
-                    top, dst=self.leader, op=self._dist.ReduceOp.MAX, group=self._group
-                )
-                self._dist.reduce(
-                    total, dst=self.leader, op=self._dist.ReduceOp.SUM, group=self._group
-                )
-            except RuntimeError as exc:
-                raise RankError(
-                    f"Rank {self.rank}: folding its round into its stage leader's (rank "
-                    f"{self.leader}, group {_ranks_text(self.members)}) failed: a rank of the "
-                    f"group probably died ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"
-                ) from exc
-        if not self.is_leader:
-            return None
-        if top[0].item() != -top[1].item() or round(total[0].item()) != g:
+        if group is None:
+            return rows
+        mine = torch.from_numpy(np.ascontiguousarray(rows.reshape(-1)))
+        size = self._dist.get_world_size(group)
+        into = [torch.empty_like(mine) for _ in range(size)] if self.rank == dst else None
+        try:
+            self._dist.gather(mine, gather_list=into, dst=dst, group=group)
+        except RuntimeError as exc:
             raise RankError(
-                f"Rank {self.rank} (leader of stage {self.pp_rank}, replicas "
-                f"{_ranks_text(list(self.replicas))}): the ranks of its group "
-                f"{_ranks_text(self.members)} measured rounds of different shapes; every rank "
-                "of a stage must run the same instructions and steps per round"
-            )
-        base = 2 + n + iters
-        idle = [v - 1.0 for v in total[1 + n + iters + r :].tolist() if v > 0.5]
-        folded_t = top[2 : 2 + n].tolist()
-        folded_e = total[1 : 1 + n].tolist()
-        time_breakdown: dict[str, list[list[float]]] = {}
-        energy_breakdown: dict[str, list[list[float]]] = {}
-        i = 0
-        for kind, lengths in shape:
-            time_breakdown[kind], energy_breakdown[kind] = [], []
-            for length in lengths:
-                time_breakdown[kind].append(folded_t[i : i + length])
-                energy_breakdown[kind].append(folded_e[i : i + length])
-                i += length
-        return ProfilingResult(
-            rank=self.rank,
-            iter_time=top[2 + n : base].tolist(),
-            iter_energy=total[1 + n : 1 + n + iters].tolist(),
-            time_breakdown=time_breakdown,  # type: ignore[arg-type]
-            energy_breakdown=energy_breakdown if energies else {},  # type: ignore[arg-type]
-            replicas=[
-                ReplicaFigures(
-                    dp_rank=dp,
-                    iter_time_s=top[base + 2 * j].item(),
-                    busy_s=top[base + 2 * j + 1].item(),
-                    energy_j=total[1 + n + iters + j].item(),
-                )
-                for j, dp in enumerate(self.replicas)
-            ],
-            idle_power_w=statistics.median(idle) if idle else None,
-        )
+                f"Rank {self.rank}: folding its round into its stage leader's (rank "
+                f"{self.leader}, group {_ranks_text(self.members)}) failed: a rank of the "
+                "group probably died "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"
+            ) from exc
+        if into is None:
+            return None
+        return torch.cat(into).numpy().reshape(-1, rows.shape[1])
 
     def hand_out(self, round_: int, schedule: FrequencySchedule | None, error: str = "") -> None:
         """Leader: give the group round `round_`'s schedule (or, with None, the error that
-        kept the leader from getting one)."""
-        if self._group is None:
-            return
+        kept the leader from getting one): to the replica heads, which pass it to their
+        tensor ranks."""
         text = (
-            ""
-            if schedule is None
-            else schedule.model_copy(update={"status": None}).model_dump_json()
+            schedule.model_copy(update={"status": None}).model_dump_json()
+            if schedule is not None
+            else error
         )
-        self._broadcast(round_, schedule is not None, text if schedule is not None else error)
+        self._broadcast(self._heads, self.leader, round_, schedule is not None, text)
+        self._broadcast(self._tensor, self.head, round_, schedule is not None, text)
 
     def receive(self, round_: int) -> FrequencySchedule:
         """Follower: the schedule its leader hands out for round `round_` (the leader's,
         with every replica's list); raises the leader's error if it got none."""
         where = f"Rank {self.rank} (stage {self.pp_rank}, replica {self.dp_rank})"
         try:
-            ok, got_round, text = self._broadcast(round_, False, "")
+            if self.rank == self.head:  # from the leader, then on to its tensor ranks
+                ok, got_round, text = self._broadcast(self._heads, self.leader, round_, False, "")
+                self._broadcast(self._tensor, self.head, got_round, ok, text)
+            else:
+                ok, got_round, text = self._broadcast(self._tensor, self.head, round_, False, "")
         except RuntimeError as exc:
             raise CoordinatorError(
                 f"{where}: no schedule for round {round_} from its stage leader (rank "
@@ -516,16 +605,21 @@ class JobFanOut:
                 f"schedule: {exc}"
             ) from None
 
-    def _broadcast(self, round_: int, ok: bool, text: str) -> tuple[bool, int, str]:
+    def _broadcast(
+        self, group: Any, src: int, round_: int, ok: bool, text: str
+    ) -> tuple[bool, int, str]:
+        """(ok, round, text) from `src` to every rank of `group` (as given, without one)."""
         import torch
 
+        if group is None:
+            return ok, round_, text
         dist = self._dist
-        data = text.encode() if self.is_leader else b""
+        data = text.encode() if self.rank == src else b""
         header = torch.tensor([int(ok), len(data), round_], dtype=torch.int64)
-        dist.broadcast(header, src=self.leader, group=self._group)
+        dist.broadcast(header, src=src, group=group)
         ok_flag, length, got_round = (int(x) for x in header.tolist())
         payload = torch.zeros(max(length, 1), dtype=torch.uint8)
-        if self.is_leader and length:
+        if self.rank == src and length:
             payload[:length] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        dist.broadcast(payload, src=self.leader, group=self._group)
+        dist.broadcast(payload, src=src, group=group)
         return bool(ok_flag), got_round, payload[:length].numpy().tobytes().decode()
