@@ -312,7 +312,7 @@ def http_round(url: str, pid: int, job: dict, infos: list[dict], token: str) -> 
 
 
 # ---------------------------------------------------------------------------- the fan-out
-def _fanout_rank(rank: int, world: int, port: int, microbatches: int, reps: int, out: Any) -> None:
+def _fanout_rank(rank: int, world: int, store: str, microbatches: int, reps: int, out: Any) -> None:
     """One process of the local fan-out timing: `reps` folds and hand-outs of a real round."""
     import torch
     import torch.distributed as dist
@@ -320,9 +320,7 @@ def _fanout_rank(rank: int, world: int, port: int, microbatches: int, reps: int,
     from perseus.client.leaders import JobFanOut
     from perseus.protocol import FrequencySchedule, ParallelLayout, ProfilingResult
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     fanout = JobFanOut(
         dist,
         rank=rank,
@@ -371,16 +369,17 @@ def fanout_timings(
     timings = {}
     for world in procs:
         out = ctx.Queue()
-        port = free_port()
-        ps = [
-            ctx.Process(target=_fanout_rank, args=(r, world, port, microbatches, reps, out))
-            for r in range(world)
-        ]
-        for p in ps:
-            p.start()
-        timings[world] = out.get(timeout=600)
-        for p in ps:
-            p.join(timeout=60)
+        with tempfile.TemporaryDirectory() as tmp:  # a file store: no port to race for
+            store = str(Path(tmp) / "store")
+            ps = [
+                ctx.Process(target=_fanout_rank, args=(r, world, store, microbatches, reps, out))
+                for r in range(world)
+            ]
+            for p in ps:
+                p.start()
+            timings[world] = out.get(timeout=600)
+            for p in ps:
+                p.join(timeout=60)
         print(
             f"  fan-out on {world} local processes: fold {1000 * timings[world][0]:.2f} ms, "
             f"hand-out {1000 * timings[world][1]:.2f} ms",
