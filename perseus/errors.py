@@ -16,6 +16,7 @@ PerseusError                       400  bad input (the root's default)
 │   │                                   error (`status_code`: the status it answered with)
 │   ├── JobNotFoundError           404  an unknown (or evicted) job id
 │   ├── JobFailedError             409  the job failed earlier (status_code: its failure's)
+│   ├── JobFinishedError           409  the job has finished (its ranks closed normally)
 │   ├── RoundTimeoutError          504  not every rank asked for its schedule in time
 │   └── SchedulerFailedError       500  the job's scheduler crashed (status_code 400 when it
 │                                       rejected its input: a PerseusError or ValueError)
@@ -39,6 +40,7 @@ __all__ = [
     "InvalidRankError",
     "InvalidResultError",
     "JobFailedError",
+    "JobFinishedError",
     "JobNotFoundError",
     "PerseusError",
     "PlanError",
@@ -115,6 +117,12 @@ class JobNotFoundError(CoordinatorError):
 
 class JobFailedError(CoordinatorError):
     """The job failed earlier; every later call gets the failure's message."""
+
+    http_status = 409
+
+
+class JobFinishedError(CoordinatorError):
+    """The job has finished (``POST /finish``): it runs no more rounds."""
 
     http_status = 409
 

@@ -54,11 +54,13 @@ REGISTER_JOB_URL = "/register_job"
 REGISTER_RANK_URL = "/register_rank/{job_id}"
 REPORT_RESULT_URL = "/result/{job_id}"
 STRAGGLER_URL = "/straggler/{job_id}"
+FINISH_URL = "/finish/{job_id}"
 INFO_URL = "/info"
 
 JOB_TOKEN_HEADER = "X-Perseus-Job-Token"
 """The job credential: answered by ``POST /register_job``, required by every route under
-the job's id (``/register_rank``, ``/schedule``, ``/result``, ``/straggler``)."""
+the job's id (``/register_rank``, ``/schedule``, ``/result``, ``/finish``; ``/straggler``
+and ``GET /jobs/{job_id}`` take it or the coordinator's token)."""
 
 
 InstructionKind = Literal["forward", "backward", "backward_input", "backward_weight"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from zeus_power.bearer import check_bearer_token
@@ -38,10 +38,20 @@ class PerseusSettings(BaseSettings):
             before it is closed (``perseus serve``).
         dump_keep_rounds: With `dump_data`, how many rounds' schedules and results
             (``N.sched.json``, ``N.prof.json``) each job keeps; older ones are deleted as
-            new rounds are written (``PERSEUS_DUMP_KEEP_ROUNDS``; 0 keeps every round).
+            new rounds are written (``PERSEUS_DUMP_KEEP_ROUNDS``; 0 keeps every round),
+            except the job's last `dump_keep_rounds` all-max and deployed rounds, which its
+            energy report (``perseus report``) is made from.
+        metrics_token: A read-only credential for ``GET /metrics`` alone
+            (``PERSEUS_METRICS_TOKEN``; at least 16 characters, not the cluster token):
+            a Prometheus scrape config holds it instead of the token that drives every
+            GPU clock. None: ``/metrics`` needs the cluster token (when there is one).
+        ended_job_ttl_s: Seconds a finished or failed job stays listed (``/jobs``, its
+            ``/metrics`` series) after it ends; then it is forgotten (its dump stays).
     """
 
-    model_config = SettingsConfigDict(env_prefix="PERSEUS_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(
+        env_prefix="PERSEUS_", extra="forbid", validate_default=True, hide_input_in_errors=True
+    )
 
     scheduler: str = Field(default="Perseus", description="Scheduler name or module:Class.")
     scheduler_args: dict[str, Any] = Field(default_factory=dict)
@@ -61,6 +71,26 @@ class PerseusSettings(BaseSettings):
         return check_bearer_token(value)
 
     dump_keep_rounds: int = Field(default=10, ge=0, le=1_000_000)
+    metrics_token: SecretStr | None = Field(default=None, repr=False)
+    ended_job_ttl_s: float = Field(default=600.0, ge=0.0, le=7 * 24 * 3600.0, allow_inf_nan=False)
+
+    @field_validator("metrics_token", mode="before")
+    @classmethod
+    def _check_metrics_token(cls, value: object) -> object:
+        return check_bearer_token(value)
+
+    @model_validator(mode="after")
+    def _metrics_token_is_not_the_cluster_token(self) -> PerseusSettings:
+        if (
+            self.metrics_token is not None
+            and self.token is not None
+            and self.metrics_token.get_secret_value() == self.token.get_secret_value()
+        ):
+            raise ValueError(
+                "the metrics token must differ from the cluster token (PERSEUS_TOKEN): it is "
+                "meant for a scrape config, which must not hold the keys to every GPU clock"
+            )
+        return self
 
     @field_validator("scheduler")
     @classmethod
@@ -82,6 +112,11 @@ class PerseusSettings(BaseSettings):
     def token_value(self) -> str | None:
         """The token in clear (for the auth middleware only; never log it)."""
         return self.token.get_secret_value() if self.token is not None else None
+
+    @property
+    def metrics_token_value(self) -> str | None:
+        """The metrics token in clear (for the auth middleware only; never log it)."""
+        return self.metrics_token.get_secret_value() if self.metrics_token is not None else None
 
     @property
     def scheduler_name(self) -> str:

@@ -20,6 +20,8 @@ class AllMaxFrequency(PipelineScheduler):
     Results are accepted and ignored, so clients need not report breakdowns.
     """
 
+    needs_breakdowns = None
+
     def __init__(
         self,
         job_info: JobInfo,

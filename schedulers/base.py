@@ -12,8 +12,14 @@ Optional hooks, declared here with defaults and overridden by the schedulers tha
 - `on_straggler(dp_rank, slowdown)`: a data-parallel pipeline was announced slow
   (``POST /straggler/{job_id}``); the default refuses (a 400).
 - `check_result(result)`: called by the coordinator when a rank's result arrives, before
-  it is kept: raise `RankError` when it cannot be this job's (the default accepts any); a
-  refused result is a 422 for that rank, which may send a corrected one.
+  it is kept: raise `RankError` when it cannot be this job's (the default refuses only a
+  result without breakdowns when `needs_breakdowns` says why they are needed); a refused
+  result is a 422 for that rank, which may send a corrected one.
+
+Per-instruction breakdowns (`ProfilingResult.time_breakdown` / ``energy_breakdown``) are
+optional on the wire: Zeus's clients send none by default. A scheduler that cannot work
+without them declares why in `needs_breakdowns`; one that leaves it None takes results
+with only the iteration's time and energy (`has_breakdowns`).
 
 Scheduler arguments (``PERSEUS_SCHEDULER_ARGS``) are a pydantic model the class names in
 ``Args`` (`schedulers.args`: shared groups declared once). `check_scheduler_args`
@@ -30,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import ValidationError
 
-from perseus.errors import ConfigurationError
+from perseus.errors import ConfigurationError, RankError
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.args import SchedulerArgs
@@ -38,7 +44,13 @@ from schedulers.args import SchedulerArgs
 if TYPE_CHECKING:
     from perseus.domain.plan import Plan
 
-__all__ = ["FrequencyScheduler", "build_scheduler", "check_scheduler_args"]
+__all__ = ["FrequencyScheduler", "build_scheduler", "check_scheduler_args", "has_breakdowns"]
+
+
+def has_breakdowns(result: ProfilingResult) -> bool:
+    """Whether `result` reports any per-instruction time or energy (Zeus's default
+    `ProfilingResult` has empty breakdowns)."""
+    return any(result.time_breakdown.values()) or any(result.energy_breakdown.values())
 
 
 class FrequencyScheduler(abc.ABC):
@@ -46,6 +58,10 @@ class FrequencyScheduler(abc.ABC):
 
     Args: ClassVar[type[SchedulerArgs]] = SchedulerArgs
     """The model of this scheduler's arguments (`schedulers.args`); default: none."""
+
+    needs_breakdowns: ClassVar[str | None] = None
+    """Why this scheduler needs every result's per-instruction breakdowns, said to the
+    client whose result has none (a 422); None: results without them are accepted."""
 
     def __init__(
         self,
@@ -87,10 +103,19 @@ class FrequencyScheduler(abc.ABC):
     def resume(self, plan: Plan) -> None:  # noqa: B027 - a hook whose default is to do nothing
         """Go back to running `plan`, persisted before a coordinator restart (default: ignore)."""
 
-    def check_result(self, result: ProfilingResult) -> None:  # noqa: B027 - default: accept
+    def check_result(self, result: ProfilingResult) -> None:
         """Refuse (`RankError`) a result that cannot be this job's, e.g. breakdowns whose
         shapes do not match the rank's instructions. Called on the event loop: keep it
-        cheap and free of side effects (default: accept every result)."""
+        cheap and free of side effects. The default refuses a result without breakdowns
+        when the scheduler `needs_breakdowns`, and accepts every other."""
+        if self.needs_breakdowns is not None and not has_breakdowns(result):
+            raise RankError(
+                f"Rank {result.rank} reported no per-instruction time_breakdown and "
+                f"energy_breakdown, but scheduler {type(self).__name__} needs them: "
+                f"{self.needs_breakdowns}. Report one time and energy per executed "
+                "instruction, per iteration (Perseus's client does), or run a scheduler that "
+                "needs none (AllMaxFrequency, PointSolution)"
+            )
 
     def on_straggler(self, dp_rank: int, slowdown: float) -> None:
         """Data-parallel pipeline `dp_rank` runs `slowdown`× its normal time (1.0: recovered).

@@ -166,20 +166,29 @@ class Parallel3D:
             out.append(cache[key].model_copy(update={"rank": info.rank}))
         return out
 
-    def check_result(self, res: ProfilingResult) -> None:
-        """Refuse (`RankError`, naming the rank, the kind and the job) a result whose
-        breakdowns do not hold one entry per instruction of the rank's order, per iteration."""
+    def check_result(self, res: ProfilingResult, *, breakdowns: bool = True) -> None:
+        """Refuse (`RankError`, naming the rank, the kind and the job) a result of a rank the
+        job does not have, or whose iteration lists differ in length, or (`breakdowns`)
+        whose breakdowns do not hold one entry per instruction of the rank's order, per
+        iteration."""
         info = self._by_rank.get(res.rank)
         if info is None:
             raise RankError(f"Rank {res.rank} is not a rank of job {self.job_id}")
-        self._check_shapes(info, res)
+        if breakdowns:
+            self._check_shapes(info, res)
+        else:
+            self._check_iterations(info, res)
 
-    def _check_shapes(self, info: RankInfo, res: ProfilingResult) -> None:
+    @staticmethod
+    def _check_iterations(info: RankInfo, res: ProfilingResult) -> None:
         if not res.iter_time or len(res.iter_time) != len(res.iter_energy):
             raise RankError(
                 f"Rank {info.rank} reported {len(res.iter_time)} iteration time(s) and "
                 f"{len(res.iter_energy)} energies; report one of each per iteration"
             )
+
+    def _check_shapes(self, info: RankInfo, res: ProfilingResult) -> None:
+        self._check_iterations(info, res)
         iters = len(res.iter_time)
         occ = self._occurrences[info.pp_rank]
         where = f"pipeline rank {info.pp_rank} of the {self.schedule.name} schedule"

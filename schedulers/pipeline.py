@@ -25,7 +25,7 @@ from perseus.io.jobdir import JobDir
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.args import PipelineArgs, SchedulerArgs
-from schedulers.base import FrequencyScheduler
+from schedulers.base import FrequencyScheduler, has_breakdowns
 from schedulers.parallel import (
     Parallel3D,
     RoundMeasurement,
@@ -72,6 +72,9 @@ class PipelineScheduler(FrequencyScheduler):
     """
 
     Args: ClassVar[type[SchedulerArgs]] = PipelineArgs
+    needs_breakdowns: ClassVar[str | None] = (
+        "it measures each instruction's time and energy, per pipeline stage, from them"
+    )
 
     def __init__(
         self,
@@ -140,13 +143,17 @@ class PipelineScheduler(FrequencyScheduler):
         return self.parallel.schedules_for(plan, overrides)
 
     def check_result(self, result: ProfilingResult) -> None:
-        """The rank's breakdowns must hold one entry per instruction of its order, per
-        iteration (`Parallel3D.check_result`)."""
-        self.parallel.check_result(result)
+        """The rank must be the job's; breakdowns, when the scheduler needs them or the
+        client sends them, must hold one entry per instruction of its order, per iteration
+        (`Parallel3D.check_result`)."""
+        super().check_result(result)
+        self.parallel.check_result(result, breakdowns=has_breakdowns(result))
 
     def observe(self, profiling_results: list[ProfilingResult]) -> None:
         self._observed = True
-        self.on_measurement(self.parallel.measure(profiling_results), profiling_results)
+        complete = all(has_breakdowns(r) for r in profiling_results)
+        measurement = self.parallel.measure(profiling_results) if complete else None
+        self.on_measurement(measurement, profiling_results)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -181,7 +188,39 @@ class PipelineScheduler(FrequencyScheduler):
                 f"but the job runs {self.pipeline.name} with {self.pipeline.num_microbatches}; "
                 "deploy a plan made for the job's pipeline"
             )
-        for stage, entries in enumerate(plan.frequencies):
+        return self._check_clocks(plan.frequencies)
+
+    def check_clock_lists(self, frequencies: list[list[tuple[str, int]]], source: str) -> StagePlan:
+        """Check clocks given without a pipeline (a Zeus-style literal plan, `source`) against
+        this job's pipeline; `PlanError` naming the mismatch.
+
+        There must be one list per pipeline rank, each naming the kinds of that rank's order
+        in order, and every frequency must be available on every GPU of the rank.
+        """
+        if len(frequencies) != self.num_stages:
+            raise PlanError(
+                f"{source} lists clocks for {len(frequencies)} pipeline rank(s) but job "
+                f"{self.job_info.job_id} has pp_degree {self.num_stages}"
+            )
+        for rank, (order, entries) in enumerate(
+            zip(self.pipeline.orders, frequencies, strict=True)
+        ):
+            if len(entries) != len(order):
+                raise PlanError(
+                    f"{source}: pipeline rank {rank} has {len(entries)} clock(s) but the job's "
+                    f"{self.pipeline.name} schedule with {self.pipeline.num_microbatches} "
+                    f"microbatch(es) runs {len(order)} instruction(s) there"
+                )
+            for k, (instr, (name, _)) in enumerate(zip(order, entries, strict=True)):
+                if instr.kind != name:
+                    raise PlanError(
+                        f"{source}: pipeline rank {rank}, instruction #{k} is {name!r} but the "
+                        f"job's {self.pipeline.name} schedule runs {instr.kind!r} there"
+                    )
+        return self._check_clocks(frequencies)
+
+    def _check_clocks(self, frequencies: list[list[tuple[str, int]]]) -> StagePlan:
+        for stage, entries in enumerate(frequencies):
             for info in self.stage_ranks[stage]:
                 available = set(info.available_frequencies)
                 bad = sorted({f for _, f in entries if f not in available}, reverse=True)
@@ -190,4 +229,4 @@ class PipelineScheduler(FrequencyScheduler):
                         f"Stage {stage}: frequencies {bad} MHz are not available on rank "
                         f"{info.rank}'s GPU (it supports {min(available)}..{max(available)} MHz)"
                     )
-        return [[(name, int(f)) for name, f in entries] for entries in plan.frequencies]
+        return [[(name, int(f)) for name, f in entries] for entries in frequencies]

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from paths import SHARED_DATA, TESTS
+from paths import SHARED_DATA, TESTS, ci_mode, require_data
 
 _TIERS = ("unit", "integration", "e2e")
 
@@ -85,17 +85,24 @@ def no_driver_no_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def real_profile_path() -> Path:
-    """The published GPT-3 A40 8-stage profile (skips when ../shared/data is absent)."""
-    path = SHARED_DATA / "sosp24_gpt3-175b_a40_8stage.csv"
-    if not path.is_file():
-        pytest.skip(f"reference data not present at {path}")
-    return path
+    """The published GPT-3 A40 8-stage profile (`require_data`: skipped when ../shared/data
+    is absent, a failure under CI)."""
+    return require_data(SHARED_DATA / "sosp24_gpt3-175b_a40_8stage.csv")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A selection that collects no test (exit 5) is not a failure of the suite."""
-    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
-        session.exitstatus = pytest.ExitCode.OK
+    """A run that collects no test (exit 5) fails under CI, where it means a mistyped
+    ``-k``, ``-m`` or path; in a developer's quick loop it passes, with a note."""
+    if exitstatus != pytest.ExitCode.NO_TESTS_COLLECTED:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if ci_mode():
+        if reporter is not None:
+            reporter.write_line("CI=true: a run that collects no test fails (check -k, -m, paths)")
+        return
+    session.exitstatus = pytest.ExitCode.OK
+    if reporter is not None:
+        reporter.write_line("no test collected: exit 0 outside CI (under CI=true it fails)")
 
 
 @pytest.fixture(scope="module")

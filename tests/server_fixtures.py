@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import pandas as pd
 import uvicorn
+from fastapi import FastAPI
 
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule, make_schedule
@@ -49,11 +50,17 @@ F_MAX = FREQS[0]
 
 @contextlib.contextmanager
 def running_server(
-    settings: PerseusSettings, *, round_timeout_s: float = 30.0, serve_like_cli: bool = False
+    settings: PerseusSettings,
+    *,
+    round_timeout_s: float = 30.0,
+    serve_like_cli: bool = False,
+    app: FastAPI | None = None,
 ) -> Iterator[str]:
     """Run the real coordinator app under uvicorn in a thread; yields its base URL.
-    `serve_like_cli`: with `perseus serve`'s HTTP protocol (its header timeout)."""
-    app = create_app(settings, round_timeout_s=round_timeout_s)
+    `serve_like_cli`: with `perseus serve`'s HTTP protocol (its header timeout). `app`: this
+    app (made by `create_app`) instead of a new one, e.g. to reach its ``state``."""
+    if app is None:
+        app = create_app(settings, round_timeout_s=round_timeout_s)
     extra = {"http": header_timeout_protocol(settings.header_timeout_s)} if serve_like_cli else {}
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -99,9 +106,7 @@ def single_rank_layout(**overrides: object) -> dict[str, object]:
     return kwargs
 
 
-def job_info(
-    pp: int, dp: int = 1, tp: int = 1, *, pipeline: PipelineSpec | None = None
-) -> JobInfo:
+def job_info(pp: int, dp: int = 1, tp: int = 1, *, pipeline: PipelineSpec | None = None) -> JobInfo:
     return JobInfo(
         pp_degree=pp, dp_degree=dp, tp_degree=tp, world_size=pp * dp * tp, pipeline=pipeline
     )
@@ -208,12 +213,8 @@ def simulate(
         busy = math.fsum(ts)
         energy = math.fsum(es) + truth.p2p_power_w * (iter_time - busy)
         kinds = sorted({kind for kind, _ in entries})
-        tb = {
-            k: [t for (kind, _), t in zip(entries, ts, strict=True) if kind == k] for k in kinds
-        }
-        eb = {
-            k: [e for (kind, _), e in zip(entries, es, strict=True) if kind == k] for k in kinds
-        }
+        tb = {k: [t for (kind, _), t in zip(entries, ts, strict=True) if kind == k] for k in kinds}
+        eb = {k: [e for (kind, _), e in zip(entries, es, strict=True) if kind == k] for k in kinds}
         results.append(
             ProfilingResult(
                 rank=info.rank,

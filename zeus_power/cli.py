@@ -26,7 +26,7 @@ def _main() -> None:
     """Zeus batch-size optimizer service."""
 
 
-@app.command()
+@app.command(short_help="Serve the batch-size optimizer over HTTP.")
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
@@ -59,9 +59,9 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
+    from zeus_power.bso.db import make_engine
     from zeus_power.bso.server import BSOSettings, create_app
-    from zeus_power.bso.server.db import make_engine
-    from zeus_power.bso.server.service import BSOService
+    from zeus_power.bso.service import BSOService
     from zeus_power.errors import ZeusBSORuntimeError, ZeusConfigError
     from zeus_power.serving import header_timeout_protocol, install_accept_error_filter, is_loopback
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, ParamSpec, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from perseus.errors import PerseusError
 
@@ -20,6 +22,7 @@ __all__ = [
     "console",
     "err_console",
     "fraction_progress",
+    "narrow_table",
     "resolve_profile_path",
 ]
 
@@ -47,6 +50,20 @@ def fraction_progress(verb: str) -> Progress:
         console=console,
         transient=True,
     )
+
+
+def narrow_table(
+    title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str = ""
+) -> Table:
+    """A table that fits 80 columns: light rules, no outer padding, one-word headers (units
+    and meanings go in `caption`) and cells (a name, then right-aligned numbers) that are
+    never wrapped or cut."""
+    table = Table(title=title, caption=caption or None, box=box.MINIMAL, pad_edge=False)
+    for i, name in enumerate(headers):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 P = ParamSpec("P")

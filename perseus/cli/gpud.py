@@ -5,11 +5,16 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic import ValidationError
 
 from perseus.cli._common import cli_errors
+from perseus.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from zeus_power.gpud import GpudConfig
 
 __all__ = ["gpud"]
 
@@ -22,14 +27,35 @@ def _permissions(value: str) -> int:
 
 
 def _read_token(path: Path) -> str:
-    """The token file's first line; refused when others may read it."""
+    """The token file's text, stripped; refused when others may read it (the token's own
+    rule is `GpudConfig`'s)."""
+    from zeus_power.gpud.config import MAX_TOKEN_CHARS
+
     mode = path.stat().st_mode
     if mode & 0o004:
         raise typer.BadParameter(f"{path} is readable by every user; chmod 600 it")
-    token = path.read_text(encoding="utf-8").strip()
-    if not 16 <= len(token) <= 4096 or any(c.isspace() for c in token):
-        raise typer.BadParameter(f"{path} must hold one token of 16 to 4096 non-space characters")
-    return token
+    if path.stat().st_size > 2 * MAX_TOKEN_CHARS:
+        raise typer.BadParameter(f"{path} is larger than a token; it must hold only the token")
+    return path.read_text(encoding="utf-8", errors="replace").strip()
+
+
+_FLAGS = {"token": "--token-file", "reap_interval_s": "--reap-interval"}
+
+
+def _config(**values: Any) -> GpudConfig:
+    """`GpudConfig`, its refusals as one message naming the flag (no pydantic dump)."""
+    from zeus_power.gpud import GpudConfig
+
+    try:
+        return GpudConfig(**values)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            flag = _FLAGS.get(field, "--" + field.removesuffix("_s").replace("_", "-"))
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"{flag}: {message}" if field else message)
+        raise ConfigurationError("; ".join(problems)) from None
 
 
 @cli_errors
@@ -68,6 +94,20 @@ def gpud(
         float,
         typer.Option(min=0.01, max=60, help="Seconds between checks that clients still run."),
     ] = 0.5,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            min=1, max=1024, help="Connections served at once (a thread each); more get 503."
+        ),
+    ] = 64,
+    request_timeout: Annotated[
+        float,
+        typer.Option(min=0.1, max=300, help="Seconds a started request and its answer may take."),
+    ] = 10.0,
+    idle_timeout: Annotated[
+        float,
+        typer.Option(min=1, max=3600, help="Seconds an idle keep-alive connection is kept."),
+    ] = 60.0,
     allow_unprivileged: Annotated[
         bool, typer.Option(help="Run without root (the emulated backend never needs it).")
     ] = False,
@@ -79,7 +119,7 @@ def gpud(
     ZEUSD_TOKEN). Everything the daemon changed is reset when it exits or when the
     process that changed it is gone.
     """
-    from zeus_power.gpud import GpudConfig, run_gpud
+    from zeus_power.gpud import run_gpud
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -91,8 +131,8 @@ def gpud(
             "--backend nvml needs root (or CAP_SYS_ADMIN) to set clocks; run it with sudo or "
             "as a systemd service, or pass --allow-unprivileged if capabilities are set"
         )
-    config = GpudConfig(
-        mode=mode,  # type: ignore[arg-type]
+    config = _config(
+        mode=mode,
         socket_path=socket_path,
         socket_permissions=_permissions(socket_permissions),
         socket_uid=socket_uid,
@@ -100,5 +140,8 @@ def gpud(
         tcp_bind_address=tcp_bind_address,
         token=_read_token(token_file) if token_file is not None else None,
         reap_interval_s=reap_interval,
+        max_connections=max_connections,
+        request_timeout_s=request_timeout,
+        idle_timeout_s=idle_timeout,
     )
     run_gpud(config, backend=backend, emulated_gpu=emulated_gpu, emulated_gpus=emulated_gpus)

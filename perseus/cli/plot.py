@@ -14,7 +14,7 @@ app = typer.Typer(
 )
 
 
-@app.command("frontier")
+@app.command("frontier", short_help="Energy vs time of every frontier plan (PNG).")
 @cli_errors
 def frontier(
     frontier_dir: Annotated[Path, typer.Argument(help="Directory written by `perseus solve`.")],
@@ -44,7 +44,7 @@ def frontier(
     typer.echo(str(png))  # a path: never wrapped
 
 
-@app.command("timeline")
+@app.command("timeline", short_help="Per-stage Gantt chart of one plan's iteration (PNG).")
 @cli_errors
 def timeline(
     plan: Annotated[Path, typer.Argument(help="Plan JSON file.")],

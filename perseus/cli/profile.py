@@ -34,7 +34,7 @@ def _parse_work(text: str) -> list[float]:
         ) from None
 
 
-@app.command()
+@app.command(short_help="Synthesize a profile from the emulator's DVFS model.")
 @cli_errors
 def synth(
     out: Annotated[Path, typer.Option("--out", "-o", help="CSV file to write.")],

@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from perseus.cli._common import (
     EMULATED_NOTE,
     AllowImplausiblePower,
     cli_errors,
     console,
+    err_console,
     fraction_progress,
+    narrow_table,
     resolve_profile_path,
 )
 from perseus.domain.kinds import SCHEDULES
@@ -75,10 +76,10 @@ def solve(
             "--switch-latency-ms",
             min=0.0,
             max=10_000.0,
-            help="How long a clock change takes to apply on the GPU (ms; 10-20 on real "
-            "GPUs, 15 on emulated ones by default). Plans then count it: changes they cannot "
-            "reach in time are dropped and every time and energy includes the switches. "
-            "0: changes are free.",
+            help="How long a clock change takes to apply on the GPU, ms (10-20 on real "
+            "GPUs; the emulated ones take ZEUS_EMULATED_SWITCH_LATENCY_MS, 15 unless set). "
+            "Plans then count it: changes they cannot reach in time are dropped and every "
+            "time and energy includes the switches. The default, 0, plans changes as free.",
         ),
     ] = 0.0,
     hop_latency_ms: Annotated[
@@ -160,27 +161,17 @@ def solve(
     base = frontier.all_max
     assert base is not None  # solve_frontier always keeps it
     points = frontier.points
-    table = Table(
-        title=f"Frontier of {prof.source} — {sched.name}, S={sched.num_stages}"
-        + (f" ({sched.num_virtual_stages} stages)" if sched.num_chunks > 1 else "")
-        + f", M={sched.num_microbatches}"
-    )
-    table.add_column("plan", no_wrap=True)
-    table.add_column("time (s)", justify="right")
-    table.add_column("energy (J)", justify="right")
-    table.add_column("slowdown", justify="right")
-    table.add_column("saved", justify="right")
-    table.add_column("clock changes", justify="right")
-    table.add_column("above LP bound", justify="right")
-    table.add_row(
-        "all max frequency",
-        f"{base.iteration_time_s:.4f}",
-        f"{base.energy_j:.1f}",
-        "—",
-        "—",
-        str(clock_changes(base.frequencies)),
-        "—",
-    )
+    rows = [
+        [
+            "all max frequency",
+            f"{base.iteration_time_s:.4f}",
+            f"{base.energy_j:.1f}",
+            "—",
+            "—",
+            str(clock_changes(base.frequencies)),
+            "—",
+        ]
+    ]
     # Slowdowns are against all-max; where its top clock is power-capped, the fastest
     # plan beats it (a negative slowdown) and "no slowdown" may use any clocks.
     shown = {}
@@ -190,15 +181,26 @@ def solve(
         shown[label] = frontier.choose(max_slowdown=slowdown)
     shown["minimum energy"] = min(points, key=lambda p: p.energy_j)
     for label, point in shown.items():
-        table.add_row(
-            label,
-            f"{point.iteration_time_s:.4f}",
-            f"{point.energy_j:.1f}",
-            f"{100 * frontier.slowdown(point):+.2f} %",
-            f"{100 * (1 - point.energy_j / base.energy_j):.2f} %",
-            str(clock_changes(point.frequencies)),
-            f"{100 * point.gap:.2f} %",
+        rows.append(
+            [
+                label,
+                f"{point.iteration_time_s:.4f}",
+                f"{point.energy_j:.1f}",
+                f"{100 * frontier.slowdown(point):+.2f} %",
+                f"{100 * (1 - point.energy_j / base.energy_j):.2f} %",
+                str(clock_changes(point.frequencies)),
+                f"{100 * point.gap:.2f} %",
+            ]
         )
+    table = narrow_table(
+        f"Frontier of {prof.source} — {sched.name}, S={sched.num_stages}"
+        + (f" ({sched.num_virtual_stages} stages)" if sched.num_chunks > 1 else "")
+        + f", M={sched.num_microbatches}",
+        ["plan", "time", "energy", "slowdown", "saved", "changes", "gap"],
+        rows,
+        caption="per iteration: time in s, energy in J; changes: clock changes (all ranks); "
+        "gap: energy above the LP lower bound",
+    )
     console.print(table)
     if switch_latency_ms > 0:
         console.print(
@@ -319,8 +321,12 @@ def choose(
         float | None, typer.Option("--deadline", help="Iteration time limit in seconds.")
     ] = None,
 ) -> None:
-    """Print the path of the minimum-energy plan that meets a slowdown or a deadline."""
-    from perseus.io.frontier_dir import read_frontier_table, read_reference_time
+    """Print the path of the minimum-energy plan that meets a slowdown or a deadline.
+
+    The path goes to stdout alone (so that $(perseus choose ...) is the path); the plan's
+    time, energy, saving and slowdown against all-max follow it on stderr.
+    """
+    from perseus.io.frontier_dir import read_frontier_table, read_reference_plan
     from perseus.planning import choose_index
 
     if (max_slowdown is None) == (deadline is None):
@@ -333,14 +339,31 @@ def choose(
     if problem:
         raise PerseusError(problem)
     table = read_frontier_table(frontier_dir)  # rows in index order
+    reference = read_reference_plan(frontier_dir)
+    reference_s = reference.iteration_time if reference is not None else table.iteration_time[0]
     k = choose_index(
         table.iteration_time,
         table.energy,
         max_slowdown=max_slowdown,
         deadline_s=deadline,
-        reference_s=read_reference_time(frontier_dir, table) if max_slowdown is not None else None,
+        reference_s=reference_s if max_slowdown is not None else None,
     )
-    typer.echo(str(Path(frontier_dir) / table.plan[k]))
+    path = Path(frontier_dir) / table.plan[k]
+    typer.echo(str(path))
+    time_s, energy_j = float(table.iteration_time[k]), float(table.energy[k])
+    figures = f"{path.name}: {time_s:.4f} s, {energy_j:.1f} J per iteration"
+    if reference is not None and reference.energy > 0:
+        figures += (
+            f"; {100 * (1 - energy_j / reference.energy):.2f} % energy saved at "
+            f"{100 * (time_s / reference.iteration_time - 1):+.2f} % time against all-max "
+            f"({reference.iteration_time:.4f} s, {reference.energy:.1f} J)"
+        )
+    else:
+        figures += (
+            f"; {100 * (time_s / reference_s - 1):+.2f} % time against the fastest plan "
+            "(no all_max.json here: saving unknown)"
+        )
+    err_console.print(figures, highlight=False, soft_wrap=True)
 
 
 @cli_errors
@@ -413,17 +436,19 @@ def polish(
         out,
     )
     lp = solve_lp_curve(problem)
-    table = Table(title=f"Polish of {plan}")
-    table.add_column("plan")
-    table.add_column("iteration time (s)", justify="right")
-    table.add_column("energy (J)", justify="right")
-    table.add_column("above LP bound", justify="right")
+    rows = []
     for label, T, E in (
         ("before", result.initial_iteration_time_s, result.initial_energy_j),
         ("after", ev.iteration_time_s, ev.energy_j),
     ):
         bound = float(lp.lower_bound(T))
-        table.add_row(label, f"{T:.5f}", f"{E:.2f}", f"{100 * (E / bound - 1):.3f} %")
+        rows.append([label, f"{T:.5f}", f"{E:.2f}", f"{100 * (E / bound - 1):.3f} %"])
+    table = narrow_table(
+        f"Polish of {plan}",
+        ["plan", "time", "energy", "gap"],
+        rows,
+        caption="per iteration: time in s, energy in J; gap: energy above the LP lower bound",
+    )
     console.print(table)
     note = "" if result.complete else " (stopped by --budget before the last window)"
     console.print(

@@ -8,13 +8,21 @@ imported only inside these functions, so importing this module stays cheap.
 from __future__ import annotations
 
 import contextlib
+import datetime
 from collections.abc import Callable
 from typing import Any
 
 from perseus.errors import ConfigurationError, CoordinatorError
 from perseus.protocol import ParallelLayout
 
-__all__ = ["broadcast_text", "check_layout", "device_sync", "process_group", "share_job_id"]
+__all__ = [
+    "all_ranks_reach",
+    "broadcast_text",
+    "check_layout",
+    "device_sync",
+    "process_group",
+    "share_job_id",
+]
 
 
 def check_layout(
@@ -91,6 +99,19 @@ def share_job_id(dist: Any, rank: int, register: Callable[[], str]) -> str:
     if not ok:
         raise CoordinatorError(f"Rank 0 could not register the job: {text}")
     return text
+
+
+def all_ranks_reach(dist: Any, timeout_s: float) -> str | None:
+    """A barrier over the job's process group, waited for at most `timeout_s`: None once
+    every rank has reached it, else why not (a rank that died or never came, a process
+    group destroyed already)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return "the process group was destroyed before the hook was closed"
+    try:
+        dist.barrier(async_op=True).wait(timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception as exc:  # gloo: "Operation timed out!"; a dead peer: connection errors
+        return f"not every rank got there within {timeout_s:g} s ({type(exc).__name__}: {exc})"
+    return None
 
 
 def device_sync(device_id: int) -> Callable[[], None]:

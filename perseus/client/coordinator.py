@@ -20,6 +20,11 @@ status. A restarted coordinator restores its jobs before it accepts a connection
 after an outage means the job was not restored (evicted, failed, or a dump it refused):
 the rank fails when the window ends. Retried requests are safe to repeat: the coordinator
 accepts a rank's identical registration or result again.
+
+The long window is for a job that exists. A job's first contact (`register_job`) retries for
+`FIRST_CONTACT_S` (5 s) at most, each attempt connecting for at most
+`FIRST_CONNECT_TIMEOUT_S`, so that a wrong URL or a coordinator that is not running fails
+within 10 s, naming the URL, instead of a silent wait.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import httpx
 
 from perseus.errors import ConfigurationError, CoordinatorError, JobNotFoundError
 from perseus.protocol import (
+    FINISH_URL,
     GET_SCHEDULE_URL,
     JOB_TOKEN_HEADER,
     REGISTER_JOB_URL,
@@ -51,6 +57,7 @@ from perseus.protocol import (
 
 __all__ = [
     "DEFAULT_RECONNECT_S",
+    "FIRST_CONTACT_S",
     "RECONNECT_ENV",
     "CoordinatorClient",
     "check_server_url",
@@ -62,6 +69,10 @@ logger = logging.getLogger(__name__)
 RECONNECT_ENV = "PERSEUS_RECONNECT_S"
 DEFAULT_RECONNECT_S = 120.0
 MAX_RECONNECT_S = 7 * 24 * 3600.0
+FIRST_CONTACT_S = 5.0
+"""How long registering a job retries an unreachable coordinator (its first contact)."""
+FIRST_CONNECT_TIMEOUT_S = 3.0
+"""The connect timeout of each attempt of a first contact."""
 _BACKOFF_FIRST_S = 0.1
 _BACKOFF_CAP_S = 5.0
 _RETRY_STATUS = frozenset({502, 503, 504})
@@ -158,7 +169,13 @@ class CoordinatorClient:
     def register_job(self, job_info: JobInfo) -> str:
         """Register a job; returns its id."""
         self._registered_token = None
-        job_id = self.request("POST", REGISTER_JOB_URL, body=job_info)
+        job_id = self.request(
+            "POST",
+            REGISTER_JOB_URL,
+            body=job_info,
+            reconnect_s=min(self.reconnect_s, FIRST_CONTACT_S),
+            connect_timeout_s=min(self.timeout_s, FIRST_CONNECT_TIMEOUT_S),
+        )
         if not isinstance(job_id, str) or not job_id:
             raise CoordinatorError(
                 f"The Perseus coordinator at {self.server_url} answered "
@@ -227,6 +244,12 @@ class CoordinatorClient:
             body={"dp_rank": dp_rank, "slowdown": slowdown},
         )
 
+    def finish_job(self, job_id: str) -> dict[str, Any]:
+        """Tell the coordinator the job ended normally (once, after every rank closed);
+        returns its answer: rounds, iterations and energy measured, the energy report."""
+        answer = self.request("POST", FINISH_URL.format(job_id=job_id))
+        return answer if isinstance(answer, dict) else {}
+
     # ------------------------------------------------------------------ transport
     def request(
         self,
@@ -236,9 +259,13 @@ class CoordinatorClient:
         body: Any = None,
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
+        reconnect_s: float | None = None,
+        connect_timeout_s: float | None = None,
     ) -> Any:
-        """One request, retried through a coordinator outage (module docstring); returns
-        the decoded JSON answer or raises a `CoordinatorError`."""
+        """One request, retried through a coordinator outage (module docstring) for
+        `reconnect_s` (default: the client's window); returns the decoded JSON answer or
+        raises a `CoordinatorError`. `connect_timeout_s` caps each attempt's connect."""
+        window_s = self.reconnect_s if reconnect_s is None else reconnect_s
         content = None
         if body is not None:
             content = (
@@ -248,13 +275,13 @@ class CoordinatorClient:
         backoff = _BACKOFF_FIRST_S
         while True:
             try:
-                answer = self._send(method, path, content, params, timeout_s)
+                answer = self._send(method, path, content, params, timeout_s, connect_timeout_s)
             except CoordinatorError as exc:
                 retryable = getattr(exc, "_retryable", False) or (
                     # "job unknown" after an outage: the restart may not have restored it yet
                     isinstance(exc, JobNotFoundError) and first_failure is not None
                 )
-                if not retryable or self.reconnect_s <= 0 or self._closed:
+                if not retryable or window_s <= 0 or self._closed:
                     raise  # (a closed client's requests fail: nobody waits for them)
                 now = time.monotonic()
                 if first_failure is None:
@@ -264,14 +291,18 @@ class CoordinatorClient:
                         method,
                         path,
                         exc,
-                        self.reconnect_s,
-                        RECONNECT_ENV,
+                        window_s,
+                        RECONNECT_ENV if window_s == self.reconnect_s else "a first contact",
                     )
-                left = first_failure + self.reconnect_s - now
+                left = first_failure + window_s - now
                 if left <= 0:
+                    why = (
+                        f"{RECONNECT_ENV}={self.reconnect_s:g}"
+                        if window_s == self.reconnect_s
+                        else "a job's first contact waits no longer"
+                    )
                     raise type(exc)(
-                        f"{exc} (retried for {now - first_failure:.0f} s, "
-                        f"{RECONNECT_ENV}={self.reconnect_s:g})",
+                        f"{exc} (retried for {now - first_failure:.0f} s, {why})",
                         url=exc.url,
                         status_code=exc.status_code,
                     ) from exc
@@ -297,10 +328,12 @@ class CoordinatorClient:
         content: str | None,
         params: dict[str, Any] | None,
         timeout_s: float | None,
+        connect_timeout_s: float | None = None,
     ) -> Any:
         """One attempt. The errors a retry may cure carry ``_retryable = True``."""
         url = f"{self.server_url}{path}"
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        connect = self.timeout_s if connect_timeout_s is None else connect_timeout_s
         try:
             response = self._http.request(
                 method,
@@ -308,7 +341,7 @@ class CoordinatorClient:
                 content=content,
                 params=params,
                 headers=self._headers(path, content is not None),
-                timeout=httpx.Timeout(self.timeout_s, read=timeout),
+                timeout=httpx.Timeout(self.timeout_s, read=timeout, connect=connect),
             )
         except httpx.ConnectError as exc:
             raise _retryable(
@@ -319,9 +352,14 @@ class CoordinatorClient:
                 )
             ) from exc
         except httpx.TimeoutException as exc:
+            waited = connect if isinstance(exc, httpx.ConnectTimeout) else timeout
             error = CoordinatorError(
                 f"The Perseus coordinator at {self.server_url} did not answer {method} {path} "
-                f"within {timeout:g} s ({type(exc).__name__})",
+                f"within {waited:g} s ({type(exc).__name__}). Is it running (perseus serve) "
+                "and is the URL right?"
+                if isinstance(exc, httpx.ConnectTimeout)
+                else f"The Perseus coordinator at {self.server_url} did not answer {method} "
+                f"{path} within {waited:g} s ({type(exc).__name__})",
                 url=url,
             )
             raise (_retryable(error) if isinstance(exc, httpx.ConnectTimeout) else error) from exc

@@ -45,6 +45,12 @@ IN_STEP --on_step_end--> BETWEEN_STEPS, or NEED_SCHEDULE after the round's last 
 IN_STEP, IN_INSTRUCTION --abort_step (the training step failed)--> BETWEEN_STEPS
 any --close--> CLOSED
 ```
+
+`close()` is the job's normal end: every rank waits there for the others (a barrier on the
+job's process group) and rank 0 then tells the coordinator that the job finished
+(``POST /finish``), so it is listed as ``finished``, not failed. Leaving the context manager
+on an exception, or ``close(finish=False)``, tells it nothing: a job whose ranks fail ends
+as ``failed`` at the coordinator's round timeout.
 """
 
 from __future__ import annotations
@@ -59,7 +65,13 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from perseus.client.bootstrap import check_layout, device_sync, process_group, share_job_id
+from perseus.client.bootstrap import (
+    all_ranks_reach,
+    check_layout,
+    device_sync,
+    process_group,
+    share_job_id,
+)
 from perseus.client.coordinator import CoordinatorClient, check_server_url
 from perseus.client.emulation import EmulationSettings, InstructionEmulator
 from perseus.client.frequency import FrequencyController
@@ -67,7 +79,7 @@ from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
 from perseus.client.timing import TIMINGS, EventTimer, InstructionTiming
 from perseus.client.trace import Trace
-from perseus.errors import ConfigurationError, RankError
+from perseus.errors import ConfigurationError, CoordinatorError, RankError
 from perseus.protocol import (
     INSTRUCTIONS,
     FrequencySchedule,
@@ -230,6 +242,10 @@ class PerseusOptimizer:
             list(expected_instructions) if expected_instructions is not None else None
         )
         dist = process_group(rank, world_size)
+        self._dist = dist
+        self.finish_report: dict[str, Any] | None = None
+        """Rank 0, after a normal `close`: the coordinator's answer to the job's finish
+        (rounds, iterations and energy measured, the energy report)."""
 
         if gpu is None:
             from zeus_power.device import open_gpus
@@ -619,8 +635,15 @@ class PerseusOptimizer:
         )
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        """Stop the frequency worker, restore the GPU's clocks, close the HTTP client."""
+    def close(self, *, finish: bool = True) -> None:
+        """Stop the frequency worker, restore the GPU's clocks, close the HTTP client.
+
+        `finish` (the default: a normal end of training): the job is over; every rank waits
+        here for the others (at most twice `timeout_s`), then rank 0 tells the coordinator
+        (``POST /finish``), which lists the job as ``finished``. A finish that cannot be
+        told is a warning, never an error. ``finish=False`` (training failed) tells the
+        coordinator nothing: the job fails at its round timeout.
+        """
         if self._state is _HookState.CLOSED and self._freq is None:
             return
         self._state = _HookState.CLOSED
@@ -637,11 +660,35 @@ class PerseusOptimizer:
             if self._freq is not None:
                 freq, self._freq = self._freq, None
                 freq.close()
+            if finish:
+                self._finish()
         finally:
             self._coordinator.close()
             if self._trace is not None:
                 self._trace.close()
                 self._trace = None
+
+    def _finish(self) -> None:
+        """Every rank closed: rank 0 tells the coordinator the job finished."""
+        if self.world_size > 1:
+            why_not = all_ranks_reach(self._dist, 2 * self.timeout_s)
+            if why_not is not None and self._dist.is_initialized():
+                if self.rank == 0:
+                    logger.warning(
+                        "Job %s: not telling the coordinator that it finished: %s; it will "
+                        "be marked failed at the coordinator's round timeout",
+                        self.job_id,
+                        why_not,
+                    )
+                return
+        if self.rank != 0:
+            return
+        try:
+            self.finish_report = self._coordinator.finish_job(self.job_id)
+        except CoordinatorError as exc:
+            logger.warning(
+                "Job %s: could not tell the coordinator it finished: %s", self.job_id, exc
+            )
 
     def __enter__(self) -> PerseusOptimizer:
         return self
@@ -657,7 +704,7 @@ class PerseusOptimizer:
             return
         # Already failing: restore what can be restored, but never mask the original error.
         try:
-            self.close()
+            self.close(finish=False)
         except Exception as close_exc:
             logger.warning(
                 "Rank %d: closing the Perseus hook also failed: %s", self.rank, close_exc

@@ -89,6 +89,7 @@ class Coordinator:
         env: Extra environment variables for the server process (with ``PERSEUS_TOKEN``,
             the start-up probe sends it).
         startup_timeout_s: How long to wait for ``GET /info`` to answer.
+        serve_args: More ``perseus serve`` options (e.g. ``--max-slowdown 0.01``).
     """
 
     def __init__(
@@ -101,6 +102,7 @@ class Coordinator:
         round_timeout_s: float = 60.0,
         env: Mapping[str, str] | None = None,
         startup_timeout_s: float = 60.0,
+        serve_args: Sequence[str] = (),
     ) -> None:
         self.scheduler = scheduler
         self.scheduler_args = dict(scheduler_args or {})
@@ -109,6 +111,7 @@ class Coordinator:
         self.round_timeout_s = round_timeout_s
         self.extra_env = dict(env or {})
         self.startup_timeout_s = startup_timeout_s
+        self.serve_args = list(serve_args)
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -142,6 +145,7 @@ class Coordinator:
             str(self.port),
             "--round-timeout",
             str(self.round_timeout_s),
+            *self.serve_args,
         ]
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -331,7 +331,7 @@ class PipelineSchedule:
             raise ScheduleError(
                 f"The profile has {profile.num_stages} stage(s) but the {self.name} schedule "
                 f"has {N} pipeline stage(s) on {S} rank(s): expected a profile with {want} "
-                f"stages (pass --stages {profile.num_stages} to use this profile as is)"
+                f"stages (this profile fits a pipeline of {profile.num_stages} ranks)"
             )
         needed = {(getattr(i, where), i.kind) for order in self.orders for i in order}
         for key in sorted(needed):

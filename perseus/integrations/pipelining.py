@@ -42,7 +42,12 @@ no ``loss_fn``) are refused, since Perseus plans training iterations; ``schedule
 (and any step run without backward) passes through unmeasured and does not count as an
 iteration. A schedule class without a ``pipeline_order`` is refused with a clear error.
 
-torch versions: verified on torch 2.13 only (the only one installable here). The oldest
+torch versions: what `attach` reads of torch is private (the stages a schedule holds, its
+microbatch count, whether a step runs backward, the stage methods it wraps, ...); every
+such piece is listed in `perseus.integrations._torch_internals.INTERNALS` and checked when
+`attach` is called, which fails with an error naming the torch version and each missing
+piece rather than measuring the wrong thing after a rename. Verified on torch 2.13 only
+(the only one installable here). The oldest
 release it should support is torch 2.8; that is inferred from torch's history, not run:
 the single-stage schedules (`ScheduleGPipe`, `Schedule1F1B`) got their ``pipeline_order``
 in June 2025 (pytorch#155935, as ``get_pipeline_order()``, which `attach` also reads; 2.8
@@ -66,6 +71,7 @@ from typing import Any
 
 from perseus.client.hook import PerseusOptimizer
 from perseus.errors import ConfigurationError, ScheduleError
+from perseus.integrations._torch_internals import TorchSchedule
 from perseus.protocol import PipelineSpec
 
 __all__ = [
@@ -174,41 +180,27 @@ def renumber_single_stage(orders: list[list[Action]], num_microbatches: int) -> 
 
 
 def _local_stages(schedule: Any) -> list[Any]:
-    from torch.distributed.pipelining import schedules as torch_schedules
-
+    view = TorchSchedule.of(schedule)
     name = type(schedule).__name__
-    if isinstance(schedule, torch_schedules._ScheduleForwardOnly):
+    if view.forward_only:
         raise ConfigurationError(
             f"{name} is forward-only: Perseus plans training iterations (forward and "
             "backward); run inference without attach()"
         )
-    if isinstance(schedule, torch_schedules.PipelineScheduleSingle):
-        stages = [schedule._stage]
-    elif isinstance(schedule, torch_schedules.PipelineScheduleMulti):
-        stages = list(schedule._stages)
-    else:
-        raise ConfigurationError(
-            f"attach() needs a torch.distributed.pipelining schedule (a PipelineScheduleSingle "
-            f"or PipelineScheduleMulti), got {type(schedule).__module__}.{name}"
-        )
-    if not stages:
+    if not view.stages:
         raise ConfigurationError(f"{name} holds no stage on this rank")
-    if getattr(schedule, "_loss_fn", None) is None:
+    if view.loss_fn is None:
         raise ConfigurationError(
             f"{name} has no loss_fn, so its steps run forward only: Perseus plans training "
             "iterations (forward and backward); pass loss_fn=... to the schedule"
         )
-    return stages
+    return view.stages
 
 
 def _pipeline_order(schedule: Any) -> dict[int, list[Any]]:
+    view = TorchSchedule.of(schedule)
     name = type(schedule).__name__
-    order = getattr(schedule, "pipeline_order", None)
-    if not order:
-        getter = getattr(schedule, "_get_pipeline_order", None) or getattr(
-            schedule, "get_pipeline_order", None
-        )
-        order = getter() if callable(getter) else None
+    order = view.pipeline_order()
     if not order:
         raise ConfigurationError(
             f"{name} has no pipeline_order (torch's per-rank list of actions), so Perseus "
@@ -216,8 +208,7 @@ def _pipeline_order(schedule: Any) -> dict[int, list[Any]]:
             "pipeline_order (subclasses of PipelineScheduleSingle: implement "
             "_get_pipeline_order(); torch's own single-stage schedules have one since torch 2.8)"
         )
-    functions = getattr(schedule, "_comp_type_to_function_map", None) or {}
-    if any(str(getattr(t, "value", t)) == "OVERLAP_F_B" for t in functions):
+    if "OVERLAP_F_B" in view.custom_function_types():
         raise ConfigurationError(
             f"{name} has a custom function registered for OVERLAP_F_B, which runs a forward "
             "and a backward at the same time on one GPU: they cannot each get their own "
@@ -225,7 +216,7 @@ def _pipeline_order(schedule: Any) -> dict[int, list[Any]]:
             "Without the custom function torch runs them one after the other, which Perseus "
             "supports"
         )
-    return dict(order)
+    return order
 
 
 def _process_group() -> tuple[int, int]:
@@ -256,7 +247,8 @@ class PipelineAttachment:
         self.order: list[Action] = [
             (int(s), str(k), int(m)) for s, k, m in spec.orders[hook.pp_rank]
         ]
-        self._stages = [schedule._stage] if hasattr(schedule, "_stage") else list(schedule._stages)
+        self._torch = TorchSchedule.of(schedule)
+        self._stages = self._torch.stages
         self._next = 0
         self._measuring = False
         self._closed = False
@@ -366,17 +358,16 @@ class PipelineAttachment:
         """Whether this step runs backward (eval() and no-grad steps pass through)."""
         import torch
 
-        if not getattr(self.schedule, "_has_backward", True):
+        if not self._torch.has_backward:
             return False
-        needs_grad = getattr(self.schedule, "_backward_requires_autograd", True)
         # A training step under no_grad: torch refuses it itself; the hook stays untouched.
-        return torch.is_grad_enabled() or not needs_grad
+        return torch.is_grad_enabled() or not self._torch.backward_requires_autograd
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        """Unwrap the schedule and its stages, close the hook (restores the GPU's clocks).
-
-        Idempotent."""
+    def close(self, *, finish: bool = True) -> None:
+        """Unwrap the schedule and its stages, close the hook (restores the GPU's clocks;
+        `finish`: training ended normally, the coordinator lists the job as finished; see
+        `PerseusOptimizer.close`). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -384,7 +375,7 @@ class PipelineAttachment:
         try:
             self._unwrap()
         finally:
-            self.hook.close()
+            self.hook.close(finish=finish)
 
     def __enter__(self) -> PipelineAttachment:
         return self
@@ -399,23 +390,24 @@ class PipelineAttachment:
             self.close()
             return
         with contextlib.suppress(Exception):  # never mask the original error
-            self.close()
+            self.close(finish=False)
 
 
 def pipeline_spec(schedule: Any) -> PipelineSpec:
     """The `PipelineSpec` of a torch schedule: its class name, stages, microbatches, chunks
     per rank and each pipeline rank's compute actions from ``pipeline_order``."""
     stages = _local_stages(schedule)
+    view = TorchSchedule.of(schedule)
     name = type(schedule).__name__
     num_ranks = int(stages[0].group_size)
     orders = compute_orders(_pipeline_order(schedule), num_ranks, where=name)
-    if len(stages) == 1 and not hasattr(schedule, "_stages"):  # a PipelineScheduleSingle
-        orders = renumber_single_stage(orders, int(schedule._n_microbatches))
+    if view.single:
+        orders = renumber_single_stage(orders, view.n_microbatches)
     try:
         return PipelineSpec(
             schedule=name,
             num_stages=int(stages[0].num_stages),
-            num_microbatches=int(schedule._n_microbatches),
+            num_microbatches=view.n_microbatches,
             num_chunks=len(stages),
             orders=orders,  # type: ignore[arg-type]
         )

@@ -11,6 +11,7 @@ dump_dir/<job_id>/
 ├── deployed_plan.json       the plan the scheduler deployed            coordinator, dump_data
 ├── evicted                  marker: the job was evicted (not restored) coordinator, dump_data
 ├── failed                   marker + reason: the job failed (not restored) coordinator, dump_data
+├── finished                 marker: the job ended normally (not restored) coordinator, dump_data
 ├── instruction_profile.csv  the profile a sweep measured               scheduler, always
 └── frontier/                the solved time–energy frontier            scheduler, always
 ```
@@ -18,14 +19,16 @@ dump_dir/<job_id>/
 There is one job directory, ``dump_dir/<job_id>``. `dump_data` decides whether the
 coordinator dumps its state there; the schedulers' products (profile, frontier) are
 written there whether or not it is on. Only the last `dump_keep_rounds` rounds' ``N.sched.json``
-and ``N.prof.json`` are kept (`prune_rounds`); a restarted coordinator needs only the last
-round's number, the ranks and the deployed plan.
+and ``N.prof.json`` are kept, and the rounds the job's energy report is made from, which the
+coordinator names (`prune_rounds`'s `protect`: its latest all-max and deployed rounds); a
+restarted coordinator needs only the last round's number, the ranks and the deployed plan.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection
 from pathlib import Path
 
 __all__ = ["JobDir"]
@@ -44,6 +47,7 @@ class JobDir:
     DEPLOYED_PLAN = "deployed_plan.json"
     EVICTED = "evicted"
     FAILED = "failed"
+    FINISHED = "finished"
     PROFILE = "instruction_profile.csv"
     FRONTIER = "frontier"
 
@@ -120,9 +124,13 @@ class JobDir:
         return self.path / self.FAILED
 
     @property
+    def finished(self) -> Path:
+        return self.path / self.FINISHED
+
+    @property
     def ended(self) -> bool:
-        """The job was evicted or failed: a restarted coordinator leaves it down."""
-        return self.evicted.exists() or self.failed.exists()
+        """The job was evicted, failed or finished: a restarted coordinator leaves it down."""
+        return self.evicted.exists() or self.failed.exists() or self.finished.exists()
 
     @property
     def profile(self) -> Path:
@@ -147,20 +155,22 @@ class JobDir:
         found = (_ROUND_FILE.fullmatch(p.name) for p in self.path.iterdir())
         return sorted(int(m.group(1)) for m in found if m)
 
-    def prune_rounds(self, keep: int) -> list[Path]:
+    def prune_rounds(self, keep: int, protect: Collection[int] = ()) -> list[Path]:
         """Delete the schedules and results of every round but the last `keep` (the
-        newest ``N.sched.json``'s N and the `keep` - 1 before it); 0 keeps everything.
-        Returns the deleted paths; a file that vanished meanwhile is skipped."""
+        newest ``N.sched.json``'s N and the `keep` - 1 before it) and the rounds in
+        `protect` (those a report is made from); 0 keeps everything. Returns the deleted
+        paths; a file that vanished meanwhile is skipped."""
         if keep <= 0 or not self.path.is_dir():
             return []
         rounds = self.rounds()
         if len(rounds) <= keep:
             return []
         oldest_kept = rounds[-keep]
+        kept = frozenset(protect)
         deleted = []
         for p in self.path.iterdir():
             m = _ROUND_DATA.fullmatch(p.name)
-            if m and int(m.group(1)) < oldest_kept:
+            if m and int(m.group(1)) < oldest_kept and int(m.group(1)) not in kept:
                 try:
                     p.unlink()
                 except FileNotFoundError:

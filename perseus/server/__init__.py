@@ -8,7 +8,8 @@ Build it with `create_app` (nothing is built at import time)::
 
 Routes (`perseus.server.routes`): ``GET /info``, ``POST /register_job`` → job id,
 ``POST /register_rank/{job_id}``, ``GET /schedule/{job_id}?rank=R`` (the round barrier),
-``POST /result/{job_id}``, ``POST /straggler/{job_id}``; the operator's view
+``POST /result/{job_id}``, ``POST /straggler/{job_id}``, ``POST /finish/{job_id}`` (rank 0,
+once every rank closed: the job is ``finished``); the operator's view
 (`perseus.server.ops`): ``GET /healthz``, ``GET /metrics`` (Prometheus), ``GET /jobs``,
 ``GET /jobs/{job_id}``. Job state and the barrier:
 `perseus.server.job_manager`, `perseus.server.job`. Status codes: `perseus.server.errors`.
@@ -19,10 +20,12 @@ With `dump_data`, each job's ``job.json``, ``scheduler.json``, ``ranks.json``,
 on the same `dump_dir` restores the live ones before it accepts a connection (their ranks,
 retrying meanwhile, get the deployed plan again); failed and evicted jobs stay down, and a
 dump it cannot trust is refused with a warning (`perseus.server.job_manager`). Jobs idle
-longer than `max_job_idle_time` are evicted by a background task.
+longer than `max_job_idle_time` are evicted by a background task; jobs that ended (failed,
+finished) are forgotten `ended_job_ttl_s` after they ended.
 
-With `PerseusSettings.token`, every request but ``GET /healthz`` needs the bearer token and
-every request under a job id the job's credential (`perseus.server.auth`); bodies over
+With `PerseusSettings.token`, every request but ``GET /healthz`` needs the operator's token
+or, under a job id, the job's credential; ``GET /metrics`` also takes the read-only
+`PerseusSettings.metrics_token` (`perseus.server.auth`); bodies over
 `max_body_bytes` are refused unread (413), as are jobs over `max_world_size` ranks (422)
 and jobs beyond `max_jobs` (503).
 """
@@ -37,7 +40,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from perseus.errors import ConfigurationError
-from perseus.server.auth import JobTokenMiddleware
+from perseus.server.auth import CoordinatorAuthMiddleware
 from perseus.server.errors import install_error_handlers
 from perseus.server.job_manager import JobManager
 from perseus.server.metrics import CoordinatorMetrics, RequestCounter
@@ -46,7 +49,7 @@ from perseus.server.routes import router
 from perseus.settings import PerseusSettings
 from schedulers.base import check_scheduler_args
 from schedulers.registry import resolve_scheduler
-from zeus_power.serving import BearerAuthMiddleware, BodyLimitMiddleware
+from zeus_power.serving import BodyLimitMiddleware
 
 __all__ = ["DEFAULT_ROUND_TIMEOUT_S", "create_app"]
 
@@ -111,12 +114,19 @@ def create_app(
     app.include_router(ops_router)
     app.add_middleware(RequestCounter, metrics=metrics)
     install_error_handlers(app)
-    # Outermost first: the token, then the body's size, then the job's credential; all
-    # before a body is read or a route runs (see perseus.server.auth).
+    # Outermost first: the credentials, then the body's size; both before a body is read
+    # or a route runs (see perseus.server.auth).
     token = settings.token_value
-    app.add_middleware(JobTokenMiddleware, state=app.state, enabled=token is not None)
+    if token is None and settings.metrics_token is not None:
+        logger.warning(
+            "PERSEUS_METRICS_TOKEN is set but PERSEUS_TOKEN is not: this coordinator asks "
+            "for no credential at all, /metrics included"
+        )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(
-        BearerAuthMiddleware, token=token, open_paths=[("GET", "/healthz")], realm="perseus"
+        CoordinatorAuthMiddleware,
+        state=app.state,
+        token=token,
+        metrics_token=settings.metrics_token_value,
     )
     return app

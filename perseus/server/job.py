@@ -15,9 +15,17 @@ With `dump_data`, what a restarted coordinator needs is on disk as soon as it is
 rank's registration before it is answered (``ranks.partial.jsonl``), all ranks
 (``ranks.json``) when the last one registers, a round's results when its last result arrives (so
 the job's last round is kept too), the schedules and the deployed plan when a round
-completes (older rounds pruned to `dump_keep_rounds`), and a ``failed`` marker when the job
-fails (a failed job is never restored). A rank's identical registration or result sent
-again (a client retrying through a coordinator outage) is accepted without effect.
+completes (older rounds pruned to `dump_keep_rounds`, but never the latest
+`dump_keep_rounds` all-max and deployed rounds, which the energy report is made from), a
+``failed`` marker when the job fails and a ``finished`` marker when it finishes (neither is
+ever restored). A rank's identical registration or result sent again (a client retrying
+through a coordinator outage) is accepted without effect.
+
+A job finishes when its rank 0 closes normally (``POST /finish/{job_id}``, after every rank
+has closed): the pending round's timer is cancelled and its waiting requests get 409, the
+results of the round the ranks were in are still taken (they finish their last round before
+they close), and every other later call gets 409. A job whose ranks die never finishes: it
+fails at the round timeout, as before.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import contextlib
 import enum
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +46,7 @@ from perseus.errors import (
     InvalidRankError,
     InvalidResultError,
     JobFailedError,
+    JobFinishedError,
     PerseusError,
     RankConflictError,
     RoundTimeoutError,
@@ -70,13 +80,22 @@ class JobPhase(enum.Enum):
     REGISTERING → RUNNING        when the last rank registers and its scheduler is built
     REGISTERING → FAILED         the scheduler could not be built, or a round timed out
     RUNNING     → FAILED         a round timed out or the scheduler raised
-    FAILED is terminal: every later call gets the failure (status and message).
-    Eviction (idle too long) removes the job in any state.
+    RUNNING     → FINISHED       its rank 0 closed normally (``POST /finish``)
+    FAILED and FINISHED are terminal: every later call gets the failure (status and message)
+    or 409 (finished; the results of the job's last round are still taken). Eviction (idle
+    too long) removes the job in any state; an ended job is forgotten `ended_job_ttl_s`
+    after it ended (`perseus.server.job_manager`).
     """
 
     REGISTERING = "registering"
     RUNNING = "running"
     FAILED = "failed"
+    FINISHED = "finished"
+
+    @property
+    def ended(self) -> bool:
+        """FAILED or FINISHED: the job runs no more rounds."""
+        return self in (JobPhase.FAILED, JobPhase.FINISHED)
 
 
 @dataclass(eq=False)
@@ -152,6 +171,14 @@ class CoordinatedJob:
         """What the operator's view shows (`perseus.server.stats`)."""
         self.on_round: Callable[[CoordinatedJob, float], None] | None = None
         """Called with the round's latency (s) when a round's schedules are handed out."""
+        self.on_end: Callable[[CoordinatedJob], None] | None = None
+        """Called once when the job fails or finishes."""
+        keep = max(1, settings.dump_keep_rounds)
+        self.report_rounds: dict[RoundKind, deque[int]] = {
+            RoundKind.ALL_MAX: deque(maxlen=keep),
+            RoundKind.DEPLOYED: deque(maxlen=keep),
+        }
+        """The latest all-max and deployed rounds: the energy report's, never pruned."""
         self._rank_max: dict[int, int] | None = None
         self._rank_pp: dict[int, int] = {}
 
@@ -178,9 +205,14 @@ class CoordinatedJob:
         return Round(number, asyncio.get_running_loop().create_future())
 
     def check_usable(self) -> None:
-        """Raise the job's failure if it failed."""
+        """Raise the job's failure if it failed, `JobFinishedError` if it finished."""
         if self.failure is not None:
             raise JobFailedError(str(self.failure), status_code=self.failure.status)
+        if self.phase is JobPhase.FINISHED:
+            raise JobFinishedError(
+                f"Job {self.job_id} has finished (its ranks closed): it runs no more rounds; "
+                "a new training run registers a new job"
+            )
 
     def check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.info.world_size:
@@ -190,7 +222,12 @@ class CoordinatedJob:
             )
 
     def fail(self, error: CoordinatorError, *, later_status: int | None = None) -> None:
-        """Mark the job failed; later calls get `error`'s message with `later_status`."""
+        """Mark the job failed; later calls get `error`'s message with `later_status`.
+        A finished job stays finished (a scheduler still busy with a round it was given
+        before the finish may fail: nobody waits for that round)."""
+        if self.phase is JobPhase.FINISHED:
+            logger.info("Job %s (finished): %s", self.job_id, error)
+            return
         if self.failure is None:
             status = later_status if later_status is not None else error.status
             self.failure = JobFailedError(str(error), status_code=status)
@@ -200,6 +237,8 @@ class CoordinatedJob:
                 # Small and rare: written at once, so a restart never revives the job.
                 with contextlib.suppress(OSError):
                     atomic_write_text(self.dir.failed, f"{status} {error}\n")
+            if self.on_end is not None:
+                self.on_end(self)
         if self.round.timer is not None:
             self.round.timer.cancel()
 
@@ -308,7 +347,12 @@ class CoordinatedJob:
         self._spawn(self._complete(rnd))
 
     def _on_timeout(self, rnd: Round) -> None:
-        if rnd is not self.round or rnd.completing or rnd.future.done():
+        if (
+            rnd is not self.round
+            or rnd.completing
+            or rnd.future.done()
+            or self.phase is JobPhase.FINISHED
+        ):
             return
         never_asked = sorted(set(range(self.info.world_size)) - rnd.asked)
         unregistered = sorted(set(range(self.info.world_size)) - set(self.ranks))
@@ -377,9 +421,15 @@ class CoordinatedJob:
             if results and not results_dumped:
                 await self._dump(save_prof(results, self.dir.path, rnd.number - 1))
             await self._dump(save_sched(schedules, self.dir.path, rnd.number))
+        if kind in self.report_rounds:
+            self.report_rounds[kind].append(rnd.number)
+        if self.dumping:
             if self.settings.dump_keep_rounds:
+                protect = {n for rounds in self.report_rounds.values() for n in rounds}
                 await self._dump(
-                    asyncio.to_thread(self.dir.prune_rounds, self.settings.dump_keep_rounds)
+                    asyncio.to_thread(
+                        self.dir.prune_rounds, self.settings.dump_keep_rounds, protect
+                    )
                 )
             if plan is not None:
                 text = plan.model_dump_json() + "\n"
@@ -407,7 +457,8 @@ class CoordinatedJob:
     # ------------------------------------------------------------------ results & stragglers
     async def report_result(self, result: ProfilingResult) -> None:
         self.touch()
-        self.check_usable()
+        if self.phase is not JobPhase.FINISHED:  # a finished job takes its last round's
+            self.check_usable()
         self.check_rank(result.rank)
         if self.round.number == 0:
             raise RankConflictError(
@@ -461,6 +512,53 @@ class CoordinatedJob:
                 raise CoordinatorError(str(exc), status_code=400) from None
 
     # ------------------------------------------------------------------ lifecycle
+    def finish(self) -> None:
+        """The job ended normally (its rank 0 closed after every rank closed): no more
+        rounds. Idempotent (a retried request); a failed job answers its failure.
+
+        Raises:
+            JobFailedError: The job failed before.
+            CoordinatorError: (409) Not every rank has registered: the job never ran.
+        """
+        self.touch()
+        if self.phase is JobPhase.FINISHED:
+            return
+        self.check_usable()
+        if self.scheduler is None:
+            raise CoordinatorError(
+                f"Job {self.job_id} cannot finish: it never started ({len(self.ranks)} of "
+                f"{self.info.world_size} ranks registered)",
+                status_code=409,
+            )
+        self.phase = JobPhase.FINISHED
+        rnd = self.round
+        if rnd.timer is not None:
+            rnd.timer.cancel()
+        if not rnd.completing:  # a round being computed is handed out as usual
+            _fail_round(
+                rnd,
+                JobFinishedError(f"Job {self.job_id} finished before round {rnd.number} ran"),
+            )
+        if self.dumping and self.dir.path.is_dir():
+            with contextlib.suppress(OSError):  # small: written at once, never restored
+                atomic_write_text(self.dir.finished, f"finished after round {rnd.number - 1}\n")
+        report = self.stats.report()
+        figures = ""
+        if report.measured_saving is not None and report.measured_slowdown is not None:
+            figures = (
+                f"; measured {100 * report.measured_saving:.1f} % energy saved at "
+                f"{100 * report.measured_slowdown:+.2f} % iteration time"
+            )
+        logger.info(
+            "Job %s finished after %d round(s), %.1f J measured%s",
+            self.job_id,
+            self.stats.rounds_completed,
+            self.stats.energy_j_total,
+            figures,
+        )
+        if self.on_end is not None:
+            self.on_end(self)
+
     def close(self, error: CoordinatorError) -> None:
         """Fail the pending round (shutdown or eviction) and cancel its timer."""
         _fail_round(self.round, error)

@@ -4,12 +4,17 @@ previous coordinator persisted under `dump_dir` (one job: `perseus.server.job`).
 Restoring (`JobManager.reload`, before the server accepts a connection) brings back every
 live job: its record as stored (credentials included), its scheduler with the arguments it
 was registered with, its ranks, its round number (the last dumped round + 1) and its
-deployed plan (`FrequencyScheduler.resume`). Evicted and failed jobs (their marker files)
-stay down. A dump it cannot trust is refused with a warning and left as it is, never
+deployed plan (`FrequencyScheduler.resume`) and the rounds its energy report is made from
+(its latest dumped all-max and deployed rounds, kept from pruning). Evicted, failed and
+finished jobs (their marker files) stay down. A dump it cannot trust is refused with a warning and left as it is, never
 imported or re-interpreted: an unreadable or inconsistent ``job.json``, ``ranks.json`` or
 ``deployed_plan.json``; a missing or corrupted ``scheduler.json``; a ``scheduler.json``
 naming another scheduler than the one this coordinator runs (compared as text, before
 anything is imported) or arguments that scheduler refuses.
+
+A job that ends (fails or finishes) stays listed, with its state, for `ended_job_ttl_s`
+seconds (``/jobs``, its ``/metrics`` series); then it is forgotten. An evicted job is
+removed at once.
 """
 
 from __future__ import annotations
@@ -35,11 +40,14 @@ from perseus.errors import (
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
 from perseus.io.plan_file import load_plan
+from perseus.planning.report import measure, round_kind
 from perseus.protocol import (
     JobInfo,
     JobRecord,
     RankInfo,
+    load_prof,
     load_ranks,
+    load_sched,
 )
 from perseus.server.job import CoordinatedJob, JobPhase
 from perseus.settings import PerseusSettings
@@ -76,6 +84,9 @@ class JobManager:
         self.jobs: dict[str, CoordinatedJob] = {}
         self.round_listeners: list[Callable[[CoordinatedJob, float], None]] = []
         """Called with (job, latency in s) whenever a job hands out a round (metrics)."""
+        self.end_listeners: list[Callable[[CoordinatedJob, str], None]] = []
+        """Called with (job, "failed" | "finished" | "evicted") when a job ends (metrics)."""
+        self._forget_timers: dict[str, asyncio.TimerHandle] = {}
 
     def get(self, job_id: str) -> CoordinatedJob:
         try:
@@ -97,12 +108,46 @@ class JobManager:
             round_timeout_s=self.round_timeout_s,
         )
         job.on_round = self._on_round
+        job.on_end = self._on_end
         self.jobs[job.job_id] = job
         return job
 
     def _on_round(self, job: CoordinatedJob, latency_s: float) -> None:
         for listener in self.round_listeners:
             listener(job, latency_s)
+
+    def _on_end(self, job: CoordinatedJob) -> None:
+        """A job failed or finished: tell the listeners, forget it `ended_job_ttl_s` later."""
+        for listener in self.end_listeners:
+            listener(job, job.phase.value)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - jobs end on the event loop
+            return
+        old = self._forget_timers.pop(job.job_id, None)
+        if old is not None:
+            old.cancel()
+        self._forget_timers[job.job_id] = loop.call_later(
+            self.settings.ended_job_ttl_s, self._forget, job
+        )
+
+    def _forget(self, job: CoordinatedJob) -> None:
+        """Drop an ended job (its dump stays); later if a round is still being computed."""
+        self._forget_timers.pop(job.job_id, None)
+        if self.jobs.get(job.job_id) is not job:
+            return
+        if job.busy:
+            self._forget_timers[job.job_id] = asyncio.get_running_loop().call_later(
+                1.0, self._forget, job
+            )
+            return
+        del self.jobs[job.job_id]
+        logger.info(
+            "Forgot job %s (%s %g s ago)",
+            job.job_id,
+            job.phase.value,
+            self.settings.ended_job_ttl_s,
+        )
 
     async def create_job(self, info: JobInfo, *, token_sha256: str | None = None) -> str:
         """Register a job; returns its new id. `token_sha256`: the hash of the credential
@@ -118,7 +163,7 @@ class JobManager:
                 f"world_size {info.world_size} is over this coordinator's limit of "
                 f"{self.settings.max_world_size} ranks (PERSEUS_MAX_WORLD_SIZE)"
             )
-        live = sum(1 for job in self.jobs.values() if job.phase is not JobPhase.FAILED)
+        live = sum(1 for job in self.jobs.values() if not job.phase.ended)
         if live >= self.settings.max_jobs:
             raise CoordinatorError(
                 f"This coordinator already runs {live} live jobs, its limit "
@@ -160,10 +205,16 @@ class JobManager:
             if job.busy or now - job.last_active <= self.settings.max_job_idle_time:
                 continue
             del self.jobs[job_id]
+            timer = self._forget_timers.pop(job_id, None)
+            if timer is not None:
+                timer.cancel()
             job.close(JobNotFoundError(f"Job {job_id} was evicted (idle)"))
-            if job.dumping and job.dir.path.is_dir():
+            if job.dumping and job.dir.path.is_dir() and not job.phase.ended:
                 with contextlib.suppress(OSError):
                     job.dir.evicted.write_text("idle\n")
+            if not job.phase.ended:
+                for listener in self.end_listeners:
+                    listener(job, "evicted")
             evicted.append(job_id)
             logger.info("Evicted job %s (idle %.0f s)", job_id, now - job.last_active)
         return evicted
@@ -271,6 +322,7 @@ class JobManager:
                 if plan is not None:
                     await asyncio.to_thread(job.scheduler.resume, plan)
                     job._persisted_plan = plan.model_dump_json() + "\n"
+                await asyncio.to_thread(_restore_report_rounds, job, rounds, plan)
         except BaseException:
             del self.jobs[job.job_id]
             raise
@@ -286,11 +338,37 @@ class JobManager:
 
     async def close(self) -> None:
         """Shutdown: fail pending rounds so no request hangs; wait for round tasks."""
+        for timer in self._forget_timers.values():
+            timer.cancel()
+        self._forget_timers.clear()
         for job in self.jobs.values():
             job.close(CoordinatorError("The coordinator is shutting down", status_code=503))
         tasks = [t for job in self.jobs.values() for t in job._tasks]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _restore_report_rounds(job: CoordinatedJob, rounds: list[int], plan: Any) -> None:
+    """A restored job's latest dumped all-max and deployed rounds: kept from pruning again,
+    and the energy report's measurements (worker thread: reads a few small files)."""
+    max_freq = {r: max(i.available_frequencies) for r, i in job.ranks.items()}
+    pp_rank = {r: i.pp_rank for r, i in job.ranks.items()}
+    for number in rounds:
+        try:
+            kind = round_kind(
+                load_sched(job.dir.path, number), max_freq=max_freq, pp_rank=pp_rank, plan=plan
+            )
+        except (OSError, ValueError):
+            continue  # pruned meanwhile, or torn: it was not a report round
+        if kind not in job.report_rounds:
+            continue
+        job.report_rounds[kind].append(number)
+        try:
+            figures = measure(load_prof(job.dir.path, number))
+        except (OSError, ValueError):
+            continue
+        if figures is not None:
+            job.stats.restore(number, kind, figures)
 
 
 def _registered_so_far(job_dir: JobDir, info: JobRecord) -> list[RankInfo]:

@@ -2,19 +2,20 @@
 
 The protocol (wire models in `perseus.protocol`): ``GET /info``,
 ``POST /register_job``, ``POST /register_rank/{job_id}``, ``GET /schedule/{job_id}?rank=R``,
-``POST /result/{job_id}``, ``POST /straggler/{job_id}``.
+``POST /result/{job_id}``, ``POST /straggler/{job_id}``, ``POST /finish/{job_id}``.
 """
 
 from __future__ import annotations
 
 import re
-from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
+from perseus.planning.report import EnergyReport
 from perseus.protocol import (
+    FINISH_URL,
     GET_SCHEDULE_URL,
     INFO_URL,
     JOB_TOKEN_HEADER,
@@ -30,8 +31,9 @@ from perseus.protocol import (
 from perseus.server.auth import hash_token, new_job_token
 from perseus.server.errors import error_responses
 from perseus.server.job_manager import JobManager
+from perseus.server.metrics import package_version
 
-__all__ = ["MAX_STRAGGLER_SLOWDOWN", "StragglerReport", "router"]
+__all__ = ["MAX_STRAGGLER_SLOWDOWN", "FinishedJob", "StragglerReport", "router"]
 
 MAX_STRAGGLER_SLOWDOWN = 100.0
 """A pipeline 100× slower than normal has failed, not straggled: larger factors are refused."""
@@ -50,6 +52,16 @@ class StragglerReport(BaseModel):
     slowdown: float = Field(ge=1.0, le=MAX_STRAGGLER_SLOWDOWN, allow_inf_nan=False)
 
 
+class FinishedJob(BaseModel):
+    """Answer of ``POST /finish/{job_id}``: what the job did, for its rank 0 to log."""
+
+    job_id: str
+    rounds: int = Field(description="rounds handed out")
+    iterations_measured: int = Field(description="iterations of the rounds every rank reported")
+    energy_j: float = Field(description="energy every GPU measured over those iterations, J")
+    energy: EnergyReport
+
+
 async def get_job_manager(request: Request) -> JobManager:
     return request.app.state.job_manager  # type: ignore[no-any-return]
 
@@ -57,13 +69,6 @@ async def get_job_manager(request: Request) -> JobManager:
 JobManagerDep = Annotated[JobManager, Depends(get_job_manager)]
 
 router = APIRouter()
-
-
-def _version() -> str:
-    try:
-        return version("perseus-energy")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0+unknown"
 
 
 _PLAIN_WORD = re.compile(r"[A-Za-z0-9_+-]{1,64}")
@@ -97,7 +102,7 @@ async def info(manager: JobManagerDep) -> dict[str, Any]:
     return {
         "scheduler": manager.scheduler_cls.__name__,
         "scheduler_args": _public_args(manager.settings.scheduler_args),
-        "version": _version(),
+        "version": package_version(),
     }
 
 
@@ -135,3 +140,20 @@ async def report_result(job_id: str, result: ProfilingResult, manager: JobManage
 async def announce_straggler(job_id: str, report: StragglerReport, manager: JobManagerDep) -> None:
     """Announce that a data-parallel pipeline runs slow (slowdown 1.0: it recovered)."""
     await manager.get(job_id).announce_straggler(report.dp_rank, report.slowdown)
+
+
+@router.post(FINISH_URL, responses=error_responses(*_JOB))
+async def finish_job(job_id: str, manager: JobManagerDep) -> FinishedJob:
+    """The job ended normally: its rank 0 calls this once, after every rank has closed.
+    The job runs no more rounds and is listed as ``finished``; the results of its last
+    round are still taken. Idempotent."""
+    job = manager.get(job_id)
+    job.finish()
+    stats = job.stats
+    return FinishedJob(
+        job_id=job.job_id,
+        rounds=stats.rounds_completed,
+        iterations_measured=stats.iterations_measured,
+        energy_j=stats.energy_j_total,
+        energy=stats.report(),
+    )

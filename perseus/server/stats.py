@@ -1,12 +1,21 @@
 """What the operator's view (``/jobs``, ``/metrics``) knows of one job, kept up to date by
 the job itself (`perseus.server.job`) as rounds are handed out and results arrive.
 
-Everything here runs on the event loop and is O(1) per result; classifying a round's
-schedules (`perseus.planning.report.round_kind`, O(instructions)) runs in the round's
-worker thread.
+Everything here runs on the event loop and is O(1) per result (O(iterations) for its
+energy total); classifying a round's schedules (`perseus.planning.report.round_kind`,
+O(instructions)) runs in the round's worker thread.
+
+Cumulative totals (Prometheus counters, `perseus.server.metrics`): the energy every GPU of
+the job measured over every reported iteration; against the job's latest measured all-max
+round, per iteration, what each later complete round saved (``energy_saved_j_total``) or
+spent above it (``energy_overspent_j_total``: profiling rounds, a plan that costs more);
+the net saving is their difference. Both count from the first all-max round on.
 """
 
 from __future__ import annotations
+
+import math
+import re
 
 from perseus.domain.plan import Plan
 from perseus.planning.report import (
@@ -18,7 +27,12 @@ from perseus.planning.report import (
 )
 from perseus.protocol import ProfilingResult
 
-__all__ = ["JobStats", "MeasuredRound"]
+__all__ = ["MAX_GUARD_REASONS", "JobStats", "MeasuredRound"]
+
+MAX_GUARD_REASONS = 16
+"""Distinct guard-move reasons counted per job; more are counted as ``other`` (each reason is
+a label value of a Prometheus series)."""
+_REASON = re.compile(r"[^a-z0-9_]+")
 
 
 class MeasuredRound:
@@ -51,6 +65,20 @@ class JobStats:
         self._kinds: dict[int, RoundKind] = {}
         self._meter_round: int | None = None
         self._meter = IterationMeter()
+        self._meter_iterations = 0
+        self.rounds_measured = 0
+        """Rounds whose every rank reported."""
+        self.iterations_measured = 0
+        """Iterations of the measured rounds."""
+        self.energy_j_total = 0.0
+        """Energy every GPU of the job measured, over every reported iteration, J."""
+        self.energy_saved_j_total = 0.0
+        """Σ over complete rounds after the first all-max one of iterations × max(0,
+        E(all-max) − E(round)) per iteration, J."""
+        self.energy_overspent_j_total = 0.0
+        """The same with max(0, E(round) − E(all-max)), J."""
+        self.guard_moves: dict[str, int] = {}
+        """Moves of the closed loop's guard, by reason (`guard_moved`)."""
 
     def round_issued(
         self,
@@ -76,17 +104,53 @@ class JobStats:
         if self._meter_round != number:
             self._meter_round = number
             self._meter = IterationMeter()
+            self._meter_iterations = 0
         self._meter.add(result)
+        self._meter_iterations = max(self._meter_iterations, len(result.iter_time))
+        energy = math.fsum(result.iter_energy)
+        if math.isfinite(energy):
+            self.energy_j_total += energy
         if self._meter.ranks < self.world_size:
             return
         figures = self._meter.figures()
         kind = self._kinds.get(number, RoundKind.OTHER)
+        iterations = self._meter_iterations
         self._meter_round, self._meter = None, IterationMeter()
         if figures is None:
             return
         measured = MeasuredRound(number, kind, figures)
         self.latest = measured
         self.by_kind[kind] = measured
+        self.rounds_measured += 1
+        self.iterations_measured += iterations
+        baseline = self.by_kind.get(RoundKind.ALL_MAX)
+        if baseline is not None:
+            delta = iterations * (baseline.figures.energy_j - figures.energy_j)
+            if delta >= 0:
+                self.energy_saved_j_total += delta
+            else:
+                self.energy_overspent_j_total -= delta
+
+    def restore(self, number: int, kind: RoundKind, figures: IterationFigures) -> None:
+        """A round measured before a coordinator restart (read back from the dump)."""
+        measured = MeasuredRound(number, kind, figures)
+        current = self.by_kind.get(kind)
+        if current is None or current.number < number:
+            self.by_kind[kind] = measured
+        if self.latest is None or self.latest.number < number:
+            self.latest = measured
+
+    def guard_moved(self, reason: str) -> None:
+        """Count one move of the closed loop's guard (``perseus_guard_moves_total``).
+
+        `reason` is a short word (e.g. ``"slowdown"``, ``"energy"``, ``"all_max"``): made
+        lower case, anything but letters, digits and ``_`` becomes ``_``, cut to 40
+        characters; beyond `MAX_GUARD_REASONS` distinct reasons it counts as ``other``.
+        """
+        label = _REASON.sub("_", reason.lower()).strip("_")[:40] or "unknown"
+        if label not in self.guard_moves and len(self.guard_moves) >= MAX_GUARD_REASONS:
+            label = "other"
+        self.guard_moves[label] = self.guard_moves.get(label, 0) + 1
 
     def report(self) -> EnergyReport:
         """Measured (latest all-max and deployed rounds) and predicted figures."""

@@ -266,6 +266,7 @@ def _run(args: argparse.Namespace) -> None:
         train_step = trainer.train_step
     # Long-lived objects (model, modules, torch internals) left the collector's view above,
     # so a full collection never stalls an instruction for milliseconds.
+    trained = False
     try:
         first_loss = loss = None
         for step in range(args.steps):
@@ -284,9 +285,10 @@ def _run(args: argparse.Namespace) -> None:
                 f"({layout.schedule}, {layout.num_stages} stages on {layout.pp_degree} ranks)",
                 flush=True,
             )
+        trained = True
     finally:
         if closer is not None:
-            closer.close()
+            closer.close(finish=trained)  # a failed run leaves the job to fail
     dist.destroy_process_group()
 
 

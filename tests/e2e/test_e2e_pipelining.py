@@ -98,6 +98,9 @@ def test_a_job_runs_against_a_coordinator_with_a_token(tmp_path):
         (job_dir,) = c.job_dirs()
     assert '"token_sha256":"' in (job_dir / "job.json").read_text()
     assert TOKEN not in log and TOKEN not in (tmp_path / "coordinator.log").read_text()
+    # attach()'s normal close ended the job: finished, never failed (rank 0 sent the job's
+    # credential with POST /finish after every rank had closed).
+    assert (job_dir / "finished").is_file() and not (job_dir / "failed").exists()
 
 
 def run_and_check(tmp_path, coordinator, name, chunks, microbatches, with_eval, token=None):

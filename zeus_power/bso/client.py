@@ -22,6 +22,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from zeus_power.bso.models import JobConfig, JobSpec, JobState, TrialAssignment, TrialResult
+from zeus_power.bso.policy import epoch_verdict
 from zeus_power.errors import (
     ZeusBSOConfigError,
     ZeusBSOConflictError,
@@ -32,7 +33,6 @@ from zeus_power.errors import (
     ZeusBSOTrialNotFoundError,
     ZeusConfigError,
 )
-from zeus_power.metric import zeus_cost
 from zeus_power.monitor import ZeusMonitor
 
 __all__ = ["BatchSizeOptimizer"]
@@ -175,26 +175,24 @@ class BatchSizeOptimizer:
             )
         self.epochs += 1
         time_s, energy_j = self._measure()
-        cost = zeus_cost(energy_j, time_s, self.job.eta_knob, self.job.total_max_power_w)
-
-        if self.job.converged(metric):
-            self._report(energy_j, time_s, converged=True)
+        verdict = epoch_verdict(
+            self.job,
+            epochs=self.epochs,
+            metric=metric,
+            time_s=time_s,
+            energy_j=energy_j,
+            cost_ub=self.trial.cost_ub,
+        )
+        if not verdict.stop:
+            return False
+        self._report(energy_j, time_s, converged=verdict.converged)
+        if verdict.converged:
             logger.info("Reached target metric %s at epoch %d", metric, self.epochs)
             return True
-        reason = None
-        if self.epochs >= self.job.max_epochs:
-            reason = f"max_epochs={self.job.max_epochs} reached with metric {metric}"
-        elif self.trial.cost_ub is not None and cost > self.trial.cost_ub:
-            reason = (
-                f"cost {cost:.1f} passed the early-stop bound {self.trial.cost_ub:.1f} "
-                f"(beta_knob={self.job.beta_knob} x best cost)"
-            )
-        if reason is None:
-            return False
-        self._report(energy_j, time_s, converged=False)
         raise ZeusBSOTrainFailError(
             f"Trial {self.trial.trial_number} (batch size {self.trial.batch_size}) of job "
-            f"{self.job.job_id!r} failed: {reason}. Relaunch training to try another batch size."
+            f"{self.job.job_id!r} failed: {verdict.reason}. Relaunch training to try another "
+            "batch size."
         )
 
     def close(self) -> None:

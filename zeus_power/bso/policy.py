@@ -20,6 +20,11 @@ tried first; then one posterior sample per arm, the largest wins. The generator 
 by (job seed, trial number), so a decision is reproducible.
 
 Only converged trials can become the best; `cost_ub` = β × best cost.
+
+**After each epoch** (`epoch_verdict`) a trial stops as converged when its validation metric
+reaches the target, else fails when it has run `max_epochs` or its cost so far passed
+`cost_ub`; otherwise it goes on. Our client (`zeus_power.bso.client`) and the Zeus-compatible
+routes (`/zeus/report`) both ask this function.
 """
 
 from __future__ import annotations
@@ -32,12 +37,16 @@ import numpy as np
 
 from zeus_power.bso.models import JobConfig, JobStage, JobState, TrialRecord, TrialStage
 from zeus_power.errors import ZeusBSOConflictError
+from zeus_power.metric import zeus_cost
 
 __all__ = [
     "Decision",
+    "EpochVerdict",
     "PruningOutcome",
     "best_trial",
+    "cost_bound",
     "decide",
+    "epoch_verdict",
     "job_state",
     "pruning_outcome",
     "stage_of",
@@ -67,6 +76,57 @@ class PruningOutcome:
     pivot: int | None = None
     survivors: list[int] | None = None
     infeasible: bool = False
+
+
+@dataclass(frozen=True)
+class EpochVerdict:
+    """Whether a trial goes on after an epoch, and if not, how it ended."""
+
+    stop: bool
+    converged: bool
+    reason: str
+    """Why it stopped (or "keep training")."""
+
+
+def cost_bound(config: JobConfig, trials: Sequence[TrialRecord]) -> float | None:
+    """The early-stop bound β × best cost (None: no converged trial yet, or β is None)."""
+    best = best_trial(trials)
+    if best is None or best.cost is None or config.beta_knob is None:
+        return None
+    return config.beta_knob * best.cost
+
+
+def epoch_verdict(
+    config: JobConfig,
+    *,
+    epochs: int,
+    metric: float,
+    time_s: float,
+    energy_j: float,
+    cost_ub: float | None,
+) -> EpochVerdict:
+    """Decide after epoch `epochs` (1-based) with `time_s` and `energy_j` spent so far."""
+    if config.converged(metric):
+        return EpochVerdict(
+            stop=True, converged=True, reason=f"reached the target metric at epoch {epochs}"
+        )
+    if epochs >= config.max_epochs:
+        return EpochVerdict(
+            stop=True,
+            converged=False,
+            reason=f"max_epochs={config.max_epochs} reached with metric {metric}",
+        )
+    cost = zeus_cost(energy_j, time_s, config.eta_knob, config.total_max_power_w)
+    if cost_ub is not None and cost > cost_ub:
+        return EpochVerdict(
+            stop=True,
+            converged=False,
+            reason=(
+                f"cost {cost:.1f} passed the early-stop bound {cost_ub:.1f} "
+                f"(beta_knob={config.beta_knob} x best cost)"
+            ),
+        )
+    return EpochVerdict(stop=False, converged=False, reason="keep training")
 
 
 def best_trial(trials: Sequence[TrialRecord]) -> TrialRecord | None:

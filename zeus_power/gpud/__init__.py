@@ -18,18 +18,27 @@ GET  /gpu/get_power                     gpu_ids (optional)
 
 What it adds to zeusd: every value is checked against the GPU's supported clocks and
 power range before it reaches the driver (400 with the GPU's range), the socket is
-owner/group only by default, TCP refuses to start without a token, and whatever it set is
+owner/group only by default, TCP refuses to start without a token (`GpudConfig` has the
+token rule), connections are bounded (`max_connections`, one more gets 503) and timed out
+(`request_timeout_s`, `idle_timeout_s`), and whatever it set is
 undone when it exits (SIGTERM, SIGINT) or when the process that set it is gone, so a
-crashed job never leaves a GPU slowed. `zeus_power.gpud.server` has the design.
+crashed job never leaves a GPU slowed.
 
 Backends: NVML (real GPUs) or the emulator (`zeus_power.device.emulated`), whose clock
 state then lives in the daemon. Stdlib only (`http.server`): the peer-credential check
 needs the raw Unix socket of each connection, and the daemon must not pull a web
 framework into a root process.
+
+Modules, one concept each: `config` (the validated settings), `peers` (who is at the other
+end of a connection, and whether it still runs), `state` (the GPUs, their owners, what
+was changed and how it is undone), `routes` (the API: query parsing, routing, zeusd's
+answers), `handler` (one HTTP connection: limits, token, timeouts), `server` (the
+listener, the reaper, start and stop).
 """
 
 from __future__ import annotations
 
-from zeus_power.gpud.server import GpudConfig, GpudServer, run_gpud
+from zeus_power.gpud.config import GpudConfig
+from zeus_power.gpud.server import GpudServer, run_gpud
 
 __all__ = ["GpudConfig", "GpudServer", "run_gpud"]

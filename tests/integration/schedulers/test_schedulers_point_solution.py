@@ -81,3 +81,49 @@ def test_a_plan_that_does_not_fit_the_job_is_a_400_naming_the_problem(
         r = first_error(url, 2)
     assert r.status_code == 400
     assert message in r.json()["detail"]
+
+
+def zeus_literal(num_stages: int) -> str:
+    """`varied_plan`'s clocks as Zeus / lowtime write them: a Python literal of tuples."""
+    return repr([[tuple(e) for e in entries] for entries in varied_plan(num_stages).frequencies])
+
+
+def test_a_zeus_style_literal_plan_runs_on_the_jobs_pipeline(tmp_path):
+    path = tmp_path / "freqs.py"
+    path.write_text(f"# lowtime output\n{zeus_literal(3)}\n")
+    with running_server(settings(path, num_microbatches=M)) as url:
+        job = SimulatedJob(url, GroundTruth([0.01] * 3), pp=3, dp=2, num_microbatches=M)
+        history = job.run_sync(2)
+    expected = varied_plan(3).frequencies
+    for schedules in history:
+        for info in job.infos:
+            assert schedules[info.rank].frequencies == expected[info.pp_rank]
+
+
+@pytest.mark.parametrize(
+    ("text", "args", "message"),
+    [
+        (zeus_literal(2), {}, "not the pipeline they are for"),
+        (zeus_literal(3), {"num_microbatches": M}, "clocks for 3 pipeline rank(s)"),
+        (zeus_literal(2), {"num_microbatches": M + 1}, "runs 8 instruction(s) there"),
+        (
+            zeus_literal(2).replace("'forward', 1500", "'backward', 1500", 1),
+            {"num_microbatches": M},
+            "instruction #0 is 'backward'",
+        ),
+        ("[[('forward', True)]]", {"num_microbatches": M}, "valid integer"),
+        ("[[('fwd', 1500)]]", {"num_microbatches": M}, "not an instruction kind"),
+        ("__import__('os').system('echo pwned')", {"num_microbatches": M}, "not valid JSON"),
+        ("[" * 100_000, {"num_microbatches": M}, "nests too deeply"),
+    ],
+    ids=["no-pipeline", "ranks", "count", "kind", "bool", "name", "code", "deep"],
+)
+def test_a_literal_plan_that_does_not_fit_is_a_400_naming_the_problem(
+    tmp_path, text, args, message
+):
+    path = tmp_path / "freqs.py"
+    path.write_text(text)
+    with running_server(settings(path, **args)) as url:
+        r = first_error(url, 2)
+    assert r.status_code == 400
+    assert message in r.json()["detail"], r.json()["detail"]

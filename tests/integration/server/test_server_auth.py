@@ -117,14 +117,23 @@ def test_job_credential_guards_every_route_under_the_job(
         result = ProfilingResult(
             rank=0, iter_time=[1.0], iter_energy=[1.0], time_breakdown={}, energy_breakdown={}
         ).model_dump()
+        # A job's ranks' routes: the cluster token does not act as a job's rank.
         calls = [
             ("POST", f"/register_rank/{job_id}", rank),
             ("GET", f"/schedule/{job_id}?rank=0", None),
             ("POST", f"/result/{job_id}", result),
-            ("POST", f"/straggler/{job_id}", {"dp_rank": 0, "slowdown": 1e300}),
+            ("POST", f"/finish/{job_id}", None),
         ]
-        for method, path, body in calls:
-            for headers in ({}, {JOB_TOKEN_HEADER: other_token}, {JOB_TOKEN_HEADER: "x" * 43}):
+        # The operator's actions: the cluster token may, another job's credential may not.
+        operator_calls = [
+            ("POST", f"/straggler/{job_id}", {"dp_rank": 0, "slowdown": 1.5}),
+            ("GET", f"/jobs/{job_id}", None),
+        ]
+        for method, path, body in calls + operator_calls:
+            tried = [{JOB_TOKEN_HEADER: other_token}, {JOB_TOKEN_HEADER: "x" * 43}]
+            if (method, path, body) in calls:
+                tried.append({})
+            for headers in tried:
                 r = httpx.request(method, url + path, json=body, headers={**AUTH, **headers})
                 assert r.status_code == 403, (path, headers, r.text)
                 assert job_id in r.json()["detail"]
@@ -143,6 +152,53 @@ def test_job_credential_guards_every_route_under_the_job(
 
         assert hash_token(job_token) in stored
     assert job_token not in logged(caplog) and TOKEN not in logged(caplog)
+
+
+def test_the_operator_acts_on_any_job_and_a_job_on_its_own_only() -> None:
+    """Two roles: the cluster token (the operator) inspects any job and announces its
+    stragglers; a job's credential, even without the cluster token, opens that job alone."""
+    with running_server(
+        settings(scheduler="Perseus", scheduler_args={"num_microbatches": 2})
+    ) as url:
+        a = SimulatedJob(url, GroundTruth([0.01, 0.012]), pp=2, num_microbatches=2, token=TOKEN)
+        b = SimulatedJob(url, GroundTruth([0.01, 0.012]), pp=2, num_microbatches=2, token=TOKEN)
+        a.run_sync(1)
+        b.run_sync(1)
+        a_token, b_token = a.headers[JOB_TOKEN_HEADER], b.headers[JOB_TOKEN_HEADER]
+        for job in (a, b):  # the operator, on both jobs, without their credentials
+            r = httpx.get(f"{url}/jobs/{job.job_id}", headers=AUTH)
+            assert r.status_code == 200 and r.json()["job_id"] == job.job_id, r.text
+            r = httpx.post(
+                f"{url}/straggler/{job.job_id}", json={"dp_rank": 0, "slowdown": 1.2}, headers=AUTH
+            )
+            assert r.status_code == 200, r.text
+        # A job's credential alone (no cluster token) opens its own job's routes ...
+        own = {JOB_TOKEN_HEADER: a_token}
+        assert httpx.get(f"{url}/jobs/{a.job_id}", headers=own).status_code == 200
+        r = httpx.post(
+            f"{url}/straggler/{a.job_id}", json={"dp_rank": 0, "slowdown": 1.0}, headers=own
+        )
+        assert r.status_code == 200, r.text
+        # ... and nothing else: not the other job, not the operator's routes.
+        r = httpx.get(f"{url}/jobs/{b.job_id}", headers=own)
+        assert r.status_code == 403 and b.job_id in r.json()["detail"]
+        r = httpx.post(
+            f"{url}/straggler/{b.job_id}", json={"dp_rank": 0, "slowdown": 2}, headers=own
+        )
+        assert r.status_code == 403
+        for method, path in (
+            ("GET", "/jobs"),
+            ("GET", "/info"),
+            ("POST", "/register_job"),
+            ("GET", "/metrics"),
+        ):
+            assert httpx.request(method, url + path, headers=own).status_code == 401, path
+        # A wrong cluster token is refused even beside the job's own credential.
+        wrong = {"authorization": "Bearer " + "w" * 20, JOB_TOKEN_HEADER: b_token}
+        assert httpx.get(f"{url}/jobs/{b.job_id}", headers=wrong).status_code == 401
+        # Without any credential: 401 everywhere but the health check.
+        assert httpx.get(f"{url}/jobs/{a.job_id}").status_code == 401
+        assert httpx.post(f"{url}/finish/{a.job_id}").status_code == 401
 
 
 def test_a_whole_job_runs_with_the_token(tmp_path: Path) -> None:
@@ -399,16 +455,20 @@ def test_a_short_token_is_refused_without_echoing_it() -> None:
     assert "PERSEUS_TOKEN" in out and bad not in out
 
 
-def test_straggler_storm_needs_the_job_credential() -> None:
-    """The attack of the issue: POST /straggler with slowdown 1e300 from outside the job."""
+def test_a_straggler_storm_is_refused() -> None:
+    """The attack of the issue, POST /straggler with slowdown 1e300: from outside the
+    coordinator's credentials (401), with another job's credential (403), and even from the
+    operator, since the factor is bounded (422)."""
 
-    async def main(url: str) -> int:
-        async with httpx.AsyncClient(headers=AUTH) as client:
-            job_id, _ = await asyncio.to_thread(register, url)
-            r = await client.post(
-                f"{url}/straggler/{job_id}", json={"dp_rank": 0, "slowdown": 1e300}
-            )
-            return r.status_code
+    async def main(url: str) -> list[int]:
+        job_id, _ = await asyncio.to_thread(register, url)
+        _, other_token = await asyncio.to_thread(register, url)
+        body = {"dp_rank": 0, "slowdown": 1e300}
+        async with httpx.AsyncClient() as client:
+            return [
+                (await client.post(f"{url}/straggler/{job_id}", json=body, headers=h)).status_code
+                for h in ({}, {**AUTH, JOB_TOKEN_HEADER: other_token}, AUTH)
+            ]
 
     with running_server(settings()) as url:
-        assert asyncio.run(main(url)) == 403
+        assert asyncio.run(main(url)) == [401, 403, 422]

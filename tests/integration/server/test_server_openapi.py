@@ -39,7 +39,7 @@ CHECKS = [
     response_schema_conformance,
 ]
 MAX_EXAMPLES = 20
-"""Examples per operation and generation mode (6 + 6 operations, 2 modes)."""
+"""Examples per operation and generation mode (2 modes)."""
 
 
 TOKEN = "schemathesis-test-token"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import platform
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import load_profile
 from perseus.planning import evaluate, max_frequencies
 from perseus.protocol import ProfilingResult
+from perseus.server.metrics import package_version as m_version
 from perseus.settings import PerseusSettings
 
 M = 4
@@ -93,6 +95,8 @@ def expected(job: SimulatedJob, tmp) -> dict:
         "predicted_deployed": (plan.iteration_time, plan.energy * DP),
         "measured_saving": 1 - e_dep / e_max,
         "predicted_saving": 1 - plan.energy / base.energy_j,
+        "measured_slowdown": t_dep / t_max - 1,
+        "predicted_slowdown": plan.iteration_time / base.iteration_time_s - 1,
     }
 
 
@@ -179,7 +183,32 @@ def test_metrics_count_what_the_job_did(ran):
     assert m["perseus_ranks", ()] == world
     assert m["perseus_rounds_total", ()] == ROUNDS + 1
     assert m["perseus_round_latency_seconds_count", ()] == ROUNDS + 1
-    assert m["perseus_job_rounds", (("job_id", job.job_id),)] == ROUNDS + 1
+    assert m["perseus_job_rounds_total", (("job_id", job.job_id),)] == ROUNDS + 1
+    assert m["perseus_job_iterations_total", (("job_id", job.job_id),)] == ROUNDS
+    # The cumulative counters, recomputed here from what the simulated ranks reported: every
+    # GPU's energy, and per round (one iteration each) its energy against the latest
+    # all-max round's, from the first all-max round on.
+    total = math.fsum(e for results in job.results for r in results for e in r.iter_energy)
+    saved = overspent = 0.0
+    base = None
+    for kind, results in zip(want["kinds"], job.results, strict=True):
+        energy = figures(results)[1]
+        if kind == "all-max":
+            base = energy
+        if base is not None:
+            saved += max(0.0, base - energy)
+            overspent += max(0.0, energy - base)
+    job_label = (("job_id", job.job_id),)
+    assert m["perseus_energy_joules_total", job_label] == pytest.approx(total, rel=1e-12)
+    assert m["perseus_energy_saved_joules_total", job_label] == pytest.approx(saved, rel=1e-9)
+    assert m["perseus_energy_overspent_joules_total", job_label] == pytest.approx(
+        overspent, rel=1e-9, abs=1e-9
+    )
+    assert saved > 0  # the deployed rounds saved energy
+    assert m["perseus_job_state", (("job_id", job.job_id), ("state", "running"))] == 1
+    assert m["perseus_job_state", (("job_id", job.job_id), ("state", "finished"))] == 0
+    assert m["perseus_build_info", (("python", platform.python_version()), ("version", m_version()))] == 1
+    assert not [name for name, _ in m if name.endswith("_created")]
 
     def requests(route: str, method: str) -> float:
         return m[
@@ -199,6 +228,9 @@ def test_metrics_count_what_the_job_did(ran):
         labels = (("job_id", job.job_id), ("source", source))
         got = m["perseus_job_energy_saving_ratio", labels]
         assert got == pytest.approx(want[f"{source}_saving"], rel=1e-9)
+        assert m["perseus_job_slowdown_ratio", labels] == pytest.approx(
+            want[f"{source}_slowdown"], rel=1e-9
+        )
 
 
 def test_report_cli_reads_the_same_numbers_from_the_dump_and_plots(ran):

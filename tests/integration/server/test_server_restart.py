@@ -46,8 +46,14 @@ def test_a_restarted_coordinator_resumes_the_deployed_plan(tmp_path):
     dp1 = [i.rank for i in job.infos if i.dp_rank == 1]
     assert all(job.history[-1][r] != deployed[r] for r in dp1)
     rounds_after = sorted(int(p.name.split(".")[0]) for p in job_dir.glob("*.sched.json"))
-    # Round numbers continue, nothing is overwritten, and the last 10 rounds are kept.
-    assert rounds_after == [*rounds_before, 8, 9, 10][-10:]
+    # Round numbers continue, nothing is overwritten, and the last 10 rounds are kept, with
+    # the all-max rounds the energy report measures its baseline from (the restarted
+    # coordinator found them in the dump and kept protecting them).
+    all_max = [
+        n for n, h in enumerate(job.history) if all(set(stage_freqs(h, r)) == {1500} for r in h)
+    ]
+    assert all_max and all_max[0] < rounds_after[-10]
+    assert rounds_after == sorted({*[*rounds_before, 8, 9, 10][-10:], *all_max[-10:]})
 
 
 def make_plan(num_stages: int, freq_of: dict[str, int]) -> Plan:

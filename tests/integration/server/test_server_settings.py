@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
-import typer
-from server_fixtures import GroundTruth, SimulatedJob, running_server, stage_freqs
+from server_fixtures import (
+    GroundTruth,
+    SimulatedJob,
+    running_server,
+    stage_freqs,
+    write_truth_profile,
+)
 from typer.testing import CliRunner
 
-from perseus.cli.serve import serve
+from perseus.cli import app as cli_app
+from perseus.demo import Coordinator
 from perseus.errors import ConfigurationError
 from perseus.server import create_app
 from perseus.settings import PerseusSettings
@@ -87,18 +94,16 @@ def test_create_app_checks_scheduler_args_up_front():
             {"PERSEUS_SCHEDULER": "Perseus", "PERSEUS_SCHEDULER_ARGS": '{"num_microbatches": 0}'},
             "num_microbatches",
         ),
-        ({"PERSEUS_SCHEDULER_ARGS": "{not json"}, "scheduler_args"),
+        ({"PERSEUS_SCHEDULER_ARGS": "{not json"}, "PERSEUS_SCHEDULER_ARGS is not a JSON"),
         (
             {"PERSEUS_SCHEDULER": "AllMaxFrequency", "PERSEUS_SCHEDULER_ARGS": '{"x": 1}'},
-            "Invalid scheduler_args",
+            "PERSEUS_SCHEDULER_ARGS.x: not an argument of scheduler AllMaxFrequency",
         ),
         ({"PERSEUS_DUMP_KEEP_ROUNDS": "-1"}, "PERSEUS_DUMP_KEEP_ROUNDS"),
     ],
 )
 def test_perseus_serve_exits_2_with_a_clear_message(env, message):
-    app = typer.Typer()
-    app.command()(serve)
-    result = CliRunner().invoke(app, [], env=env)
+    result = CliRunner().invoke(cli_app, ["serve"], env=env)
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
@@ -113,3 +118,43 @@ def test_scheduler_args_are_declared_once_and_shared():
     assert all(issubclass(SCHEDULERS[n].Args, SweepArgs) for n in sweeping)
     checked = check_scheduler_args(SCHEDULERS["Perseus"], {"num_microbatches": 4, "freq_step": 2})
     assert (checked.num_microbatches, checked.freq_step, checked.schedule) == (4, 2, "1f1b")
+
+
+def test_perseus_serve_flags_run_the_loop(tmp_path):
+    """`perseus serve --scheduler Perseus --max-slowdown 0.01` as a real process: the flags
+    win over PERSEUS_SCHEDULER / PERSEUS_SCHEDULER_ARGS, what they do not set comes from the
+    variable, and a job runs through profiling to a deployed plan within 1 %."""
+    truth = GroundTruth([0.010, 0.016])
+    profile = write_truth_profile(truth, 2, tmp_path / "truth.csv")
+    with Coordinator(
+        scheduler="AllMaxFrequency",
+        scheduler_args={"num_microbatches": 4, "max_slowdown": 0.5},
+        dump_dir=tmp_path / "dump",
+        log_path=tmp_path / "coordinator.log",
+        serve_args=[
+            "--scheduler",
+            "Perseus",
+            "--max-slowdown",
+            "0.01",
+            "--profile-path",
+            str(profile),
+            "--no-refine",
+        ],
+    ) as coordinator:
+        info = httpx.get(f"{coordinator.url}/info").json()
+        assert info["scheduler"] == "Perseus"
+        assert info["scheduler_args"] == {
+            "num_microbatches": 4,
+            "max_slowdown": 0.01,
+            "profile_path": "<redacted>",
+            "refine": False,
+        }
+        job = SimulatedJob(coordinator.url, truth, pp=2, num_microbatches=4)
+        history = job.run_sync(5)
+        assert "+Perseus+" in job.job_id
+        assert all(set(stage_freqs(history[0], r)) == {1500} for r in history[0])
+        assert any(set(stage_freqs(history[-1], r)) != {1500} for r in history[-1])
+        detail = httpx.get(f"{coordinator.url}/jobs/{job.job_id}").json()
+        assert detail["deployed_plan"] is not None
+        assert detail["energy"]["predicted_slowdown"] <= 0.01 + 1e-9
+        assert detail["energy"]["predicted_saving"] > 0

@@ -380,6 +380,7 @@ def test_log_never_holds_a_traceback(gpud):
         (["--mode", "udp"], "use uds or tcp"),
         (["--backend", "cuda", "--allow-unprivileged"], "use nvml or emulated"),
         (["--emulated-gpus", "0"], "--emulated-gpus"),
+        (["--max-connections", "0"], "--max-connections"),
     ],
 )
 def test_bad_daemon_options_are_refused_by_name(tmp_path, args, needle):
@@ -392,6 +393,25 @@ def test_bad_daemon_options_are_refused_by_name(tmp_path, args, needle):
     )
     assert result.exit_code == 2, result.output
     assert needle in result.output
+    assert not (tmp_path / "s.sock").exists()
+
+
+def test_a_short_token_is_refused_by_the_cli_without_echoing_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from perseus.cli import app
+
+    token_file = tmp_path / "token"
+    token_file.write_text("too-short-tok\n")
+    token_file.chmod(0o600)
+    result = CliRunner().invoke(
+        app,
+        ["gpud", "--socket-path", str(tmp_path / "s.sock"), "--backend", "emulated",
+         "--token-file", str(token_file)],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "--token-file: the token has 13 characters; it needs 16 to 4096" in result.output
+    assert "too-short-tok" not in result.output
     assert not (tmp_path / "s.sock").exists()
 
 

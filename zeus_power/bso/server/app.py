@@ -16,11 +16,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from zeus_power.bso.server.db import make_engine
+from zeus_power.bso.db import make_engine
 from zeus_power.bso.server.errors import install_error_handlers
-from zeus_power.bso.server.routes import jobs
-from zeus_power.bso.server.service import BSOService
+from zeus_power.bso.server.routes import jobs, zeus
 from zeus_power.bso.server.settings import BSOSettings
+from zeus_power.bso.service import BSOService
 from zeus_power.serving import BearerAuthMiddleware, BodyLimitMiddleware
 
 __all__ = ["create_app"]
@@ -45,6 +45,7 @@ def create_app(settings: BSOSettings | None = None) -> FastAPI:
     app = FastAPI(title="Zeus batch-size optimizer", version="1", lifespan=lifespan)
     app.state.settings = settings
     app.include_router(jobs.router)
+    app.include_router(zeus.router)  # Zeus 0.16's own clients, under /zeus
     install_error_handlers(app)
 
     @app.get("/health", tags=["health"])

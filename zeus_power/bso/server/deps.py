@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from zeus_power.bso.server.service import BSOService
+from zeus_power.bso.service import BSOService
 
 __all__ = ["ServiceDep", "get_service"]
 

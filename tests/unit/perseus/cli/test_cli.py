@@ -25,6 +25,12 @@ def _run(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def _stdout(*args: str) -> tuple[int, str]:
+    """Exit status and stdout alone (what `$(perseus ...)` captures)."""
+    result = runner.invoke(app, [str(a) for a in args])
+    return result.exit_code, result.stdout
+
+
 def _profile(tmp_path: Path, text: str = GOOD) -> Path:
     path = tmp_path / "profile.csv"
     path.write_text(text)
@@ -132,15 +138,15 @@ def test_choose_from_frontier_csv(tmp_path: Path) -> None:
             "plan": [f"plans/plan_{i:05d}.json" for i in range(3)],
         }
     ).to_csv(tmp_path / "frontier.csv", index=False)
-    assert _run("choose", tmp_path, "--max-slowdown", "0.05") == (
+    assert _stdout("choose", tmp_path, "--max-slowdown", "0.05") == (
         0,
         f"{tmp_path}/plans/plan_00001.json\n",
     )
-    assert _run("choose", tmp_path, "--max-slowdown", "0") == (
+    assert _stdout("choose", tmp_path, "--max-slowdown", "0") == (
         0,
         f"{tmp_path}/plans/plan_00000.json\n",
     )
-    assert _run("choose", tmp_path, "--deadline", "20") == (
+    assert _stdout("choose", tmp_path, "--deadline", "20") == (
         0,
         f"{tmp_path}/plans/plan_00002.json\n",
     )
@@ -150,12 +156,33 @@ def test_choose_from_frontier_csv(tmp_path: Path) -> None:
     lines = (tmp_path / "frontier.csv").read_text().splitlines()
     lines[2] = lines[2].replace(",90.0,", ",80.0,")  # index 1 now ties with index 2
     (tmp_path / "frontier.csv").write_text("\n".join([lines[0], *reversed(lines[1:])]) + "\n")
-    assert _run("choose", tmp_path, "--deadline", "20") == (
+    assert _stdout("choose", tmp_path, "--deadline", "20") == (
         0,
         f"{tmp_path}/plans/plan_00001.json\n",
     )
     code, out = _run("choose", tmp_path / "empty", "--deadline", "5")
     assert code == 2 and "run `perseus solve" in " ".join(out.split())
+
+
+def test_choose_prints_the_plans_figures_beside_its_path(tmp_path: Path) -> None:
+    """The path alone on stdout; on stderr the plan's time, energy, and its saving and
+    slowdown against the all-max plan, recomputed here from the files."""
+    out = tmp_path / "f"
+    code, text = _run("solve", _profile(tmp_path), "--microbatches", "2", "--out", out, "--no-plots")
+    assert code == 0, text
+    result = runner.invoke(app, ["choose", str(out), "--max-slowdown", "0.5"])
+    assert result.exit_code == 0, result.output
+    path = Path(result.stdout.strip())
+    assert path.is_file() and result.stdout == f"{path}\n"
+    plan, base = json.loads(path.read_text()), json.loads((out / "all_max.json").read_text())
+    saving = 100 * (1 - plan["energy"] / base["energy"])
+    slowdown = 100 * (plan["iteration_time"] / base["iteration_time"] - 1)
+    assert result.stderr.strip() == (
+        f"{path.name}: {plan['iteration_time']:.4f} s, {plan['energy']:.1f} J per iteration; "
+        f"{saving:.2f} % energy saved at {slowdown:+.2f} % time against all-max "
+        f"({base['iteration_time']:.4f} s, {base['energy']:.1f} J)"
+    )
+    assert saving > 0
 
 
 @pytest.mark.parametrize(
@@ -242,7 +269,7 @@ def test_polish_writes_a_plan_no_slower_and_no_costlier(tmp_path: Path) -> None:
         before = json.loads(_run("evaluate", profile, plan)[1])
         code, out = _run("polish", profile, plan, "--out", tmp_path / "p.json", "--window", "3")
         assert code == 0, out
-        assert "windows improved" in out and "above LP bound" in out
+        assert "windows improved" in out and "above the LP lower bound" in out
         after = json.loads(_run("evaluate", profile, tmp_path / "p.json")[1])
         assert after["iteration_time"] <= before["iteration_time"]
         assert after["energy"] <= before["energy"] + 1e-9
@@ -383,21 +410,19 @@ def test_solve_and_choose_offer_plans_faster_than_all_max(tmp_path: Path) -> Non
     """Bloom's A40 top clock is power-capped: the fastest plan beats all-max (a negative
     slowdown), and `choose --max-slowdown 0` picks the cheapest plan no slower than
     all-max, measured against the frontier's all_max.json."""
-    from paths import SHARED_DATA
+    from paths import SHARED_DATA, require_data
 
     from perseus.io.plan_file import load_plan
     from perseus.planning import Frontier
 
-    profile = SHARED_DATA / "sosp24_bloom-176b_a40_8stage.csv"
-    if not profile.is_file():
-        pytest.skip(f"reference data not present at {profile}")
+    profile = require_data(SHARED_DATA / "sosp24_bloom-176b_a40_8stage.csv")
     out_dir = tmp_path / "f"
     code, out = _run("solve", profile, "-m", "4", "--out", out_dir, "--no-plots")
     assert code == 0, out
     rows = {
         cells[0]: cells
         for line in out.splitlines()
-        if line.startswith("│")
+        if "│" in line
         for cells in [[c.strip() for c in line.strip("│ ").split("│")]]
     }
     slowdown = {label: float(rows[label][3].rstrip(" %")) for label in ("fastest", "no slowdown")}
@@ -405,7 +430,7 @@ def test_solve_and_choose_offer_plans_faster_than_all_max(tmp_path: Path) -> Non
     frontier = Frontier.read(out_dir)
     all_max = load_plan(out_dir / "all_max.json")
     assert frontier.points[0].iteration_time_s < all_max.iteration_time
-    code, out = _run("choose", out_dir, "--max-slowdown", "0")
+    code, out = _stdout("choose", out_dir, "--max-slowdown", "0")
     assert code == 0, out
     chosen = load_plan(Path(out.strip()))
     assert chosen.iteration_time <= all_max.iteration_time
@@ -417,7 +442,7 @@ def test_solve_and_choose_offer_plans_faster_than_all_max(tmp_path: Path) -> Non
     assert code == 0 and (out_dir / "frontier.png").read_bytes()[:4] == b"\x89PNG", out
     # A frontier directory from before all_max.json: its first row is the reference.
     (out_dir / "all_max.json").unlink()
-    assert _run("choose", out_dir, "--max-slowdown", "0") == (
+    assert _stdout("choose", out_dir, "--max-slowdown", "0") == (
         0,
         f"{out_dir}/plans/plan_00000.json\n",
     )

@@ -39,6 +39,8 @@ def test_rounds_and_restorable(tmp_path: Path) -> None:
     c.failed.write_text("409 Round 3 timed out\n")
     assert b.ended and c.ended and not a.ended
     assert JobDir.restorable(tmp_path) == [a], "evicted and failed jobs stay down"
+    a.finished.write_text("finished\n")
+    assert a.ended and JobDir.restorable(tmp_path) == [], "a finished job stays down too"
 
 
 def test_prune_rounds_keeps_the_last_n_rounds(tmp_path: Path) -> None:
@@ -58,6 +60,18 @@ def test_prune_rounds_keeps_the_last_n_rounds(tmp_path: Path) -> None:
     assert d.rounds() == [5, 9, 10] and d.results(5).is_file()
     assert d.job.is_file() and d.deployed_plan.is_file()
     assert d.prune_rounds(3) == [] and d.prune_rounds(10) == []
+
+
+def test_prune_rounds_never_deletes_the_protected_rounds(tmp_path: Path) -> None:
+    d = JobDir.of(tmp_path, "job")
+    d.path.mkdir()
+    for n in range(12):
+        d.schedules(n).write_text("[]")
+        d.results(n).write_text("[]")
+    deleted = d.prune_rounds(2, protect={1, 2, 7})
+    assert d.rounds() == [1, 2, 7, 10, 11]
+    assert all(d.results(n).is_file() for n in (1, 2, 7, 10, 11))
+    assert len(deleted) == 2 * 7
 
 
 def test_seed_helpers_write_job_dir_names(tmp_path: Path) -> None:

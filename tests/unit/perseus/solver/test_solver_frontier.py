@@ -11,7 +11,7 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 import pytest
-from paths import REPO, SHARED_DATA
+from paths import REPO, SHARED_DATA, require_data
 
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import make_schedule
@@ -37,9 +37,7 @@ SHARED_PROFILE = SHARED_DATA / "sosp24_gpt3-175b_a40_8stage.csv"
 @pytest.fixture(scope="module")
 def real_profile() -> InstructionProfile:
     """The published GPT-3 A40 profile (module-scoped: several tests share one solve)."""
-    if not SHARED_PROFILE.is_file():
-        pytest.skip(f"reference data not present at {SHARED_PROFILE}")
-    return load_profile(SHARED_PROFILE)
+    return load_profile(require_data(SHARED_PROFILE))
 
 
 @pytest.fixture(scope="module")
@@ -248,10 +246,7 @@ def test_frontier_point_is_compact_and_comparable():
 def bloom_8x12():
     """The published Bloom A40 profile, whose forwards run faster at 1575 MHz than at the
     1740 MHz top clock, and its 8 × 12 frontier (module-scoped: one solve)."""
-    path = SHARED_DATA / "sosp24_bloom-176b_a40_8stage.csv"
-    if not path.is_file():
-        pytest.skip(f"reference data not present at {path}")
-    profile = load_profile(path)
+    profile = load_profile(require_data(SHARED_DATA / "sosp24_bloom-176b_a40_8stage.csv"))
     schedule = make_schedule("1f1b", 8, 12)
     frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK, max_points=None)
     return profile, schedule, frontier

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
-from paths import SHARED_DATA
+from paths import SHARED_DATA, require_data
 
 from zeus_power.device.base import GPUValueError
 from zeus_power.device.calibration import MeasuredSweep, compare, fit_power_curve, fit_workload
@@ -25,10 +25,7 @@ FILES = ["sosp24_gpt3-175b_a40_8stage.csv", "sosp24_bloom-176b_a40_8stage.csv"]
 
 
 def _measurements(name: str, stages: tuple[int, ...]) -> list[tuple[str, MeasuredSweep]]:
-    path = DATA / name
-    if not path.is_file():
-        pytest.skip(f"reference data not present at {path}")
-    frame = pd.read_csv(path)
+    frame = pd.read_csv(require_data(DATA / name))
     out = []
     for (stage, instruction), group in frame.groupby(["stage", "instruction"]):
         if stage in stages:

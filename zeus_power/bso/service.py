@@ -1,4 +1,11 @@
-"""The batch-size optimizer service: the job/trial logic behind the routes.
+"""The batch-size optimizer service: the one implementation of the job/trial logic.
+
+Everything that hands out, reports, ends or expires a trial is here, and only here: the
+server's own routes (`zeus_power.bso.server.routes.jobs`), its Zeus-compatible routes
+(`zeus_power.bso.server.routes.zeus`) and the in-process optimizer
+(`zeus_power.bso.local.LocalBatchSizeOptimizer`, this service over an in-memory SQLite
+database) all call it, so trial numbering (1, 2, ... per job), expiry (`trial_timeout_s`)
+and the policy's decisions cannot differ between them.
 
 Every public method is one database transaction: it locks the job (see `db`), reads its
 trials, lets `zeus_power.bso.policy` decide, and writes the result. SQLAlchemy errors
@@ -7,7 +14,9 @@ become `ZeusBSORuntimeError` here and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TypeVar
@@ -16,7 +25,9 @@ from pydantic import ValidationError
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
 
+from zeus_power.bso.db import Base, JobRow, TrialRow
 from zeus_power.bso.models import (
     JobConfig,
     JobState,
@@ -24,8 +35,7 @@ from zeus_power.bso.models import (
     TrialRecord,
     TrialResult,
 )
-from zeus_power.bso.policy import best_trial, decide, job_state
-from zeus_power.bso.server.db import Base, JobRow, TrialRow
+from zeus_power.bso.policy import EpochVerdict, cost_bound, decide, epoch_verdict, job_state
 from zeus_power.errors import (
     ZeusBSOConfigError,
     ZeusBSOConflictError,
@@ -60,12 +70,24 @@ def _to_record(row: TrialRow) -> TrialRecord:
 
 
 class BSOService:
-    """Jobs and trials of the batch-size optimizer, kept in a SQL database."""
+    """Jobs and trials of the batch-size optimizer, kept in a SQL database.
+
+    Args:
+        engine: The database (`zeus_power.bso.db.make_engine`).
+        trial_timeout_s: A trial not reported this long after it was handed out is marked
+            `timed_out` when the job's next trial is asked for (None: never).
+    """
 
     def __init__(self, engine: Engine, *, trial_timeout_s: float | None = None) -> None:
         self._engine = engine
         self._trial_timeout_s = trial_timeout_s
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        # One shared connection (an in-memory SQLite database) cannot hold two transactions
+        # at once: threads take turns. Other engines give each transaction its own connection
+        # and the database serialises writers (see `db`).
+        self._one_at_a_time: contextlib.AbstractContextManager[object] = (
+            threading.Lock() if isinstance(engine.pool, StaticPool) else contextlib.nullcontext()
+        )
 
     def create_tables(self) -> None:
         """Create the tables if they do not exist."""
@@ -157,10 +179,7 @@ class BSOService:
                     status="dispatched",
                 )
             )
-            best = best_trial(trials)
-            cost_ub = None
-            if best is not None and best.cost is not None and config.beta_knob is not None:
-                cost_ub = config.beta_knob * best.cost
+            cost_ub = cost_bound(config, trials)
             logger.info(
                 "job %s trial %d: batch size %d (%s)",
                 job_id,
@@ -183,43 +202,104 @@ class BSOService:
         """Record the result of a dispatched trial.
 
         Raises:
-            ZeusBSOJobNotFoundError: Unknown job or trial.
+            ZeusBSOJobNotFoundError: Unknown job.
+            ZeusBSOTrialNotFoundError: Unknown trial.
             ZeusBSOConflictError: The trial was already reported.
         """
 
         def run(session: Session) -> TrialRecord:
             config = self._config(self._require_job(session, job_id, lock=True))
-            row = session.scalar(
-                select(TrialRow).where(
-                    TrialRow.job_id == job_id, TrialRow.trial_number == trial_number
-                )
-            )
-            if row is None:
-                raise ZeusBSOTrialNotFoundError(
-                    f"Job {job_id!r} has no trial {trial_number}; report the trial_number "
-                    f"that POST /jobs/{job_id}/trials returned."
-                )
-            if row.status == "timed_out":
-                logger.warning(
-                    "job %s trial %d: late report accepted after the trial timed out",
-                    job_id,
-                    trial_number,
-                )
-            elif row.status != "dispatched":
+            row = self._require_trial(session, job_id, trial_number)
+            if row.status not in ("dispatched", "timed_out"):
                 raise ZeusBSOConflictError(
                     f"Trial {trial_number} of job {job_id!r} was already reported "
                     f"({row.status}); a trial is reported once."
                 )
-            row.status = "succeeded" if result.converged else "failed"
-            row.energy_j = result.energy_j
-            row.time_s = result.time_s
-            row.converged = result.converged
-            row.epochs = result.epochs
-            row.cost = zeus_cost(
-                result.energy_j, result.time_s, config.eta_knob, config.total_max_power_w
+            return self._finish(row, config, result)
+
+        return self._transaction(run)
+
+    def report_epoch(
+        self,
+        job_id: str,
+        trial_number: int,
+        *,
+        batch_size: int | None = None,
+        epochs: int,
+        metric: float,
+        time_s: float,
+        energy_j: float,
+    ) -> EpochVerdict:
+        """One epoch of a running trial, with the time and energy spent so far: the policy
+        (`epoch_verdict`, against β × the best cost now) says whether it goes on; when it
+        stops, its result is recorded as `report` would. A trial that has its result
+        already answers "stop" with that result (a client repeating its last report).
+
+        Raises:
+            ZeusBSOJobNotFoundError: Unknown job.
+            ZeusBSOTrialNotFoundError: Unknown trial, or not of `batch_size`.
+        """
+
+        def run(session: Session) -> EpochVerdict:
+            config = self._config(self._require_job(session, job_id, lock=True))
+            row = self._require_trial(session, job_id, trial_number)
+            if batch_size is not None and row.batch_size != batch_size:
+                raise ZeusBSOTrialNotFoundError(
+                    f"Trial {trial_number} of job {job_id!r} runs batch size {row.batch_size}, "
+                    f"not {batch_size}; report the trial the server handed out."
+                )
+            if row.status not in ("dispatched", "timed_out"):
+                return EpochVerdict(
+                    stop=True,
+                    converged=bool(row.converged),
+                    reason=f"Trial {trial_number} already ended ({row.status}).",
+                )
+            verdict = epoch_verdict(
+                config,
+                epochs=epochs,
+                metric=metric,
+                time_s=time_s,
+                energy_j=energy_j,
+                cost_ub=cost_bound(config, self._trials(session, job_id)),
             )
-            row.finished_at = datetime.now(timezone.utc)
-            session.flush()
+            if verdict.stop:
+                result = TrialResult(
+                    energy_j=energy_j, time_s=time_s, converged=verdict.converged, epochs=epochs
+                )
+                self._finish(row, config, result)
+            return verdict
+
+        return self._transaction(run)
+
+    def end_trial(
+        self, job_id: str, trial_number: int, *, batch_size: int | None = None
+    ) -> TrialRecord:
+        """End a trial: one still waiting for its result fails (its batch size counts as not
+        converging, as a report of no convergence would); one already ended is left as it is.
+
+        Raises:
+            ZeusBSOJobNotFoundError: Unknown job.
+            ZeusBSOTrialNotFoundError: Unknown trial, or not of `batch_size`.
+        """
+
+        def run(session: Session) -> TrialRecord:
+            self._require_job(session, job_id, lock=True)
+            row = self._require_trial(session, job_id, trial_number)
+            if batch_size is not None and row.batch_size != batch_size:
+                raise ZeusBSOTrialNotFoundError(
+                    f"Trial {trial_number} of job {job_id!r} runs batch size {row.batch_size}, "
+                    f"not {batch_size}."
+                )
+            if row.status == "dispatched":
+                row.status = "failed"
+                row.finished_at = datetime.now(timezone.utc)
+                session.flush()
+                logger.info(
+                    "job %s trial %d (batch size %d) ended without a result: failed",
+                    job_id,
+                    trial_number,
+                    row.batch_size,
+                )
             return _to_record(row)
 
         return self._transaction(run)
@@ -228,7 +308,7 @@ class BSOService:
 
     def _transaction(self, fn: Callable[[Session], _T]) -> _T:
         def run() -> _T:
-            with self._sessions.begin() as session:
+            with self._one_at_a_time, self._sessions.begin() as session:
                 return fn(session)
 
         return self._guard(run)
@@ -266,6 +346,38 @@ class BSOService:
                     self._trial_timeout_s,
                 )
         session.flush()
+
+    @staticmethod
+    def _require_trial(session: Session, job_id: str, trial_number: int) -> TrialRow:
+        row = session.scalar(
+            select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.trial_number == trial_number)
+        )
+        if row is None:
+            raise ZeusBSOTrialNotFoundError(
+                f"Job {job_id!r} has no trial {trial_number}; name the trial_number the "
+                "server handed out."
+            )
+        return row
+
+    @staticmethod
+    def _finish(row: TrialRow, config: JobConfig, result: TrialResult) -> TrialRecord:
+        """Record `result` on a trial waiting for it (a late one after a timeout, too)."""
+        if row.status == "timed_out":
+            logger.warning(
+                "job %s trial %d: late report accepted after the trial timed out",
+                row.job_id,
+                row.trial_number,
+            )
+        row.status = "succeeded" if result.converged else "failed"
+        row.energy_j = result.energy_j
+        row.time_s = result.time_s
+        row.converged = result.converged
+        row.epochs = result.epochs
+        row.cost = zeus_cost(
+            result.energy_j, result.time_s, config.eta_knob, config.total_max_power_w
+        )
+        row.finished_at = datetime.now(timezone.utc)
+        return _to_record(row)
 
     @staticmethod
     def _lock_job(session: Session, job_id: str) -> JobRow | None:

@@ -1,0 +1,65 @@
+"""CI mode (``CI=true``): a run that collects no test fails, and missing reference data
+fails the test that needs it; outside CI both stay quiet for the quick loop.
+
+The no-test runs are real pytest runs of this suite in a subprocess (``-k`` matching
+nothing), so they check the exit status CI sees.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from paths import REPO, SHARED_DATA, ci_mode, require_data
+
+
+def _pytest_exit(ci: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # the conftest decides; plugins cost seconds
+    if ci is not None:
+        env["CI"] = ci
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_run_that_collects_no_test_fails_under_ci_and_passes_locally():
+    here = "tests/unit/test_suite_ci_mode.py"
+    under_ci = _pytest_exit("true", here, "-k", "no_such_test")
+    assert under_ci.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, under_ci.stdout
+    assert "CI=true: a run that collects no test fails" in under_ci.stdout
+    local = _pytest_exit(None, here, "-m", "no_such_marker")
+    assert local.returncode == 0, local.stdout
+    assert "exit 0 outside CI" in local.stdout
+
+
+@pytest.mark.parametrize(("value", "ci"), [("true", True), ("1", True), ("TRUE", True),
+                                           ("false", False), ("", False), (None, False)])  # fmt: skip
+def test_ci_mode_reads_the_ci_variable(monkeypatch, value, ci):
+    if value is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", value)
+    assert ci_mode() is ci
+
+
+def test_missing_reference_data_fails_under_ci_and_skips_locally(monkeypatch, tmp_path):
+    absent = tmp_path / "sosp24_absent.csv"
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"reference data missing under CI: .*absent"):
+        require_data(absent)
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="reference data not present"):
+        require_data(absent)
+
+
+def test_present_reference_data_is_returned_in_both_modes(monkeypatch):
+    present = next(iter(sorted(SHARED_DATA.glob("*.csv"))), None)
+    if present is None:
+        require_data(SHARED_DATA / "sosp24_gpt3-175b_a40_8stage.csv")  # skips, or fails in CI
+    for value in ("true", ""):
+        monkeypatch.setenv("CI", value)
+        assert require_data(present) == present
