@@ -35,12 +35,15 @@ __all__ = [
     "FrequencySchedule",
     "InstructionProfilingResult",
     "JobInfo",
+    "JobNote",
+    "JobOutcome",
     "JobRecord",
     "OfflineProfilingResult",
     "ParallelLayout",
     "PipelineSpec",
     "ProfilingResult",
     "RankInfo",
+    "RoundStatus",
     "load_prof",
     "load_ranks",
     "load_sched",
@@ -79,6 +82,8 @@ MAX_FREQUENCIES = 1024
 """SM clocks one GPU reports (an A100 has 81, an H100 about 100): the most a rank may list in
 `RankInfo.available_frequencies`, or a profile hold per instruction."""
 MAX_FREQ_MHZ = 100_000
+MAX_SWITCH_LATENCY_S = 10.0
+"""A clock switch measured longer than this is a broken measurement."""
 
 Seconds = Annotated[float, Field(gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)]
 """A measured time: finite, > 0, at most `MAX_TIME_S`."""
@@ -120,9 +125,7 @@ class PipelineSpec(BaseModel):
         if total > MAX_ACTIONS:
             raise ValueError(f"the orders hold {total:,} actions; at most {MAX_ACTIONS:,}")
         try:
-            built = PipelineSchedule.from_orders(
-                self.schedule, self.orders, self.num_microbatches
-            )
+            built = PipelineSchedule.from_orders(self.schedule, self.orders, self.num_microbatches)
         except ScheduleError as exc:
             raise ValueError(str(exc)) from None
         if built.num_virtual_stages != self.num_stages:
@@ -269,16 +272,73 @@ class RankInfo(BaseModel):
     tp_rank: int = Field(ge=0)
     available_frequencies: list[FreqMHz] = Field(max_length=MAX_FREQUENCIES)
     emulated: bool = False
+    switch_latency_s: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=MAX_SWITCH_LATENCY_S,
+        allow_inf_nan=False,
+        description="how long this rank's GPU took to apply a locked SM clock, measured by the "
+        "rank (`perseus.client.frequency.measure_switch_latency`); None: not measured",
+    )
+
+
+MAX_NOTES = 32
+"""Notes one round's status may carry."""
+MAX_NOTE_CHARS = 2000
+
+
+class JobNote(BaseModel):
+    """One line the coordinator asks the job to log (rank 0 logs it)."""
+
+    level: Literal["info", "warning"] = "info"
+    text: str = Field(max_length=MAX_NOTE_CHARS)
+
+
+class RoundStatus(BaseModel):
+    """Where the job stands, sent to rank 0 with its schedule so the job can say what it
+    does without the user configuring anything (`perseus.client.hook`)."""
+
+    phase: str = Field(max_length=64, description="e.g. profiling, deployed, all-max")
+    round: int = Field(ge=0)
+    profiling_rounds: int | None = Field(
+        default=None, ge=0, description="about how many rounds profiling takes in all"
+    )
+    notes: list[JobNote] = Field(default_factory=list, max_length=MAX_NOTES)
+    summary: str | None = Field(
+        default=None,
+        max_length=MAX_NOTE_CHARS,
+        description="the job's measured figures so far, one line (logged when the job ends)",
+    )
+
+
+class JobOutcome(BaseModel):
+    """What a job did, as the coordinator answers ``POST /finish`` (rank 0 logs it): rounds,
+    measured iterations and joules (every GPU), and the energy report's savings (None until
+    both sides are known)."""
+
+    job_id: str = Field(max_length=512)
+    rounds: int = Field(ge=0, description="rounds handed out")
+    iterations_measured: int = Field(
+        ge=0, description="iterations of the rounds every rank reported"
+    )
+    energy_j: float = Field(ge=0.0, description="energy every GPU measured over them, J")
+    measured_saving: float | None = None
+    measured_slowdown: float | None = None
+    predicted_saving: float | None = None
+    predicted_slowdown: float | None = None
 
 
 class FrequencySchedule(BaseModel):
     """Frequency schedule for one iteration of one rank.
 
     `frequencies` is a list of (instruction name, frequency in MHz), in execution order.
+    `status` (rank 0's schedule only; optional, Zeus's clients ignore it): where the job
+    stands and what to log.
     """
 
     rank: int = Field(ge=0)
     frequencies: list[tuple[str, int]]
+    status: RoundStatus | None = None
 
 
 class ProfilingResult(BaseModel):

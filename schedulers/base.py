@@ -15,6 +15,9 @@ Optional hooks, declared here with defaults and overridden by the schedulers tha
   it is kept: raise `RankError` when it cannot be this job's (the default refuses only a
   result without breakdowns when `needs_breakdowns` says why they are needed); a refused
   result is a 422 for that rank, which may send a corrected one.
+- `status()`: what rank 0 should log with the next schedule (default None).
+- `promise_events()`: the plan's deployments, checks and moves since the last call, for
+  the operator's view (default none).
 
 Per-instruction breakdowns (`ProfilingResult.time_breakdown` / ``energy_breakdown``) are
 optional on the wire: Zeus's clients send none by default. A scheduler that cannot work
@@ -37,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import ValidationError
 
 from perseus.errors import ConfigurationError, RankError
-from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
+from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.settings import PerseusSettings
 from schedulers.args import SchedulerArgs
 
@@ -99,6 +102,16 @@ class FrequencyScheduler(abc.ABC):
         """The all-max plan scored like `deployed_plan` (the predicted baseline of the energy
         report), once the scheduler can score plans; default: None."""
         return None
+
+    def status(self) -> RoundStatus | None:
+        """Where the job stands and what it should log, sent to rank 0 with the next
+        schedule (called after `next_schedule`; default: nothing to say)."""
+        return None
+
+    def promise_events(self) -> list[dict[str, Any]]:
+        """Deployments, checks and moves of the plan since the last call, each a JSON
+        object with at least ``round``, ``event`` and ``reason`` (default: none)."""
+        return []
 
     def resume(self, plan: Plan) -> None:  # noqa: B027 - a hook whose default is to do nothing
         """Go back to running `plan`, persisted before a coordinator restart (default: ignore)."""

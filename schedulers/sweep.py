@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import statistics
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
@@ -229,6 +230,21 @@ class InstructionSweep:
     @property
     def done(self) -> bool:
         return self.phase is SweepPhase.DONE
+
+    def rounds_left_estimate(self) -> int:
+        """About how many rounds the sweep still takes (for progress reports): the coarse
+        levels left, then about two bisections per refined instruction's gap."""
+        match self.phase:
+            case SweepPhase.DONE:
+                return 0
+            case SweepPhase.REFINE:
+                return max((len(v) for v in self.pending.values()), default=0) + 1
+        left = self.warmup_left if self.phase is SweepPhase.WARMUP else 0
+        left += max(0, len(self.pass_levels) - self.step)
+        if self.coarse and self.refine:
+            step = max(1, len(self.levels) // max(1, len(self.pass_levels)))
+            left += 2 * max(1, math.ceil(math.log2(step + 1)))
+        return left
 
     def _freq_of(self, stage: int, name: str) -> int:
         if self.phase is SweepPhase.SWEEP and self._group(stage, name) in self.active:

@@ -1,14 +1,23 @@
 """Helpers for the coordinator and scheduler tests: a real uvicorn server on loopback and a
-simulated pipeline job whose ranks compute their `ProfilingResult`s from a DVFS-like model.
+simulated pipeline job whose ranks' results come from emulated GPUs.
 
-The model (`GroundTruth`): per pipeline (virtual) stage, a forward takes ``t0`` at the max
-frequency, a full backward ``2·t0`` and each half of a split backward (I, W) ``t0``. An
-instruction that takes ``t0`` at the max frequency takes
-``t0·(0.3 + 0.7·f_max/f)`` at f (30 % memory-bound), drawing ``60 W + 200 W·(f/f_max)^2.5``
-while busy, and a GPU blocked on P2P / idle draws `p2p_power_w`. Energy per instruction is
-U-shaped in f. The iteration's timing is the instruction DAG's longest path, per
-data-parallel pipeline; pipelines synchronise at the end of the iteration (all-reduce), so
-every rank's iteration time is the slowest pipeline's.
+`GroundTruth` describes the emulated job: per pipeline (virtual) stage the forward's time
+at the GPU's max clock and its memory-bound share (a backward is twice a forward's work,
+each half of a split backward one forward's), the GPU type, a per-pipeline slowdown (a
+straggler), and the costs the profile does not hold (clock-switch, hop and host latency; 0
+by default). Its `time_s`, `energy_j` and `p2p_power_w` are the emulator's own model
+numbers (`zeus_power.device.DVFSModel` through `perseus.synth`), for tests to write truth
+profiles and expected values.
+
+`SimulatedJob` drives a job's ranks through the real coordinator over HTTP: the ranks'
+schedules come from the server, and a `perseus.demo.virtual.VirtualCluster` runs them on
+`EmulatedGPU`s in virtual time and produces what the ranks report (instruction times and
+energies, iteration times and the energy counters' changes). Nothing here computes a
+"measured" figure with the solver's formulas. What the emulator measures differs from the
+solver's accounting where a real job's would: a round runs one iteration, which every rank
+starts together (the round's schedules arrive together) and ends with its own last
+instruction, so the blocked tail a plan charges to the ranks that finish first is in no
+rank's iteration energy (`planned_energy` adds it back).
 """
 
 from __future__ import annotations
@@ -25,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import pandas as pd
 import uvicorn
 from fastapi import FastAPI
 
+from perseus.demo.virtual import VirtualCluster
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule, make_schedule
 from perseus.io.profile_csv import save_profile
@@ -39,13 +48,23 @@ from perseus.protocol import (
     PipelineSpec,
     ProfilingResult,
     RankInfo,
+    RoundStatus,
 )
 from perseus.server import create_app
 from perseus.settings import PerseusSettings
+from perseus.synth import stage_workloads, synthesize_profile
+from zeus_power.device import DVFSModel, Workload
+from zeus_power.device.specs import get_gpu_spec
 from zeus_power.serving import header_timeout_protocol
 
-FREQS = list(range(1500, 450, -75))  # 1500 … 525 MHz, 14 levels
+GPU = "A100-SXM"
+"""The emulated GPU of the simulated jobs (its top clock is not power-capped at the default
+limit, so the max clock is the fastest)."""
+FREQS = get_gpu_spec(GPU).supported_sm_clocks_mhz()  # 1410 … 210 MHz, 81 clocks 15 MHz apart
 F_MAX = FREQS[0]
+ENERGY_ABS_J = 1e-3
+"""How close a measured instruction energy comes to the model's: the GPU's energy counter
+counts whole millijoules, and an instruction's energy is the difference of two readings."""
 
 
 @contextlib.contextmanager
@@ -113,7 +132,8 @@ def job_info(pp: int, dp: int = 1, tp: int = 1, *, pipeline: PipelineSpec | None
 
 
 def rank_infos(pp: int, dp: int = 1, tp: int = 1, freqs: list[int] | None = None) -> list[RankInfo]:
-    """Megatron order: tp fastest, then pp... here rank = (dp·pp + pp_rank)·tp + tp_rank."""
+    """Megatron order: tp fastest, then pp... here rank = (dp·pp + pp_rank)·tp + tp_rank.
+    `freqs`: the GPUs' clocks (default: the emulated `GPU`'s, `FREQS`)."""
     out = []
     for d in range(dp):
         for p in range(pp):
@@ -132,99 +152,82 @@ def rank_infos(pp: int, dp: int = 1, tp: int = 1, freqs: list[int] | None = None
 
 @dataclass
 class GroundTruth:
-    """The simulated GPUs and model (see the module docstring)."""
+    """The simulated job's GPUs and model (see the module docstring)."""
 
     forward_s: list[float]
-    """Per pipeline (virtual) stage, the forward time at max frequency (backward = 2×,
-    backward_input = backward_weight = 1×)."""
-    p2p_power_w: float = 70.0
+    """Per pipeline (virtual) stage, the forward's time at the max clock (backward = 2×,
+    backward_input = backward_weight = 1× the forward's work)."""
     memory_fraction: list[float] | None = None
-    """Per stage, the frequency-insensitive share of the time (default 0.3)."""
+    """Per stage, the clock-insensitive share of that time (default 0.3)."""
     slowdown: dict[int, float] = field(default_factory=dict)
-    """dp_rank → factor on that pipeline's instruction times (a straggler)."""
+    """dp_rank → factor on that pipeline's work (a straggler); read at every round."""
+    gpu_type: str = GPU
+    switch_latency_s: float = 0.0
+    """How long a GPU takes to apply a locked clock."""
+    hop_latency_s: float = 0.0
+    """Time added to every DAG edge between two pipeline ranks."""
+    host_gap_s: float = 0.0
+    """Host time before every instruction on its rank."""
+    model: DVFSModel = field(init=False, repr=False)
+    workloads: dict[tuple[int, str], Workload] = field(init=False, repr=False)
+    """(stage, kind) → the work one GPU of the stage runs."""
+
+    def __post_init__(self) -> None:
+        self.model = DVFSModel(self.gpu_type)
+        fractions = self.memory_fraction or [0.3] * len(self.forward_s)
+        self.workloads = {}
+        for stage, (t0, m) in enumerate(zip(self.forward_s, fractions, strict=True)):
+            ((fwd, bwd),) = stage_workloads(
+                self.gpu_type, [1.0], base_forward_ms=t0 * 1000.0, memory_fraction=m
+            )
+            for kind, work in (
+                ("forward", fwd),
+                ("backward", bwd),
+                ("backward_input", fwd),
+                ("backward_weight", fwd),
+            ):
+                self.workloads[stage, kind] = work
+
+    @property
+    def freqs(self) -> list[int]:
+        """The GPU's supported clocks, descending."""
+        return self.model.supported_sm_clocks_mhz()
+
+    @property
+    def p2p_power_w(self) -> float:
+        """What one GPU draws while blocked on its pipeline peers."""
+        return self.model.spec.p2p_block_power_w
 
     def time_s(self, stage: int, kind: str, freq: int) -> float:
-        t0 = self.forward_s[stage] * (2.0 if kind == "backward" else 1.0)
-        m = 0.3 if self.memory_fraction is None else self.memory_fraction[stage]
-        return t0 * (m + (1.0 - m) * F_MAX / freq)
-
-    def power_w(self, freq: int) -> float:
-        return 60.0 + 200.0 * (freq / F_MAX) ** 2.5
+        """One instruction's time at `freq` on one GPU, as the emulator runs it."""
+        return self.model.time_s(
+            self.workloads[stage, kind], freq, self.model.spec.default_power_limit_w
+        )
 
     def energy_j(self, stage: int, kind: str, freq: int) -> float:
-        return self.power_w(freq) * self.time_s(stage, kind, freq)
-
-
-def pipeline_timing(schedule: PipelineSchedule, durations: list[list[float]]) -> float:
-    """Longest path of the DAG with per-stage durations in execution order."""
-    dur = {
-        instr: d
-        for order, ds in zip(schedule.orders, durations, strict=True)
-        for instr, d in zip(order, ds, strict=True)
-    }
-    dag = schedule.dag()
-    finish: dict = {}
-    for node in schedule.instructions():
-        finish[node] = max((finish[p] for p in dag.predecessors(node)), default=0.0) + dur[node]
-    return max(finish.values())
-
-
-def simulate(
-    truth: GroundTruth,
-    infos: list[RankInfo],
-    schedules: dict[int, FrequencySchedule],
-    num_microbatches: int,
-    *,
-    iterations: int = 1,
-    schedule: PipelineSchedule | None = None,
-) -> list[ProfilingResult]:
-    """Every rank's `ProfilingResult` for running its schedule for `iterations` iterations
-    of `schedule` (default: 1F1B over the pipeline ranks)."""
-    pp = max(i.pp_rank for i in infos) + 1
-    if schedule is None:
-        schedule = make_schedule("1f1b", pp, num_microbatches)
-    by_dp: dict[int, list[RankInfo]] = {}
-    for info in infos:
-        by_dp.setdefault(info.dp_rank, []).append(info)
-    durations: dict[int, list[float]] = {}
-    makespans = []
-    for dp, members in by_dp.items():
-        factor = truth.slowdown.get(dp, 1.0)
-        per_stage: list[list[float]] = [[] for _ in range(pp)]
-        for info in members:
-            if info.tp_rank != 0:
-                continue
-            order = schedule.orders[info.pp_rank]
-            entries = schedules[info.rank].frequencies
-            assert [k for k, _ in entries] == [i.kind for i in order], "plan ≠ the rank's order"
-            per_stage[info.pp_rank] = [
-                truth.time_s(instr.stage, kind, f) * factor
-                for instr, (kind, f) in zip(order, entries, strict=True)
-            ]
-        for info in members:
-            durations[info.rank] = per_stage[info.pp_rank]
-        makespans.append(pipeline_timing(schedule, per_stage))
-    iter_time = max(makespans)
-    results = []
-    for info in infos:
-        entries = schedules[info.rank].frequencies
-        ts = durations[info.rank]
-        es = [truth.power_w(f) * t for (_, f), t in zip(entries, ts, strict=True)]
-        busy = math.fsum(ts)
-        energy = math.fsum(es) + truth.p2p_power_w * (iter_time - busy)
-        kinds = sorted({kind for kind, _ in entries})
-        tb = {k: [t for (kind, _), t in zip(entries, ts, strict=True) if kind == k] for k in kinds}
-        eb = {k: [e for (kind, _), e in zip(entries, es, strict=True) if kind == k] for k in kinds}
-        results.append(
-            ProfilingResult(
-                rank=info.rank,
-                iter_time=[iter_time] * iterations,
-                iter_energy=[energy] * iterations,
-                time_breakdown={k: [v] * iterations for k, v in tb.items()},
-                energy_breakdown={k: [v] * iterations for k, v in eb.items()},
-            )
+        """One instruction's energy at `freq` on one GPU, as the emulator runs it."""
+        return self.model.energy_j(
+            self.workloads[stage, kind], freq, self.model.spec.default_power_limit_w
         )
-    return results
+
+    def cluster(self, pipeline: PipelineSchedule, *, dp: int = 1, tp: int = 1) -> VirtualCluster:
+        """The emulated job running `pipeline` on ``pp × dp × tp`` GPUs."""
+        if pipeline.num_virtual_stages != len(self.forward_s):
+            raise ValueError(
+                f"The {pipeline.name} pipeline has {pipeline.num_virtual_stages} stage(s); "
+                f"the truth describes {len(self.forward_s)}"
+            )
+        return VirtualCluster(
+            pipeline,
+            self.workloads,
+            gpu_type=self.gpu_type,
+            dp_degree=dp,
+            tp_degree=tp,
+            switch_latency_s=self.switch_latency_s,
+            hop_latency_s=self.hop_latency_s,
+            host_gap_s=self.host_gap_s,
+            slowdown=dict(self.slowdown),
+        )
 
 
 class SimulatedJob:
@@ -244,8 +247,11 @@ class SimulatedJob:
     ) -> None:
         """A job of `pp` pipeline ranks running 1F1B over `num_microbatches` that describes
         no pipeline (an old client), or one that describes `schedule` at registration.
-        `token`: the coordinator's (default: ``PERSEUS_TOKEN``); the job's credential is
-        taken from the registration's answer and sent on every later request."""
+        Its ranks run on `truth.cluster(...)` and register what they measured on their
+        GPUs (clocks, switch latency), not marked emulated (a test marks them by changing
+        `infos`). `token`: the coordinator's (default: ``PERSEUS_TOKEN``); the job's
+        credential is taken from the registration's answer and sent on every later
+        request."""
         self.base_url = base_url
         token = token if token is not None else os.environ.get("PERSEUS_TOKEN")
         self.headers: dict[str, str] = {"authorization": f"Bearer {token}"} if token else {}
@@ -256,11 +262,15 @@ class SimulatedJob:
             pp, num_microbatches = schedule.num_stages, schedule.num_microbatches
         assert pp is not None and num_microbatches is not None
         self.schedule = schedule
+        self.cluster = truth.cluster(
+            schedule or make_schedule("1f1b", pp, num_microbatches), dp=dp, tp=tp
+        )
         self.info = job_info(pp, dp, tp, pipeline=spec)
-        self.infos = rank_infos(pp, dp, tp)
+        self.infos = [i.model_copy(update={"emulated": False}) for i in self.cluster.rank_infos()]
         self.num_microbatches = num_microbatches
         self.job_id: str | None = None
         self.history: list[dict[int, FrequencySchedule]] = []
+        self.statuses: list[RoundStatus | None] = []
         self.results: list[list[ProfilingResult]] = []
 
     async def register(self, client: httpx.AsyncClient) -> str:
@@ -295,13 +305,17 @@ class SimulatedJob:
         schedules = {
             s.rank: s for s in (FrequencySchedule.model_validate(r.json()) for r in responses)
         }
+        # What each rank runs; rank 0's status (what it logs) is kept apart, so that rounds
+        # running the same clocks compare equal.
+        self.statuses.append(schedules[min(schedules)].status)
+        schedules = {r: s.model_copy(update={"status": None}) for r, s in schedules.items()}
         self.history.append(schedules)
         return schedules
 
     def results_for(self, schedules: dict[int, FrequencySchedule]) -> list[ProfilingResult]:
-        return simulate(
-            self.truth, self.infos, schedules, self.num_microbatches, schedule=self.schedule
-        )
+        """Every rank's result of one round of `schedules`, run on the emulated GPUs."""
+        self.cluster.slowdown = dict(self.truth.slowdown)
+        return self.cluster.run_round(list(schedules.values()))
 
     async def report(
         self, client: httpx.AsyncClient, schedules: dict[int, FrequencySchedule]
@@ -339,16 +353,43 @@ def stage_freqs(schedules: dict[int, FrequencySchedule], rank: int) -> list[int]
 
 
 def write_truth_profile(truth: GroundTruth, num_stages: int, path: Path) -> Path:
-    """The ground truth at every frequency of `FREQS`, as a short-form profile CSV."""
-    rows = [
-        (stage, kind, f, truth.time_s(stage, kind, f), truth.energy_j(stage, kind, f))
-        for stage in range(num_stages)
-        for kind in ("forward", "backward")
-        for f in FREQS
+    """The emulator's exact profile of `truth`'s first `num_stages` stages at every supported
+    clock, as a short-form CSV (`perseus.synth.synthesize_profile`)."""
+    pairs = [
+        (truth.workloads[s, "forward"], truth.workloads[s, "backward"]) for s in range(num_stages)
     ]
-    frame = pd.DataFrame(rows, columns=["stage", "instruction", "frequency", "time", "energy"])
+    frame = synthesize_profile(truth.gpu_type, pairs)
     save_profile(InstructionProfile.from_frame(frame), path)
     return path
+
+
+def all_max_round(
+    truth: GroundTruth, pipeline: PipelineSchedule, *, dp: int = 1, tp: int = 1
+) -> list[ProfilingResult]:
+    """Every rank's result of one round at the GPUs' top clock, on a fresh emulated job."""
+    cluster = truth.cluster(pipeline, dp=dp, tp=tp)
+    top = truth.freqs[0]
+    return cluster.run_round(
+        [
+            FrequencySchedule(
+                rank=r,
+                frequencies=[(i.kind, top) for i in pipeline.orders[cluster.layout_of(r)[1]]],
+            )
+            for r in range(cluster.world_size)
+        ]
+    )
+
+
+def planned_energy(
+    results: list[ProfilingResult], p2p_power_w: float, dp_rank_of: dict[int, int]
+) -> float:
+    """One round's first-pipeline energy per iteration as a plan accounts it: what its GPUs
+    measured, plus their blocking power (`p2p_power_w`, one GPU's) from each rank's last
+    instruction to the end of the pipeline's iteration (its slowest rank's), which the
+    rank's own iteration does not include."""
+    first = [r for r in results if dp_rank_of[r.rank] == 0]
+    time_s = max(r.iter_time[0] for r in first)
+    return math.fsum(r.iter_energy[0] + p2p_power_w * (time_s - r.iter_time[0]) for r in first)
 
 
 def pipeline_energy_and_time(

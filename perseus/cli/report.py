@@ -1,135 +1,23 @@
 """`perseus report DUMP_DIR/JOB_ID`: what a job saved, from its dump.
 
-Reads the job's record, ranks, every round's schedules and results and its deployed plan
-(`perseus.io.jobdir.JobDir` names them), classifies each round (all-max, deployed, other)
-and prints the energy report of `perseus.planning.report` — the same accounting as the
-coordinator's ``GET /jobs/{job_id}`` — then draws the rounds (PNG).
+Prints the energy report `perseus.planning.dump.read_dump` makes from the job's files — the
+same accounting as the coordinator's ``GET /jobs/{job_id}`` — then draws the rounds (PNG).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
 
 from perseus.cli._common import AllowImplausiblePower, cli_errors, console
-from perseus.errors import PerseusError
 
 if TYPE_CHECKING:
-    from perseus.domain.plan import Plan
-    from perseus.planning.report import EnergyReport, IterationFigures, RoundKind
+    pass
 
-__all__ = ["DumpReport", "read_dump", "report"]
-
-_MAX_ROUNDS = 100_000
-
-
-@dataclass
-class DumpReport:
-    """A job's rounds (round, kind, time s, energy J per iteration) and its energy report."""
-
-    job_id: str
-    scheduler: str
-    rounds: list[tuple[int, str, float, float]]
-    report: EnergyReport
-
-
-def _predicted_baseline(
-    job_dir: Path, plan: Plan, profile: Path | None, check: bool, meta: dict[str, object]
-) -> Plan | None:
-    """The all-max plan scored on the job's profile (None without a profile)."""
-    from perseus.io.jobdir import JobDir
-    from perseus.io.profile_csv import load_profile
-    from perseus.planning import make_plan, max_frequencies
-
-    if profile is None:
-        jd = JobDir(job_dir)
-        if jd.profile.is_file():
-            profile = jd.profile
-        else:
-            args = meta.get("scheduler_args")
-            given = args.get("profile_path") if isinstance(args, dict) else None
-            if isinstance(given, str) and Path(given).is_file():
-                profile = Path(given)
-    if profile is None:
-        return None
-    prof = load_profile(profile, check_power=check)
-    schedule = plan.pipeline_schedule()
-    return make_plan(prof, schedule, max_frequencies(prof, schedule), plan.p2p_power)
-
-
-def read_dump(
-    job_dir: Path, *, profile: Path | None = None, check_power: bool = True
-) -> DumpReport:
-    """Read a job's dump; `PerseusError` naming the file that is missing or malformed."""
-    from perseus.io.jobdir import JobDir
-    from perseus.io.plan_file import load_plan
-    from perseus.planning.report import (
-        EnergyReport,
-        RoundKind,
-        measure,
-        predicted_figures,
-        round_kind,
-    )
-    from perseus.protocol import JobRecord, load_prof, load_ranks, load_sched
-
-    jd = JobDir(job_dir)
-    if not jd.job.is_file():
-        raise PerseusError(
-            f"{str(job_dir)!r} is not a job's dump: it has no {JobDir.JOB} (give DUMP_DIR/JOB_ID)"
-        )
-    current = jd.job
-    try:
-        record = JobRecord.model_validate_json(jd.job.read_text())
-        current = jd.scheduler
-        meta = json.loads(jd.scheduler.read_text()) if jd.scheduler.is_file() else {}
-        if not isinstance(meta, dict):
-            raise ValueError("not a JSON object")
-        scheduler = str(meta.get("scheduler", "unknown scheduler")).replace(":", ".")
-        scheduler = scheduler.rsplit(".", 1)[-1]
-        current = jd.ranks
-        ranks = load_ranks(jd.path) if jd.ranks.is_file() else []
-        current = jd.deployed_plan
-        plan = load_plan(jd.deployed_plan) if jd.deployed_plan.is_file() else None
-        max_freq = {r.rank: max(r.available_frequencies) for r in ranks}
-        pp_rank = {r.rank: r.pp_rank for r in ranks}
-        rounds: list[tuple[int, str, float, float]] = []
-        latest: dict[RoundKind, IterationFigures] = {}
-        numbers = jd.rounds()
-        if len(numbers) > _MAX_ROUNDS:
-            raise PerseusError(f"{job_dir} holds {len(numbers):,} rounds; at most {_MAX_ROUNDS:,}")
-        for n in numbers:
-            if not jd.results(n).is_file():
-                continue
-            current = jd.schedules(n)
-            kind = round_kind(load_sched(jd.path, n), max_freq=max_freq, pp_rank=pp_rank, plan=plan)
-            current = jd.results(n)
-            figures = measure(load_prof(jd.path, n))
-            if figures is None:
-                continue
-            rounds.append((n, kind.value, figures.iteration_time_s, figures.energy_j))
-            latest[kind] = figures
-        current = jd.path
-        baseline = (
-            _predicted_baseline(jd.path, plan, profile, check_power, meta)
-            if plan is not None
-            else None
-        )
-    except (ValidationError, ValueError, json.JSONDecodeError) as exc:
-        raise PerseusError(f"{current} is malformed: {exc}") from None
-
-    dp = record.dp_degree
-    report_ = EnergyReport.of(
-        measured_all_max=latest.get(RoundKind.ALL_MAX),
-        measured_deployed=latest.get(RoundKind.DEPLOYED),
-        predicted_all_max=predicted_figures(baseline, dp) if baseline is not None else None,
-        predicted_deployed=predicted_figures(plan, dp) if plan is not None else None,
-    )
-    return DumpReport(record.job_id, scheduler, rounds, report_)
+__all__ = ["report"]
 
 
 def _pct(value: float | None) -> str:
@@ -161,6 +49,7 @@ def report(
     all-max rounds, the plan's predictions beside them; writes a plot of every round."""
     from rich.table import Table
 
+    from perseus.planning.dump import read_dump
     from perseus.plotting import plot_energy_report
 
     dump = read_dump(job_dir, profile=profile, check_power=not allow_implausible_power)
@@ -177,7 +66,16 @@ def report(
         title=f"{dump.job_id} ({dump.scheduler})",
     )
     if as_json:
-        typer.echo(json.dumps({"job_id": dump.job_id, "plot": str(png), **rep.model_dump()}))
+        typer.echo(
+            json.dumps(
+                {
+                    "job_id": dump.job_id,
+                    "plot": str(png),
+                    **rep.model_dump(),
+                    "promise": dump.promise,
+                }
+            )
+        )
         return
     table = Table(title=f"Job {dump.job_id} ({dump.scheduler}): per iteration, all GPUs")
     for col in ("", "time (s)", "energy (J)"):
@@ -194,6 +92,9 @@ def report(
         else:
             table.add_row(name, f"{f.iteration_time_s:.4f}", f"{f.energy_j:.1f}")
     console.print(table)
+    decisive = [e for e in dump.promise if e["event"] != "check"]
+    for e in decisive[-10:]:
+        console.print(f"round {e.get('round', '?')}: {e['event']}: {e.get('reason', '')}")
     console.print(
         f"Energy saving: measured {_pct(rep.measured_saving)}, predicted "
         f"{_pct(rep.predicted_saving)}; slowdown: measured {_pct(rep.measured_slowdown)}, "

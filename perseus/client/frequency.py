@@ -1,4 +1,5 @@
-"""The frequency controller: one worker thread per GPU that locks the SM clock.
+"""The frequency controller: one worker thread per GPU that locks the SM clock, and the
+measurement of how long a clock change takes to come into force on this rank's GPU.
 
 The training thread hands each instruction's clock to `FrequencyController.request` and goes
 on; the worker applies it, so the loop never waits on the driver.
@@ -7,13 +8,88 @@ on; the worker applies it, so the loop never waits on the driver.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
+import statistics
 import threading
+import time
 
 from perseus.errors import RankError
-from zeus_power.device.base import GPU
+from zeus_power.device.base import GPU, GPUError
 
-__all__ = ["FrequencyController"]
+__all__ = ["FrequencyController", "measure_switch_latency"]
+
+logger = logging.getLogger(__name__)
+
+SWITCH_SAMPLES = 4
+"""Clock changes timed by `measure_switch_latency` (alternately down and up)."""
+SWITCH_TIMEOUT_S = 1.0
+"""Longest wait for one change to show before the measurement gives up (real GPUs apply a
+locked clock in 10-20 ms)."""
+_POLL_S = 0.0002
+
+
+def _wait_for_clock(gpu: GPU, freq_mhz: int, timeout_s: float) -> float | None:
+    """Seconds until the GPU reports `freq_mhz` as its current SM clock (None: not within
+    `timeout_s`)."""
+    start = time.perf_counter()
+    while True:
+        if gpu.current_sm_clock_mhz() == freq_mhz:
+            return time.perf_counter() - start
+        if time.perf_counter() - start > timeout_s:
+            return None
+        time.sleep(_POLL_S)
+
+
+def measure_switch_latency(
+    gpu: GPU,
+    frequencies: list[int],
+    *,
+    samples: int = SWITCH_SAMPLES,
+    timeout_s: float = SWITCH_TIMEOUT_S,
+) -> float | None:
+    """How long this GPU takes to apply a locked SM clock, in seconds: the median over
+    `samples` changes between its highest clock and one well below it, each timed from the
+    lock call until the driver reports the new clock (`GPU.current_sm_clock_mhz`).
+
+    The same on every backend: an emulated GPU is timed the way a real one is, never asked
+    for its settings. Returns None (and logs why) where it cannot be measured: no clock
+    reading, no permission to lock clocks, fewer than two clocks, or a change that never
+    shows. The GPU's clocks are reset afterwards.
+    """
+    clocks = sorted(set(frequencies), reverse=True)
+    if len(clocks) < 2:
+        return None
+    high, low = clocks[0], clocks[len(clocks) // 2]
+    times: list[float] = []
+    try:
+        gpu.lock_sm_clocks(high, high)
+        if _wait_for_clock(gpu, high, timeout_s) is None:
+            logger.info(
+                "GPU %d: the clock never showed %d MHz; switch latency unknown", gpu.index, high
+            )
+            return None
+        for k in range(samples):
+            target = low if k % 2 == 0 else high
+            start = time.perf_counter()
+            gpu.lock_sm_clocks(target, target)
+            waited = _wait_for_clock(gpu, target, timeout_s)
+            if waited is None:
+                logger.info(
+                    "GPU %d: a change to %d MHz did not show within %g s; switch latency unknown",
+                    gpu.index,
+                    target,
+                    timeout_s,
+                )
+                return None
+            times.append(time.perf_counter() - start)
+    except GPUError as exc:
+        logger.info("GPU %d: switch latency not measured: %s", gpu.index, exc)
+        return None
+    finally:
+        with contextlib.suppress(GPUError):
+            gpu.reset_sm_clocks()
+    return statistics.median(times)
 
 
 class FrequencyController:

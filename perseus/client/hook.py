@@ -72,9 +72,10 @@ from perseus.client.bootstrap import (
     process_group,
     share_job_id,
 )
+from perseus.client.console import setup_job_logging
 from perseus.client.coordinator import CoordinatorClient, check_server_url
 from perseus.client.emulation import EmulationSettings, InstructionEmulator
-from perseus.client.frequency import FrequencyController
+from perseus.client.frequency import FrequencyController, measure_switch_latency
 from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
 from perseus.client.timing import TIMINGS, EventTimer, InstructionTiming
@@ -84,9 +85,11 @@ from perseus.protocol import (
     INSTRUCTIONS,
     FrequencySchedule,
     JobInfo,
+    JobOutcome,
     PipelineSpec,
     ProfilingResult,
     RankInfo,
+    RoundStatus,
 )
 from zeus_power.device.base import GPU
 
@@ -211,6 +214,7 @@ class PerseusOptimizer:
         token: str | None = None,
     ) -> None:
         self._state = _HookState.CLOSED  # until construction succeeds
+        setup_job_logging(rank)
         timing = timing if timing is not None else os.environ.get("PERSEUS_TIMING", "auto")
         if timing not in TIMINGS:
             raise ConfigurationError(
@@ -243,7 +247,7 @@ class PerseusOptimizer:
         )
         dist = process_group(rank, world_size)
         self._dist = dist
-        self.finish_report: dict[str, Any] | None = None
+        self.finish_report: JobOutcome | None = None
         """Rank 0, after a normal `close`: the coordinator's answer to the job's finish
         (rounds, iterations and energy measured, the energy report)."""
 
@@ -280,6 +284,15 @@ class PerseusOptimizer:
         self._events_steps: list[tuple[int, int, float, list[InstructionTiming]]] = []
         """Events timing: each step of the round so far (step, slot, time, instructions)."""
         self.available_frequencies = sorted(gpu.supported_sm_clocks_mhz(), reverse=True)
+        self.switch_latency_s = measure_switch_latency(gpu, self.available_frequencies)
+        """How long this GPU took to apply a locked clock (measured here; None: unknown)."""
+        if self.switch_latency_s is not None:
+            logger.debug(
+                "Rank %d: GPU %d applies a locked clock in %.1f ms (measured)",
+                rank,
+                device_id,
+                self.switch_latency_s * 1000,
+            )
         self._schedule = ScheduleValidator(
             rank=rank,
             pp_rank=pp_rank,
@@ -321,8 +334,33 @@ class PerseusOptimizer:
                     tp_rank=tp_rank,
                     available_frequencies=self.available_frequencies,
                     emulated=self.emulated,
+                    switch_latency_s=self.switch_latency_s,
                 ),
             )
+            if rank == 0:
+                shape = (
+                    f"{pipeline.schedule}, {pipeline.num_microbatches} microbatches"
+                    if pipeline is not None
+                    else "the coordinator's default pipeline"
+                )
+                switch = (
+                    f"{self.switch_latency_s * 1000:.1f} ms"
+                    if self.switch_latency_s is not None
+                    else "unknown"
+                )
+                logger.info(
+                    "Perseus: job %s registered with %s: %d rank(s) (pp %d × dp %d × tp %d), "
+                    "%s; clock switch on GPU %d: %s",
+                    self.job_id,
+                    self.server_url,
+                    world_size,
+                    pp_degree,
+                    dp_degree,
+                    tp_degree,
+                    shape,
+                    device_id,
+                    switch,
+                )
             self._trace = Trace.open(trace_dir, rank)
             job_record: dict[str, Any] = {"kind": "job", "job_id": self.job_id, "rank": rank}
             if self.emulated:
@@ -355,6 +393,8 @@ class PerseusOptimizer:
         self._time_breakdown: dict[str, list[list[float]]] = {}
         self._energy_breakdown: dict[str, list[list[float]]] = {}
         self._savings = SavingsLog(rank, max(self.available_frequencies, default=0), logger)
+        self.status: RoundStatus | None = None
+        """The job's status as the coordinator last sent it (rank 0 only)."""
 
     def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
         """Tell the coordinator that pipeline `dp_rank` runs `slowdown` times slower (1.0: recovered)."""
@@ -406,6 +446,14 @@ class PerseusOptimizer:
         schedule = exchange.result() if exchange is not None else self._get_schedule()
         frequencies = self._schedule.accept(schedule, self.round + 1)
         self.round += 1
+        if schedule.status is not None:
+            self.status = schedule.status
+            for note in schedule.status.notes:
+                logger.log(
+                    logging.WARNING if note.level == "warning" else logging.INFO,
+                    "Perseus: %s",
+                    note.text,
+                )
         self._savings.schedule(self.round, [f for _, f in schedule.frequencies])
         self._write_trace(
             {
@@ -662,6 +710,8 @@ class PerseusOptimizer:
                 freq.close()
             if finish:
                 self._finish()
+                if self.rank == 0:
+                    logger.info("Perseus: job %s ends: %s", self.job_id, self._end_line())
         finally:
             self._coordinator.close()
             if self._trace is not None:
@@ -689,6 +739,24 @@ class PerseusOptimizer:
             logger.warning(
                 "Job %s: could not tell the coordinator it finished: %s", self.job_id, exc
             )
+
+    def _end_line(self) -> str:
+        """What the job did, one line: the coordinator's answer to the finish, else the last
+        status it sent."""
+        outcome = self.finish_report
+        if outcome is None:
+            status = self.status.summary if self.status is not None else None
+            return status or "the coordinator sent no figures"
+        total = (
+            f"{outcome.energy_j:,.0f} J over {outcome.iterations_measured} measured "
+            "iteration(s), all GPUs"
+        )
+        if outcome.measured_saving is None or outcome.measured_slowdown is None:
+            return f"no plan was measured against all-max; {total}"
+        return (
+            f"measured saving {outcome.measured_saving:.2%} at {outcome.measured_slowdown:+.2%} "
+            f"slowdown against its all-max rounds (medians); {total}"
+        )
 
     def __enter__(self) -> PerseusOptimizer:
         return self

@@ -1,4 +1,8 @@
-"""What a rank deploys and what it saves, for the hook's INFO log lines.
+"""What a rank deploys and what it saves, for the hook's DEBUG log lines.
+
+The job's own figures (every GPU, measured against the job's all-max rounds, beside the
+plan's prediction) come from the coordinator and rank 0 logs them at INFO
+(`perseus.protocol.RoundStatus`); these per-GPU lines are for debugging one rank.
 
 A schedule the coordinator hands out for a second round in a row is *deployed* (a sweep
 changes it every round): logged once, with its frequency range. Rounds that ran every
@@ -59,7 +63,7 @@ class SavingsLog:
             else f"{min(frequencies)}–{max(frequencies)} MHz "
             f"(mean {sum(frequencies) / len(frequencies):.0f})"
         )
-        self.logger.info(
+        self.logger.debug(
             "Rank %d: deployed since round %d: %d instructions, %s",
             self.rank,
             self._since,
@@ -85,7 +89,7 @@ class SavingsLog:
         if self.baseline is None or self.deployed is None or self.baseline[1] <= 0:
             return
         (t0, e0), (t1, e1) = self.baseline, self.deployed
-        self.logger.info(
+        self.logger.debug(
             "Rank %d: saves %.1f %% energy per iteration against all-max (%.3f J vs %.3f J); "
             "iteration time %+.1f %% (%.4f s vs %.4f s)",
             self.rank,

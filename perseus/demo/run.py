@@ -17,7 +17,7 @@ from perseus.demo.processes import (
     require_torch,
     run_training,
 )
-from perseus.demo.traces import count_steps, last_step_frequencies, read_traces, summarize
+from perseus.demo.traces import count_steps
 from perseus.errors import ConfigurationError, PerseusError
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
@@ -29,7 +29,8 @@ __all__ = ["DemoResult", "run_demo"]
 
 @dataclass(frozen=True)
 class DemoResult:
-    """What `run_demo` measured and wrote."""
+    """What `run_demo` measured and wrote: the job's own energy report (its all-max rounds
+    against the rounds of the plan deployed at the end, medians) and its files."""
 
     baseline_time_s: float
     baseline_energy_j: float
@@ -39,8 +40,10 @@ class DemoResult:
     frontier_png: Path
     timeline_png: Path
     planned_energy_saved: float
-    """What the profile's accounting predicts for the deployed plan against all-max."""
+    """What the plan's model (profile, switching, hops) predicts against all-max."""
     planned_slowdown: float
+    promise: tuple[str, ...] = ()
+    """The deployments, holds and moves of the plan, "round N: event: reason"."""
     emulated: bool = True
     """The numbers come from emulated GPUs (the profile's and the plan's own marks)."""
 
@@ -86,68 +89,47 @@ def run_demo(
     out_dir: str | os.PathLike[str],
     *,
     spec: DemoJob | None = None,
-    baseline_steps: int = 12,
-    perseus_steps: int = 36,
-    measure_steps: int = 8,
+    steps: int = 60,
     freq_step: int = 6,
     max_slowdown: float = 0.01,
     console: Any = None,
 ) -> DemoResult:
-    """Run the demo: AllMaxFrequency, then Perseus, on the same emulated 4-rank job
-    (default: the zero-bubble schedule `zb` on an uneven split).
+    """Run the demo: one emulated 4-rank job under the `Perseus` scheduler (default: the
+    zero-bubble schedule `zb` on an uneven split), `steps` iterations.
 
-    Perseus picks the least-energy frontier plan at most `max_slowdown` slower than the
-    fastest one. The ranks run on emulated GPUs: the demo opts in (``ZEUS_GPU_BACKEND=emulated``
-    in their environment, `DemoJob.environment`) and every file it writes says so (the
-    profile's ``emulated`` column, the plan's and the summary's ``"emulated": true``).
-    Writes under `out_dir`: ``profile.csv`` (the online instruction profile),
-    ``frontier/`` and ``frontier.png`` (the time–energy frontier, the all-max point marked),
-    ``timeline.png`` (the deployed plan's per-stage Gantt chart), ``plan.json`` (the
-    deployed plan), ``summary.json``, and the logs and traces of both runs.
+    The job first runs all-max rounds (its measured baseline), then profiles every
+    instruction, solves the frontier with the costs it measured (each rank's clock switch,
+    the P2P hop latency) and deploys the least-energy plan at most `max_slowdown` slower
+    than all-max, whose measured rounds its guard compares with the all-max ones. The
+    figures are the job's own report (`perseus.planning.dump.read_dump`, as ``perseus
+    report`` prints them): measured, medians of its all-max rounds and of the rounds of the
+    plan running at the end; predicted, the plan's and the all-max plan's numbers from one
+    model. The ranks run on emulated GPUs: the demo opts in (``ZEUS_GPU_BACKEND=emulated`` in
+    their environment, `DemoJob.environment`) and every file it writes says so.
+    Writes under `out_dir`: ``profile.csv``, ``frontier/`` and ``frontier.png`` (the
+    time–energy frontier, all-max and the deployed plan marked by the same model),
+    ``timeline.png`` (the deployed plan's per-stage Gantt chart), ``plan.json``,
+    ``summary.json``, and the logs, traces and dump of the run.
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     require_torch()
-    from perseus.planning import evaluate, max_frequencies
+    from perseus.planning.dump import read_dump
     from perseus.plotting import plot_frontier, plot_timeline
 
     spec = spec or DemoJob(layers="4,8,6,2", schedule="zb", nominal_ms_per_layer=8.0)
-    if measure_steps < 1 or baseline_steps <= measure_steps or perseus_steps <= measure_steps:
-        raise ConfigurationError(
-            f"Need more steps than measured ones: baseline_steps={baseline_steps}, "
-            f"perseus_steps={perseus_steps}, measure_steps={measure_steps}"
-        )
+    if steps < 1:
+        raise ConfigurationError(f"steps must be at least 1, got {steps}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     console = console or Console()
-    args = {"num_microbatches": spec.microbatches}
-    # The emulated GPUs take ZEUS_EMULATED_SWITCH_LATENCY_MS (default 15 ms) to switch
-    # clocks; the ranks get it explicitly and Perseus plans with it.
-    from zeus_power.device import DeviceSettings
-
-    try:
-        latency_ms = DeviceSettings().emulated_switch_latency_ms
-    except ValueError:  # pydantic's ValidationError: the variable names itself
-        raise ConfigurationError(
-            "ZEUS_EMULATED_SWITCH_LATENCY_MS must be a number of ms from 0 to 10000"
-        ) from None
-    job_env = {**spec.env, "ZEUS_EMULATED_SWITCH_LATENCY_MS": f"{latency_ms:g}"}
-    runs = {
-        "AllMaxFrequency": (
-            {**args},
-            DemoJob(**{**spec.__dict__, "steps": baseline_steps, "env": job_env}),
-        ),
-        "Perseus": (
-            {
-                **args,
-                "freq_step": freq_step,
-                "max_slowdown": max_slowdown,
-                "switch_latency_ms": latency_ms,
-            },
-            DemoJob(**{**spec.__dict__, "steps": perseus_steps, "env": job_env}),
-        ),
+    args = {
+        "num_microbatches": spec.microbatches,
+        "freq_step": freq_step,
+        "max_slowdown": max_slowdown,
     }
+    job = DemoJob(**{**spec.__dict__, "steps": steps})
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -155,78 +137,85 @@ def run_demo(
         TimeElapsedColumn(),
         console=console,
     ) as progress:
-        for name, (scheduler_args, job) in runs.items():
-            phase_dir = out / name
-            shutil.rmtree(phase_dir, ignore_errors=True)
-            coordinator = Coordinator(
-                scheduler=name,
-                scheduler_args=scheduler_args,
-                dump_dir=phase_dir / "dump",
-                log_path=phase_dir / "coordinator.log",
-                env={"PERSEUS_DUMP_DATA": "true"},
-            )
-            _run_phase(
-                name, coordinator, job, phase_dir / "trace", phase_dir / "train.log", progress
-            )
-    base_t, base_e = summarize(out / "AllMaxFrequency" / "trace", measure_steps)
-    pers_t, pers_e = summarize(out / "Perseus" / "trace", measure_steps)
-
-    job_dirs = [p for p in (out / "Perseus" / "dump").iterdir() if p.is_dir()]
+        phase_dir = out / "Perseus"
+        shutil.rmtree(phase_dir, ignore_errors=True)
+        coordinator = Coordinator(
+            scheduler="Perseus",
+            scheduler_args=args,
+            dump_dir=phase_dir / "dump",
+            log_path=phase_dir / "coordinator.log",
+            env={"PERSEUS_DUMP_DATA": "true"},
+        )
+        _run_phase(
+            "Perseus", coordinator, job, phase_dir / "trace", phase_dir / "train.log", progress
+        )
+    job_dirs = [p for p in (phase_dir / "dump").iterdir() if p.is_dir()]
     if len(job_dirs) != 1:
         raise PerseusError(f"Expected one Perseus job directory, found {job_dirs}")
     job_dir = JobDir(job_dirs[0])
+    dump = read_dump(job_dir.path)
+    rep = dump.report
+    if rep.measured_all_max is None or rep.measured_deployed is None:
+        raise PerseusError(
+            f"The job ended before its plan was measured against all-max: raise steps (now "
+            f"{steps}) or freq_step (now {freq_step}); its record: {job_dir.path}"
+        )
+    if rep.predicted_all_max is None or rep.predicted_deployed is None:
+        raise PerseusError(f"The job's dump holds no plan and baseline: {job_dir.path}")
     profile_csv = out / "profile.csv"
     shutil.copyfile(job_dir.profile, profile_csv)
-    frontier_dir = out / "frontier"
-    shutil.rmtree(frontier_dir, ignore_errors=True)
-    shutil.copytree(job_dir.frontier, frontier_dir)
     plan = load_plan(job_dir.deployed_plan)
     save_plan(plan, out / "plan.json")
-    ran = last_step_frequencies(read_traces(out / "Perseus" / "trace"))
-    if any(ran[r] != [f for _, f in plan.frequencies[r % plan.num_stages]] for r in ran):
-        raise PerseusError(
-            f"The Perseus run ended before its plan was deployed: raise perseus_steps "
-            f"(now {perseus_steps}) or freq_step (now {freq_step})"
+    frontier_png = out / "frontier.png"
+    frontier_dir = out / "frontier"
+    shutil.rmtree(frontier_dir, ignore_errors=True)
+    if job_dir.frontier.is_dir():
+        shutil.copytree(job_dir.frontier, frontier_dir)
+        # All-max and the deployed plan by the model every frontier point was scored with
+        # (the coordinator's baseline_plan.json and the plan file: switching and hops in).
+        base = load_plan(job_dir.baseline_plan)
+        frontier_png = plot_frontier(
+            frontier_dir,
+            frontier_png,
+            baseline=(base.iteration_time, base.energy),
+            chosen=(plan.iteration_time, plan.energy),
+            chosen_label="deployed plan",
+            title="Time–energy frontier of the profiled job (emulated A100)",
         )
     profile = load_profile(profile_csv)
-    # The all-max point by the same accounting as the frontier (measured numbers, which
-    # also hold P2P and host latencies the model leaves out, are in the summary).
-    schedule = plan.pipeline_schedule()
-    all_max = evaluate(profile, schedule, max_frequencies(profile, schedule), plan.p2p_power)
-    planned = evaluate(profile, schedule, plan.stage_frequencies(), plan.p2p_power)
-    frontier_png = plot_frontier(
-        frontier_dir,
-        out / "frontier.png",
-        baseline=(all_max.iteration_time_s, all_max.energy_j),
-        chosen=(planned.iteration_time_s, planned.energy_j),
-        chosen_label="deployed plan",
-        title="Time–energy frontier of the profiled job (emulated A100)",
-    )
     timeline_png = plot_timeline(profile, plan, out / "timeline.png", title="Deployed Perseus plan")
     result = DemoResult(
-        baseline_time_s=base_t,
-        baseline_energy_j=base_e,
-        perseus_time_s=pers_t,
-        perseus_energy_j=pers_e,
+        baseline_time_s=rep.measured_all_max.iteration_time_s,
+        baseline_energy_j=rep.measured_all_max.energy_j,
+        perseus_time_s=rep.measured_deployed.iteration_time_s,
+        perseus_energy_j=rep.measured_deployed.energy_j,
         profile_csv=profile_csv,
         frontier_png=frontier_png,
         timeline_png=timeline_png,
-        planned_energy_saved=1.0 - planned.energy_j / all_max.energy_j,
-        planned_slowdown=planned.iteration_time_s / all_max.iteration_time_s - 1.0,
+        planned_energy_saved=rep.predicted_saving or 0.0,
+        planned_slowdown=rep.predicted_slowdown or 0.0,
+        promise=tuple(
+            f"round {e.get('round')}: {e['event']}: {e.get('reason', '')}"
+            for e in dump.promise
+            if e["event"] != "check"
+        ),
         emulated=profile.emulated or plan.emulated,
     )
     atomic_write_text(
         out / "summary.json",
         json.dumps(
             {
-                "baseline": {"iteration_time_s": base_t, "energy_j": base_e},
-                "perseus": {"iteration_time_s": pers_t, "energy_j": pers_e},
-                "energy_saved": result.energy_saved,
-                "slowdown": result.slowdown,
-                "planned": {
+                "measured": {
+                    "all_max": rep.measured_all_max.model_dump(),
+                    "deployed": rep.measured_deployed.model_dump(),
+                    "energy_saved": result.energy_saved,
+                    "slowdown": result.slowdown,
+                },
+                "predicted": {
                     "energy_saved": result.planned_energy_saved,
                     "slowdown": result.planned_slowdown,
                 },
+                "promise": list(result.promise),
                 "job": {k: v for k, v in spec.__dict__.items() if k != "env"},
                 # Every figure above is the emulator's model, not a GPU's measurement.
                 "emulated": result.emulated,

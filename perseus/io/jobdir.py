@@ -9,11 +9,13 @@ dump_dir/<job_id>/
 ├── N.sched.json             round N's FrequencySchedules               coordinator, dump_data
 ├── N.prof.json              round N's ProfilingResults                 coordinator, dump_data
 ├── deployed_plan.json       the plan the scheduler deployed            coordinator, dump_data
+├── baseline_plan.json       all-max, scored by the same model          coordinator, dump_data
 ├── evicted                  marker: the job was evicted (not restored) coordinator, dump_data
 ├── failed                   marker + reason: the job failed (not restored) coordinator, dump_data
 ├── finished                 marker: the job ended normally (not restored) coordinator, dump_data
 ├── instruction_profile.csv  the profile a sweep measured               scheduler, always
-└── frontier/                the solved time–energy frontier            scheduler, always
+├── frontier/                the solved time–energy frontier            scheduler, always
+└── promise.jsonl            deployments and the guard's checks/moves   scheduler, always
 ```
 
 There is one job directory, ``dump_dir/<job_id>``. `dump_data` decides whether the
@@ -45,11 +47,13 @@ class JobDir:
     RANKS = "ranks.json"
     REGISTERING = "ranks.partial.jsonl"
     DEPLOYED_PLAN = "deployed_plan.json"
+    BASELINE_PLAN = "baseline_plan.json"
     EVICTED = "evicted"
     FAILED = "failed"
     FINISHED = "finished"
     PROFILE = "instruction_profile.csv"
     FRONTIER = "frontier"
+    PROMISE = "promise.jsonl"
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -116,6 +120,12 @@ class JobDir:
         return self.path / self.DEPLOYED_PLAN
 
     @property
+    def baseline_plan(self) -> Path:
+        """The all-max plan scored by the model that scored the deployed plan (the report's
+        predicted baseline)."""
+        return self.path / self.BASELINE_PLAN
+
+    @property
     def evicted(self) -> Path:
         return self.path / self.EVICTED
 
@@ -135,6 +145,11 @@ class JobDir:
     @property
     def profile(self) -> Path:
         return self.path / self.PROFILE
+
+    @property
+    def promise(self) -> Path:
+        """The `Perseus` scheduler's deployments, checks and moves, one JSON object a line."""
+        return self.path / self.PROMISE
 
     @property
     def frontier(self) -> Path:

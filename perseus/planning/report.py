@@ -12,6 +12,11 @@ One accounting, shared by the coordinator (``GET /jobs/{job_id}``, ``/metrics``)
   and **other** otherwise (profiling sweeps, straggler overrides).
 - **Predicted** figures are the plan's (one pipeline) times the data-parallel degree; the
   predicted baseline is the all-max plan scored on the same profile.
+- **Measured** figures are medians over rounds (`median_of_rounds`): the all-max figures over
+  every all-max round but the job's first (a warm-up), the deployed figures over every round
+  of the plan deployed now (a plan replaced by the guard no longer counts). When the plan
+  deployed now is all-max itself (the guard fell back, or a check kept all-max), the
+  deployed figures are the all-max ones: nothing is saved.
 - **Saving** is ``1 − E(deployed) / E(all-max)``; **slowdown** ``T(deployed) / T(all-max) − 1``.
 """
 
@@ -19,7 +24,8 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -33,6 +39,8 @@ __all__ = [
     "RoundKind",
     "predicted_figures",
     "measure",
+    "REPORT_WINDOW",
+    "median_of_rounds",
     "round_kind",
 ]
 
@@ -110,6 +118,34 @@ def round_kind(
         if not (all_max or deployed):
             return RoundKind.OTHER
     return RoundKind.ALL_MAX if all_max else RoundKind.DEPLOYED
+
+
+REPORT_WINDOW = 20
+"""Measured rounds of each kind a report's medians take: the newest, so that the coordinator
+(which keeps them) and a dump (which never prunes them) report the same figures."""
+
+
+def median_of_rounds(
+    rounds: Sequence[tuple[int, RoundKind, IterationFigures]], *, plan_is_all_max: bool = False
+) -> tuple[IterationFigures | None, IterationFigures | None]:
+    """(all-max, deployed) medians of measured rounds (number, kind, figures): of each kind
+    the newest `REPORT_WINDOW`; see the module docstring for which rounds count."""
+
+    def median(kind: RoundKind) -> IterationFigures | None:
+        picked = [
+            f
+            for n, k, f in sorted(rounds, key=lambda r: r[0])
+            if k is kind and (n > 0 or kind is not RoundKind.ALL_MAX)
+        ][-REPORT_WINDOW:]
+        if not picked:
+            return None
+        return IterationFigures(
+            iteration_time_s=statistics.median(f.iteration_time_s for f in picked),
+            energy_j=statistics.median(f.energy_j for f in picked),
+        )
+
+    all_max = median(RoundKind.ALL_MAX)
+    return all_max, all_max if plan_is_all_max else median(RoundKind.DEPLOYED)
 
 
 def predicted_figures(plan: Plan, dp_degree: int) -> IterationFigures:

@@ -54,7 +54,7 @@ from perseus.errors import (
 )
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
-from perseus.planning.report import RoundKind, round_kind
+from perseus.planning.report import REPORT_WINDOW, RoundKind, round_kind
 from perseus.protocol import (
     FrequencySchedule,
     JobRecord,
@@ -173,12 +173,12 @@ class CoordinatedJob:
         """Called with the round's latency (s) when a round's schedules are handed out."""
         self.on_end: Callable[[CoordinatedJob], None] | None = None
         """Called once when the job fails or finishes."""
-        keep = max(1, settings.dump_keep_rounds)
+        keep = REPORT_WINDOW + 1  # round 0 is all-max but no report's
         self.report_rounds: dict[RoundKind, deque[int]] = {
             RoundKind.ALL_MAX: deque(maxlen=keep),
             RoundKind.DEPLOYED: deque(maxlen=keep),
         }
-        """The latest all-max and deployed rounds: the energy report's, never pruned."""
+        """The newest all-max and deployed rounds: the energy report's, never pruned."""
         self._rank_max: dict[int, int] | None = None
         self._rank_pp: dict[int, int] = {}
 
@@ -375,6 +375,12 @@ class CoordinatedJob:
         if results:
             self.scheduler.observe(results)
         schedules = self.scheduler.next_schedule()
+        status = self.scheduler.status()
+        if status is not None:  # rank 0 tells the job's story; the others need not carry it
+            schedules = [
+                s.model_copy(update={"status": status}) if s.rank == 0 else s for s in schedules
+            ]
+        self.stats.promise_events(self.scheduler.promise_events())
         plan = self.scheduler.deployed_plan()
         if plan is not None and self.emulated and not plan.emulated:
             plan = plan.model_copy(update={"emulated": True})  # the persisted plan says so
@@ -434,6 +440,14 @@ class CoordinatedJob:
             if plan is not None:
                 text = plan.model_dump_json() + "\n"
                 if text != self._persisted_plan:
+                    if baseline is not None:  # first: the report reads both as a pair
+                        await self._dump(
+                            asyncio.to_thread(
+                                atomic_write_text,
+                                self.dir.baseline_plan,
+                                baseline.model_dump_json() + "\n",
+                            )
+                        )
                     await self._dump(
                         asyncio.to_thread(atomic_write_text, self.dir.deployed_plan, text)
                     )

@@ -9,7 +9,7 @@ baseline and the deployed plan, and the plan's predictions).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -103,6 +103,11 @@ class JobDetail(JobSummary):
     deployed_plan: PlanSummary | None
     latest_measured: MeasuredRoundView | None
     energy: EnergyReport
+    promise: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="the scheduler's deployments, guard checks and moves, each with its round, "
+        "event, reason and figures (newest last)",
+    )
 
 
 def _summary(job: CoordinatedJob) -> dict[str, object]:
@@ -134,6 +139,7 @@ def job_detail(job: CoordinatedJob) -> JobDetail:
             else None
         ),
         energy=stats.report(),
+        promise=list(stats.promise),
     )
 
 

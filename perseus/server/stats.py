@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from perseus.domain.plan import Plan
 from perseus.planning.report import (
+    REPORT_WINDOW,
     EnergyReport,
     IterationFigures,
     IterationMeter,
     RoundKind,
+    median_of_rounds,
     predicted_figures,
 )
 from perseus.protocol import ProfilingResult
@@ -46,6 +49,10 @@ class MeasuredRound:
         self.figures = figures
 
 
+MAX_KEPT = REPORT_WINDOW + 1
+"""Measured rounds of each kind kept for the report's medians (round 0 is never one)."""
+
+
 class JobStats:
     """Rounds, round latency, measured and predicted figures of one job."""
 
@@ -62,6 +69,11 @@ class JobStats:
         self.latest: MeasuredRound | None = None
         self.by_kind: dict[RoundKind, MeasuredRound] = {}
         """The latest complete round of each kind."""
+        self.measured: list[MeasuredRound] = []
+        """Every measured all-max round, and every round of the plan deployed now (the
+        report's medians; at most `MAX_KEPT` of each, the newest)."""
+        self.promise: list[dict[str, Any]] = []
+        """The scheduler's deployments, guard checks and moves (newest last, at most 100)."""
         self._kinds: dict[int, RoundKind] = {}
         self._meter_round: int | None = None
         self._meter = IterationMeter()
@@ -93,11 +105,31 @@ class JobStats:
         last rank asked."""
         self.rounds_completed += 1
         self.last_round_latency_s = latency_s
+        if plan is not None and (self.plan is None or plan.frequencies != self.plan.frequencies):
+            # Another plan: the previous one's rounds no longer describe what runs.
+            self.measured = [m for m in self.measured if m.kind is not RoundKind.DEPLOYED]
         self.plan = plan
         if baseline_plan is not None:
             self.baseline_plan = baseline_plan
         # Only the round whose results come next can still be measured.
         self._kinds = {number: kind}
+
+    @property
+    def plan_is_all_max(self) -> bool:
+        """The deployed plan runs every instruction at its top clock (the baseline's clocks)."""
+        if self.plan is None or self.baseline_plan is None:
+            return False
+        return self.plan.frequencies == self.baseline_plan.frequencies
+
+    def promise_events(self, events: list[dict[str, Any]]) -> None:
+        """The scheduler's latest deployments, checks and moves."""
+        self.promise.extend(events)
+        del self.promise[:-100]
+        for event in events:
+            if event.get("event") == "move":
+                self.guard_moved("faster")
+            elif event.get("event") == "fallback":
+                self.guard_moved("all_max")
 
     def add(self, number: int, result: ProfilingResult) -> None:
         """One rank's result for round `number`; the round is measured when all ranks are in."""
@@ -121,6 +153,7 @@ class JobStats:
         measured = MeasuredRound(number, kind, figures)
         self.latest = measured
         self.by_kind[kind] = measured
+        self._keep(measured)
         self.rounds_measured += 1
         self.iterations_measured += iterations
         baseline = self.by_kind.get(RoundKind.ALL_MAX)
@@ -139,6 +172,16 @@ class JobStats:
             self.by_kind[kind] = measured
         if self.latest is None or self.latest.number < number:
             self.latest = measured
+        self._keep(measured)
+
+    def _keep(self, measured: MeasuredRound) -> None:
+        """Keep a round for the report's medians (see `measured`)."""
+        if measured.kind is RoundKind.OTHER:
+            return
+        self.measured.append(measured)
+        same = [m for m in self.measured if m.kind is measured.kind]
+        if len(same) > MAX_KEPT:
+            self.measured.remove(same[0])
 
     def guard_moved(self, reason: str) -> None:
         """Count one move of the closed loop's guard (``perseus_guard_moves_total``).
@@ -153,12 +196,14 @@ class JobStats:
         self.guard_moves[label] = self.guard_moves.get(label, 0) + 1
 
     def report(self) -> EnergyReport:
-        """Measured (latest all-max and deployed rounds) and predicted figures."""
-        all_max = self.by_kind.get(RoundKind.ALL_MAX)
-        deployed = self.by_kind.get(RoundKind.DEPLOYED)
+        """Measured (medians, `median_of_rounds`) and predicted figures."""
+        all_max, deployed = median_of_rounds(
+            [(m.number, m.kind, m.figures) for m in self.measured],
+            plan_is_all_max=self.plan is not None and self.plan_is_all_max,
+        )
         return EnergyReport.of(
-            measured_all_max=all_max.figures if all_max else None,
-            measured_deployed=deployed.figures if deployed else None,
+            measured_all_max=all_max,
+            measured_deployed=deployed,
             predicted_all_max=(
                 predicted_figures(self.baseline_plan, self.dp_degree)
                 if self.baseline_plan is not None

@@ -23,40 +23,24 @@ from perseus.demo.run import _run_phase
 from perseus.errors import PerseusError
 from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import load_profile
-from perseus.planning import evaluate, evaluate_plan, max_frequencies
 
 require_torch()
 
 
-def test_demo_compares_all_max_and_perseus_and_writes_its_artifacts(tmp_path):
+def test_demo_reports_the_jobs_own_saving_and_writes_its_artifacts(tmp_path):
     app = typer.Typer()
     app.command()(demo)
     out = tmp_path / "demo"
     result = CliRunner().invoke(
-        app,
-        [
-            "--out",
-            str(out),
-            "--layers",
-            "2,6",
-            "--baseline-steps",
-            "6",
-            "--perseus-steps",
-            "14",
-            "--measure-steps",
-            "4",
-            "--freq-step",
-            "20",
-        ],
+        app, ["--out", str(out), "--layers", "2,6", "--steps", "40", "--freq-step", "20"]
     )
     assert result.exit_code == 0, result.output
-    for row in ("AllMaxFrequency", "Perseus", "energy saved", "slowdown"):
+    for row in ("all-max", "Perseus plan", "energy saved", "slowdown"):
         assert row in result.output
     for name in ("profile.csv", "frontier.png", "timeline.png", "plan.json", "summary.json"):
         assert (out / name).stat().st_size > 0, name
     assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["energy_saved"] > 0.0
     # The demo opted in to emulated GPUs, says so, and so does every file it wrote.
     text = " ".join(result.output.split())
     assert "Emulated GPUs: the demo sets ZEUS_GPU_BACKEND=emulated" in text
@@ -65,31 +49,33 @@ def test_demo_compares_all_max_and_perseus_and_writes_its_artifacts(tmp_path):
     assert json.loads((out / "plan.json").read_text())["emulated"] is True
     assert (out / "profile.csv").read_text().splitlines()[0].endswith(",emulated")
     assert load_profile(out / "profile.csv").emulated
-    assert f"{100 * summary['energy_saved']:.1f} %" in result.output
+    measured = summary["measured"]
+    assert f"{100 * measured['energy_saved']:.1f} %" in result.output
     plan = load_plan(out / "plan.json")
-    assert plan.num_stages == 2 and any(f < 1410 for s in plan.stage_frequencies() for f in s)
-    # What the profile predicts for the deployed plan, by the solver's accounting: within
-    # the default 1 % slowdown of all-max, and cheaper.
-    profile = load_profile(out / "profile.csv")
-    schedule = plan.pipeline_schedule()
-    ours = evaluate_plan(profile, plan)
-    base = evaluate(profile, schedule, max_frequencies(profile, schedule), plan.p2p_power)
-    planned = summary["planned"]
-    assert planned["slowdown"] == ours.iteration_time_s / base.iteration_time_s - 1
-    assert 0 <= planned["slowdown"] <= 0.01 + 1e-9
-    assert planned["energy_saved"] == 1 - ours.energy_j / base.energy_j > 0
-    text = " ".join(result.output.split())
-    assert f"The profile predicted {100 * planned['energy_saved']:.1f} % saved at" in text
+    # One prediction: the plan file's numbers against the all-max plan scored by the same
+    # model (the coordinator's baseline_plan.json), as the summary and the console say.
+    (job_dir,) = (out / "Perseus" / "dump").iterdir()
+    base = load_plan(job_dir / "baseline_plan.json")
+    planned = summary["predicted"]
+    assert planned["slowdown"] == pytest.approx(plan.iteration_time / base.iteration_time - 1)
+    assert planned["energy_saved"] == pytest.approx(1 - plan.energy / base.energy)
+    assert f"{100 * planned['energy_saved']:.1f} % saved at" in text
+    assert plan.switch_latency > 0  # the ranks measured their clock switch
+    if any(f < 1410 for s in plan.stage_frequencies() for f in s):
+        # A plan was deployed and kept: its promise held, measured (tolerances: README).
+        assert 0 <= planned["slowdown"] <= 0.01 + 1e-9
+        assert measured["slowdown"] <= 0.01 + 0.02
+        assert measured["energy_saved"] > 0
+    else:  # all-max kept: the summary says why
+        assert summary["promise"], summary
 
 
 def test_demo_rejects_too_few_steps(tmp_path):
     app = typer.Typer()
     app.command()(demo)
-    result = CliRunner().invoke(
-        app, ["--out", str(tmp_path), "--baseline-steps", "4", "--measure-steps", "8"]
-    )
+    result = CliRunner().invoke(app, ["--out", str(tmp_path), "--steps", "0"])
     assert result.exit_code == 2
-    assert "Need more steps than measured ones: baseline_steps=4" in result.output
+    assert "steps must be at least 1" in result.output
 
 
 BLOCK_TORCH = """

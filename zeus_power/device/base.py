@@ -156,6 +156,13 @@ class GPU(abc.ABC):
     def power_usage_mw(self) -> int:
         """Instantaneous power draw in mW (for GPUs without an energy counter)."""
 
+    def current_sm_clock_mhz(self) -> int:
+        """The SM clock the GPU runs at now, as the driver reports it (a locked clock shows
+        here once its switch has completed). `GPUNotSupportedError` where it cannot be read."""
+        raise GPUNotSupportedError(
+            f"{type(self).__name__} cannot report its current SM clock", gpu_index=self.index
+        )
+
     @property
     def stand_in(self) -> StandIn | None:
         """How to emulate this GPU's work when it runs none itself; None on real GPUs.

@@ -186,6 +186,13 @@ class NVMLGPU(GPU):
 
         self._call("nvmlDeviceResetGpuLockedClocks", pynvml.nvmlDeviceResetGpuLockedClocks)
 
+    def current_sm_clock_mhz(self) -> int:
+        import pynvml
+
+        return int(
+            self._call("nvmlDeviceGetClockInfo", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
+        )
+
     def power_limit_constraints_mw(self) -> tuple[int, int]:
         import pynvml
 

@@ -334,6 +334,11 @@ class ZeusdGPU(GPU):
         if self._mirror is not None:
             self._mirror.follow(None, self._mirror.get_power_limit_mw())
 
+    def current_sm_clock_mhz(self) -> int:
+        if self.reader is None:
+            raise self._no_reader("The current SM clock")
+        return self.reader.current_sm_clock_mhz()
+
     def power_limit_constraints_mw(self) -> tuple[int, int]:
         if self.reader is not None:
             return self.reader.power_limit_constraints_mw()

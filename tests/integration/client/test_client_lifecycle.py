@@ -84,7 +84,9 @@ def coordinator(tmp_path_factory):
     ).to_csv(profile, index=False)
     with Coordinator(
         scheduler="Perseus",
-        scheduler_args={"profile_path": str(profile), "max_slowdown": 0.05},
+        # The life cycle, not the guard: the plan stays whatever two ranks sharing a loaded
+        # CPU measure (tests/integration/schedulers/test_schedulers_guard.py checks the guard).
+        scheduler_args={"profile_path": str(profile), "max_slowdown": 0.05, "guard": False},
         dump_dir=tmp / "dump",
         log_path=tmp / "coordinator.log",
         round_timeout_s=ROUND_TIMEOUT_S,
@@ -106,7 +108,7 @@ def finished(coordinator):
 def test_a_normal_end_is_finished_everywhere(coordinator, finished):
     job_id, report = finished
     assert report["rounds"] >= STEPS and report["iterations_measured"] == STEPS
-    assert report["energy_j"] > 0 and report["energy"]["measured_saving"] is not None
+    assert report["energy_j"] > 0 and report["measured_saving"] is not None
     jobs = httpx.get(f"{coordinator.url}/jobs").json()
     assert [(j["job_id"], j["state"]) for j in jobs] == [(job_id, "finished")]
     detail = httpx.get(f"{coordinator.url}/jobs/{job_id}").json()
@@ -134,17 +136,18 @@ def test_a_finished_job_is_never_failed_and_logs_no_error(coordinator, finished)
 
 
 def test_the_report_after_a_normal_end_has_measured_figures(coordinator, finished):
-    """PERSEUS_DUMP_KEEP_ROUNDS=2 kept the last two rounds and the report's rounds: the
-    all-max baseline (rounds 0 and 1) is still there after 10 rounds."""
+    """PERSEUS_DUMP_KEEP_ROUNDS=2 kept the last two rounds and the report's rounds (the
+    newest `REPORT_WINDOW` of each kind): the all-max baseline (the job's rounds 1-4) is
+    still there after 10 rounds, and the report from the dump is the coordinator's."""
     job_id, report = finished
     job_dir = JobDir.of(coordinator.dump_dir, job_id)
     rounds = job_dir.rounds()
-    assert rounds[:2] == [0, 1] and len(rounds) <= 2 + 2 + 2, rounds
+    assert {1, 2, 3, 4} <= set(rounds), rounds
     result = CliRunner().invoke(cli_app, ["report", str(job_dir.path), "--json"])
     assert result.exit_code == 0, result.output
     body = json.loads(result.output)
     assert body["measured_saving"] is not None and body["measured_slowdown"] is not None
-    assert body["measured_saving"] == pytest.approx(report["energy"]["measured_saving"], rel=1e-9)
+    assert body["measured_saving"] == pytest.approx(report["measured_saving"], rel=1e-9)
     result = CliRunner().invoke(cli_app, ["report", str(job_dir.path)])
     assert "measured unknown" not in result.output and "unknown" not in result.output
 

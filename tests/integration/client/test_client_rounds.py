@@ -230,7 +230,7 @@ def test_a_gpu_error_reaches_the_training_loop_and_is_not_masked_on_exit(point):
 
 
 def test_the_hook_logs_the_schedule_it_deploys(point, caplog):
-    caplog.set_level(logging.INFO, logger="perseus.client.hook")
+    caplog.set_level(logging.DEBUG, logger="perseus.client.hook")  # per-GPU lines
     with _hook(point) as hook:
         _step(hook)
         _step(hook)  # the same plan a second round: deployed

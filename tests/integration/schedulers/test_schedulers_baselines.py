@@ -1,4 +1,5 @@
-"""The EnvPipe and Zeus baselines: real choices, checked against the simulated ground truth."""
+"""The EnvPipe and Zeus baselines: real choices, checked against emulated GPUs' measurements
+and the emulator's model numbers."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 
 import pytest
 from server_fixtures import (
+    F_MAX,
     FREQS,
     GroundTruth,
     SimulatedJob,
@@ -22,6 +24,9 @@ from perseus.settings import PerseusSettings
 from schedulers.envpipe import envpipe_frequencies
 
 M = 4
+MIN_FREQ = 600
+LEVELS = [f for f in FREQS[::4] if f >= MIN_FREQ]  # freq_step 4: 1410, 1350, … 630 MHz
+FINE_LEVELS = [f for f in FREQS[::2] if f >= MIN_FREQ]  # freq_step 2: 1410, 1380, … 630 MHz
 
 
 def settings(name: str, tmp_path, **args) -> PerseusSettings:
@@ -45,8 +50,8 @@ def test_envpipe_slows_bubbles_only_keeping_the_all_max_iteration_time(tmp_path)
     dp_of = {i.rank: 0 for i in job.infos}
     e_max, t_max = pipeline_energy_and_time(base.results[0], dp_of)
     e_env, t_env = pipeline_energy_and_time(job.results[-1], dp_of)
-    assert set(stage_freqs(job.history[-1], 3)) == {FREQS[0]}  # the critical stage stays max
-    assert any(min(stage_freqs(job.history[-1], r)) < FREQS[0] for r in range(3))
+    assert set(stage_freqs(job.history[-1], 3)) == {F_MAX}  # the critical stage stays max
+    assert any(min(stage_freqs(job.history[-1], r)) < F_MAX for r in range(3))
     assert t_env == pytest.approx(t_max, rel=1e-9)
     assert e_env < e_max
 
@@ -73,10 +78,10 @@ def zeus_cost(energy: float, time_s: float, eta: float, max_power: float) -> flo
 @pytest.mark.parametrize("eta", [0.0, 0.5, 1.0])
 def test_zeus_global_picks_the_min_cost_frequency_for_all_gpus(tmp_path, eta):
     truth = GroundTruth([0.010, 0.014])
-    args = {"eta_knob": eta, "warmup_rounds": 0, "freq_step": 2}
+    args = {"eta_knob": eta, "warmup_rounds": 0, "freq_step": 4, "min_frequency": MIN_FREQ}
     with running_server(settings("ZeusGlobal", tmp_path, **args)) as url:
         job = SimulatedJob(url, truth, pp=2, dp=2, num_microbatches=M)
-        job.run_sync(len(FREQS[::2]) + 2)
+        job.run_sync(len(LEVELS) + 2)
     swept = {}
     max_power = None
     for schedules, results in zip(job.history, job.results, strict=True):
@@ -89,18 +94,19 @@ def test_zeus_global_picks_the_min_cost_frequency_for_all_gpus(tmp_path, eta):
         swept[next(iter(freqs))] = zeus_cost(energy, time_s, eta, max_power)
     deployed = {f for s in job.history[-1].values() for _, f in s.frequencies}
     assert deployed == {min(swept, key=swept.get)}
+    assert list(swept) == LEVELS[: len(swept)]  # high → low, until the cost turned up
     if eta == 0.0:
-        assert deployed == {FREQS[0]}
+        assert deployed == {F_MAX}
     else:
-        assert deployed != {FREQS[0]}
+        assert deployed != {F_MAX}
 
 
 def test_zeus_per_stage_chooses_each_stages_own_min_cost_frequency(tmp_path):
     truth = GroundTruth([0.010, 0.010], memory_fraction=[0.0, 0.6])
-    args = {"eta_knob": 0.8, "warmup_rounds": 1}
+    args = {"eta_knob": 0.8, "warmup_rounds": 1, "freq_step": 2, "min_frequency": MIN_FREQ}
     with running_server(settings("ZeusPerStage", tmp_path, **args)) as url:
         job = SimulatedJob(url, truth, pp=2, num_microbatches=M)
-        job.run_sync(len(FREQS) + 3)
+        job.run_sync(len(FINE_LEVELS) + 3)
     kinds = make_schedule("1f1b", 2, M).kinds()
     for stage in (0, 1):
 
@@ -109,7 +115,7 @@ def test_zeus_per_stage_chooses_each_stages_own_min_cost_frequency(tmp_path):
             e = math.fsum(truth.energy_j(stage, k, f) for k in kinds[stage])
             return (t, e)
 
-        t0, e0 = cost(FREQS[0])
-        expected = min(FREQS, key=lambda f: zeus_cost(cost(f)[1], cost(f)[0], 0.8, e0 / t0))
+        t0, e0 = cost(F_MAX)
+        expected = min(FINE_LEVELS, key=lambda f: zeus_cost(cost(f)[1], cost(f)[0], 0.8, e0 / t0))
         assert set(stage_freqs(job.history[-1], stage)) == {expected}
     assert stage_freqs(job.history[-1], 0)[0] != stage_freqs(job.history[-1], 1)[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from server_fixtures import GroundTruth, SimulatedJob, running_server, stage_freqs
+from server_fixtures import F_MAX, FREQS, GroundTruth, SimulatedJob, running_server, stage_freqs
 
 from perseus.domain.plan import Plan
 from perseus.domain.schedule import make_schedule
@@ -17,7 +17,7 @@ M = 3
 def varied_plan(num_stages: int, *, bad_freq: int | None = None, num_microbatches: int = M) -> Plan:
     """Every instruction of the plan gets its own frequency (stage, position dependent)."""
     kinds = make_schedule("1f1b", num_stages, num_microbatches).kinds()
-    levels = [1500, 1425, 1350, 1275, 1200, 1125, 1050, 975, 900]
+    levels = FREQS[::5][:9]  # 1410, 1335, … 810 MHz
     freqs = [
         [(k, levels[(s + i) % len(levels)]) for i, k in enumerate(ks)] for s, ks in enumerate(kinds)
     ]
@@ -107,7 +107,7 @@ def test_a_zeus_style_literal_plan_runs_on_the_jobs_pipeline(tmp_path):
         (zeus_literal(3), {"num_microbatches": M}, "clocks for 3 pipeline rank(s)"),
         (zeus_literal(2), {"num_microbatches": M + 1}, "runs 8 instruction(s) there"),
         (
-            zeus_literal(2).replace("'forward', 1500", "'backward', 1500", 1),
+            zeus_literal(2).replace(f"'forward', {F_MAX}", f"'backward', {F_MAX}", 1),
             {"num_microbatches": M},
             "instruction #0 is 'backward'",
         ),

@@ -22,6 +22,9 @@ from perseus.server import create_app
 from perseus.server.stats import MAX_GUARD_REASONS, JobStats
 from perseus.settings import PerseusSettings
 
+ROUNDS = 9
+"""A warm-up, 4 all-max rounds (the baseline), the blocking power's own round, then the plan
+(its first round may be an all-max reference): the job has measured a saving."""
 TOKEN = "cluster-token-0123456789"
 METRICS_TOKEN = "metrics-token-0123456789"
 DASHBOARD = REPO / "docs" / "grafana" / "perseus-dashboard.json"
@@ -40,8 +43,8 @@ COUNTERS = (
 
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory):
-    """A Perseus job (given profile) that ran 4 rounds and whose guard moved once, scraped
-    with the metrics token alone; yields (url, job, scrape text)."""
+    """A Perseus job (given profile) that ran `ROUNDS` rounds and whose guard moved once,
+    scraped with the metrics token alone; yields (url, job, scrape text)."""
     tmp = tmp_path_factory.mktemp("metrics")
     truth = GroundTruth([0.010, 0.016])
     settings = PerseusSettings(
@@ -57,8 +60,9 @@ def scraped(tmp_path_factory):
     app = create_app(settings)
     with running_server(settings, app=app) as url:
         job = SimulatedJob(url, truth, pp=2, num_microbatches=4, token=TOKEN)
-        job.run_sync(4)
+        job.run_sync(ROUNDS)
         assert job.job_id is not None
+        assert job.statuses[-1] is not None and job.statuses[-1].phase == "deployed"
         app.state.job_manager.jobs[job.job_id].stats.guard_moved("slowdown")
         r = httpx.get(f"{url}/metrics", headers={"authorization": f"Bearer {METRICS_TOKEN}"})
         assert r.status_code == 200, r.text
@@ -103,7 +107,7 @@ def test_a_scrape_parses_with_the_cumulative_counters(scraped):
     assert samples["perseus_guard_moves_total", (job_label, ("reason", "slowdown"))] == 1
     assert samples["perseus_energy_joules_total", (job_label,)] > 0
     assert samples["perseus_energy_saved_joules_total", (job_label,)] > 0
-    assert samples["perseus_job_rounds_total", (job_label,)] == 4
+    assert samples["perseus_job_rounds_total", (job_label,)] == ROUNDS
     assert samples["perseus_job_state", (job_label, ("state", "running"))] == 1
 
 

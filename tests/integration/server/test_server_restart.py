@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
-from server_fixtures import GroundTruth, SimulatedJob, running_server, stage_freqs
+from server_fixtures import F_MAX, FREQS, GroundTruth, SimulatedJob, running_server, stage_freqs
 
 from perseus.domain.plan import Plan
 from perseus.domain.schedule import make_schedule
@@ -13,12 +13,20 @@ from perseus.io.plan_file import save_plan
 from perseus.settings import PerseusSettings
 
 M = 3
+ROUNDS = 12  # the sweep's 10 levels, the plan from round 10
 
 
 def perseus_settings(tmp_path, **kw) -> PerseusSettings:
     return PerseusSettings(
         scheduler="Perseus",
-        scheduler_args={"num_microbatches": M, "freq_step": 3, "warmup_rounds": 0},
+        # Not about the all-max baseline: deployed once the (short) sweep is done.
+        scheduler_args={
+            "num_microbatches": M,
+            "freq_step": 3,
+            "min_frequency": 1000,
+            "warmup_rounds": 0,
+            "baseline_rounds": 0,
+        },
         dump_dir=str(tmp_path / "dump"),
         **{"dump_data": True, **kw},
     )
@@ -28,10 +36,10 @@ def test_a_restarted_coordinator_resumes_the_deployed_plan(tmp_path):
     truth = GroundTruth([0.010, 0.015, 0.011])
     with running_server(perseus_settings(tmp_path)) as url:
         job = SimulatedJob(url, truth, pp=3, dp=2, num_microbatches=M)
-        job.run_sync(8)
+        job.run_sync(ROUNDS)
     deployed = job.history[-1]
     assert deployed == job.history[-2]
-    assert any(set(stage_freqs(deployed, r)) != {1500} for r in deployed), "not all-max"
+    assert any(set(stage_freqs(deployed, r)) != {F_MAX} for r in deployed), "not all-max"
     job_dir = tmp_path / "dump" / job.job_id
     rounds_before = sorted(int(p.name.split(".")[0]) for p in job_dir.glob("*.sched.json"))
 
@@ -50,10 +58,11 @@ def test_a_restarted_coordinator_resumes_the_deployed_plan(tmp_path):
     # the all-max rounds the energy report measures its baseline from (the restarted
     # coordinator found them in the dump and kept protecting them).
     all_max = [
-        n for n, h in enumerate(job.history) if all(set(stage_freqs(h, r)) == {1500} for r in h)
+        n for n, h in enumerate(job.history) if all(set(stage_freqs(h, r)) == {F_MAX} for r in h)
     ]
     assert all_max and all_max[0] < rounds_after[-10]
-    assert rounds_after == sorted({*[*rounds_before, 8, 9, 10][-10:], *all_max[-10:]})
+    last = [*rounds_before, ROUNDS, ROUNDS + 1, ROUNDS + 2][-10:]
+    assert rounds_after == sorted({*last, *all_max[-10:]})
 
 
 def make_plan(num_stages: int, freq_of: dict[str, int]) -> Plan:
@@ -91,7 +100,7 @@ def test_point_solution_job_resumes_its_plan_and_evicted_jobs_stay_gone(tmp_path
         assert httpx.get(f"{url}/schedule/{idle.job_id}", params={"rank": 0}).status_code == 404
     assert (tmp_path / "dump" / idle.job_id / "evicted").is_file()
     # The plan file changes; the restored job keeps the plan it had deployed.
-    save_plan(make_plan(2, {"forward": 1500, "backward": 1500}), plan_path)
+    save_plan(make_plan(2, {"forward": F_MAX, "backward": F_MAX}), plan_path)
     with running_server(settings) as url:
         r = httpx.get(f"{url}/schedule/{idle.job_id}", params={"rank": 0})
         assert r.status_code == 404
@@ -113,18 +122,23 @@ def test_nothing_is_restored_without_dump_data(tmp_path):
 def test_a_restored_profiler_job_whose_profile_exists_runs_at_max(tmp_path):
     settings = PerseusSettings(
         scheduler="InstructionProfiler",
-        scheduler_args={"num_microbatches": M, "warmup_rounds": 0, "freq_step": 5},
+        scheduler_args={
+            "num_microbatches": M,
+            "warmup_rounds": 0,
+            "freq_step": 5,
+            "min_frequency": FREQS[10],
+        },
         dump_dir=str(tmp_path / "dump"),
         dump_data=True,
     )
     with running_server(settings) as url:
         job = SimulatedJob(url, GroundTruth([0.01, 0.01]), pp=2, num_microbatches=M)
         job.run_sync(5)
-    assert [stage_freqs(h, 0)[0] for h in job.history] == [1500, 1125, 750, 1500, 1500]
+    assert [stage_freqs(h, 0)[0] for h in job.history] == [F_MAX, FREQS[5], FREQS[10], F_MAX, F_MAX]
     csv = tmp_path / "dump" / job.job_id / "instruction_profile.csv"
     written = csv.read_text()
     with running_server(settings) as url:
         job.base_url = url
         job.run_sync(2)
-    assert [stage_freqs(h, 0)[0] for h in job.history[-2:]] == [1500, 1500]
+    assert [stage_freqs(h, 0)[0] for h in job.history[-2:]] == [F_MAX, F_MAX]
     assert csv.read_text() == written

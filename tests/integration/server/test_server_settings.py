@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 from server_fixtures import (
+    F_MAX,
+    FREQS,
     GroundTruth,
     SimulatedJob,
     running_server,
@@ -41,8 +43,8 @@ def test_switching_perseus_scheduler_switches_behaviour(monkeypatch, tmp_path):
         "InstructionProfiler",
         '{"num_microbatches": 2, "warmup_rounds": 0, "sweep": "full"}',
     )
-    assert all(set(stage_freqs(h, 0)) == {1500} for h in all_max.history)
-    assert [stage_freqs(h, 0)[0] for h in profiler.history] == [1500, 1425, 1350]
+    assert all(set(stage_freqs(h, 0)) == {F_MAX} for h in all_max.history)
+    assert [stage_freqs(h, 0)[0] for h in profiler.history] == FREQS[:3]
     assert "AllMaxFrequency" in all_max.job_id and "InstructionProfiler" in profiler.job_id
 
 
@@ -150,10 +152,13 @@ def test_perseus_serve_flags_run_the_loop(tmp_path):
             "refine": False,
         }
         job = SimulatedJob(coordinator.url, truth, pp=2, num_microbatches=4)
-        history = job.run_sync(5)
+        # A warm-up, 4 all-max rounds (the baseline), the blocking power's own round, then
+        # the plan from round 6 (its first round may be an all-max reference).
+        history = job.run_sync(8)
+        assert job.statuses[-1] is not None and job.statuses[-1].phase == "deployed"
         assert "+Perseus+" in job.job_id
-        assert all(set(stage_freqs(history[0], r)) == {1500} for r in history[0])
-        assert any(set(stage_freqs(history[-1], r)) != {1500} for r in history[-1])
+        assert all(set(stage_freqs(history[0], r)) == {F_MAX} for r in history[0])
+        assert any(set(stage_freqs(history[-1], r)) != {F_MAX} for r in history[-1])
         detail = httpx.get(f"{coordinator.url}/jobs/{job.job_id}").json()
         assert detail["deployed_plan"] is not None
         assert detail["energy"]["predicted_slowdown"] <= 0.01 + 1e-9

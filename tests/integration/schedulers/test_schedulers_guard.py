@@ -1,0 +1,135 @@
+"""The Perseus loop's promise, measured: the real scheduler on emulated GPUs in virtual time.
+
+`perseus.demo.virtual.VirtualCluster` runs the job (emulated A100s switching clocks in
+15 ms, a P2P hop latency and host gaps the profile does not hold); the `Perseus` scheduler
+profiles or reads a profile, calibrates its costs, deploys and guards its plan.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from perseus.demo.virtual import VirtualCluster, run_rounds
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.schedule import make_schedule
+from perseus.io.profile_csv import save_profile
+from perseus.settings import PerseusSettings
+from perseus.synth import stage_workloads, synthesize_profile
+from schedulers.base import build_scheduler
+from schedulers.perseus_scheduler import Perseus, PerseusPhase
+
+GPU = "A100-SXM"
+S, M = 4, 8
+WORK = [1.0, 1.6, 1.0, 1.2]
+BUDGET = 0.01
+
+
+def cluster(**kw) -> VirtualCluster:
+    pipeline = make_schedule("1f1b", S, M)
+    pairs = stage_workloads(GPU, WORK, base_forward_ms=10.0)
+    workloads = {}
+    for stage, (fwd, bwd) in enumerate(pairs):
+        workloads[stage, "forward"] = fwd
+        workloads[stage, "backward"] = bwd
+    kw.setdefault("hop_latency_s", 0.001)
+    kw.setdefault("host_gap_s", 0.0002)
+    return VirtualCluster(pipeline, workloads, gpu_type=GPU, **kw)
+
+
+def scheduler(c: VirtualCluster, tmp_path, **args) -> Perseus:
+    settings = PerseusSettings(scheduler="Perseus", dump_dir=str(tmp_path))
+    s = build_scheduler(
+        Perseus, c.job_record(), c.rank_infos(), settings, {"max_slowdown": BUDGET, **args}
+    )
+    assert isinstance(s, Perseus)
+    return s
+
+
+def profile_csv(tmp_path, scale: dict[int, float] | None = None) -> str:
+    """The emulator's exact profile, stage times (and energies) scaled by `scale`."""
+    frame = synthesize_profile(GPU, stage_workloads(GPU, WORK, base_forward_ms=10.0))
+    for stage, factor in (scale or {}).items():
+        rows = frame["stage"] == stage
+        frame.loc[rows, ["time", "energy"]] *= factor
+    path = tmp_path / "profile.csv"
+    save_profile(InstructionProfile.from_frame(frame), path)
+    return str(path)
+
+
+def measured(s: Perseus, rounds: list[int]) -> tuple[float, float]:
+    """(slowdown, saving) of `rounds` of the running plan against the baseline medians."""
+    mine = [r for r in s._plan_rounds if r.round in rounds]
+    t0 = statistics.median(r.iteration_time_s for r in s.baseline)
+    e0 = statistics.median(r.energy_j for r in s.baseline)
+    t = statistics.median(r.iteration_time_s for r in mine)
+    e = statistics.median(r.energy_j for r in mine)
+    return t / t0 - 1, 1 - e / e0
+
+
+def test_a_plan_from_the_true_profile_keeps_its_promise_and_is_kept(tmp_path):
+    c = cluster()
+    p2p = c.gpus[0].p2p_block_power_w
+    s = scheduler(c, tmp_path, profile_path=profile_csv(tmp_path), p2p_power=p2p)
+    run_rounds(s, c, 20)
+    assert s.phase is PerseusPhase.DEPLOYED
+    assert s.costs is not None and s.costs.switch_source == "measured"
+    assert s.costs.switch_latency_s == pytest.approx(0.015, abs=2e-4)
+    assert s.costs.hop_latency_s > 0  # the injected hops and host gaps, calibrated
+    events = [e["event"] for e in s.promise_events()]
+    assert events[:2] == ["deployed", "check"] and "move" not in events
+    slowdown, saving = measured(s, list(range(s._plan_since + 1, s._round + 1)))
+    predicted_saving, predicted_slowdown = s._predicted(s.chosen)
+    assert slowdown <= BUDGET + 1e-3
+    assert saving > 0.02
+    assert saving == pytest.approx(predicted_saving, abs=0.01)
+    assert slowdown == pytest.approx(predicted_slowdown, abs=0.005)
+
+
+def test_a_wrong_profile_is_stepped_back_within_the_bound_and_never_oscillates(tmp_path):
+    c = cluster()
+    p2p = c.gpus[0].p2p_block_power_w
+    # The critical stage profiled 25 % faster than it runs: the plan spends slack it lacks.
+    wrong = profile_csv(tmp_path, scale={1: 0.75})
+    s = scheduler(c, tmp_path, profile_path=wrong, p2p_power=p2p, guard_window=4)
+    history = run_rounds(s, c, 40)
+    events = s.promise_events()
+    deployed = next(e for e in events if e["event"] == "deployed")
+    moves = [e for e in events if e["event"] in ("move", "fallback")]
+    assert moves, events
+    window = s.guard.window
+    bound = deployed["round"] + 2 * (1 + 3 * window)
+    assert all(m["round"] <= bound for m in moves)
+    # Moves only go towards plans predicted faster against all-max (all-max last, at 0),
+    # then nothing changes.
+    slowdowns = [e["predicted_slowdown"] for e in [deployed, *moves]]
+    assert slowdowns == sorted(slowdowns, reverse=True) and len(set(slowdowns)) == len(slowdowns)
+    last = moves[-1]["round"]
+    plans = [[x.frequencies for x in round_] for round_ in history[last + 1 :]]
+    assert len(plans) >= 15
+    # The plan stays; every reference_every-th round of it runs all-max (the guard's
+    # reference), unless the guard fell back to all-max itself.
+    all_max = [x.frequencies for x in history[0]]
+    others = [p for p in plans if p != all_max]
+    assert all(p == others[0] for p in others)
+    if moves[-1]["event"] == "move":
+        assert len(plans) - len(others) <= len(plans) // s.reference_every + 1
+    slowdown, _ = measured(s, list(range(last + 2, s._round + 1)))
+    tol, _ = s.guard.tolerances(window)
+    assert slowdown <= BUDGET + tol
+
+
+def test_the_plan_runs_from_the_round_it_is_deployed_in(tmp_path):
+    c = cluster()
+    s = scheduler(c, tmp_path, profile_path=profile_csv(tmp_path))
+    history = run_rounds(s, c, 8)
+    (deployed,) = [e for e in s.promise_events() if e["event"] == "deployed"]
+    # Warm-up and 4 baseline rounds at all-max (the profile is given, and so the blocking
+    # power they measured is all the sweep would add), then the plan at once.
+    assert deployed["round"] == 1 + s.baseline_rounds
+    top = c.gpus[0].supported_sm_clocks_mhz()[0]
+    ran = history[deployed["round"]]
+    assert any(f < top for x in ran for _, f in x.frequencies)
+    assert s._plan_since == deployed["round"]
+    assert s.p2p_power_w == pytest.approx(c.gpus[0].p2p_block_power_w, rel=0.01)
