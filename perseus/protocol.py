@@ -7,6 +7,7 @@ pydantic v2. Wire lists use `RootModel`; files are written atomically.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import uuid
 from datetime import datetime
@@ -36,6 +37,7 @@ __all__ = [
     "InstructionProfilingResult",
     "JobInfo",
     "JobNote",
+    "JobOutcome",
     "JobRecord",
     "Leaders",
     "OfflineProfilingResult",
@@ -338,7 +340,7 @@ class RankInfo(BaseModel):
     @field_validator("replicas")
     @classmethod
     def _check_replicas(cls, replicas: list[int] | None) -> list[int] | None:
-        if replicas is not None and any(a >= b for a, b in zip(replicas, replicas[1:])):
+        if replicas is not None and any(a >= b for a, b in itertools.pairwise(replicas)):
             raise ValueError("replicas must be ascending data-parallel ranks, each once")
         return replicas
 
@@ -370,6 +372,23 @@ class RoundStatus(BaseModel):
         max_length=MAX_NOTE_CHARS,
         description="the job's measured figures so far, one line (logged when the job ends)",
     )
+
+
+class JobOutcome(BaseModel):
+    """What a job did, as the coordinator answers ``POST /finish`` (rank 0 logs it): rounds,
+    measured iterations and joules (every GPU), and the energy report's savings (None until
+    both sides are known)."""
+
+    job_id: str = Field(max_length=512)
+    rounds: int = Field(ge=0, description="rounds handed out")
+    iterations_measured: int = Field(
+        ge=0, description="iterations of the rounds every rank reported"
+    )
+    energy_j: float = Field(ge=0.0, description="energy every GPU measured over them, J")
+    measured_saving: float | None = None
+    measured_slowdown: float | None = None
+    predicted_saving: float | None = None
+    predicted_slowdown: float | None = None
 
 
 class FrequencySchedule(BaseModel):

@@ -31,15 +31,12 @@ itself, so every test (and every subprocess it starts, which inherits the enviro
 opts in. Tests of the missing opt-in remove it (`no_driver_no_opt_in`)."""
 
 
-SWITCH_LATENCY_MS = "0"
-"""The suite's emulated GPUs switch clocks at once (its numeric checks assume it); the
-switching latency has its own tests, which set it."""
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    # Also for what runs outside a test's own environment (module-scoped fixtures that
-    # start torchrun jobs): `perseus.demo.DemoJob` passes the variable on to the ranks.
-    os.environ["ZEUS_EMULATED_SWITCH_LATENCY_MS"] = SWITCH_LATENCY_MS
+    # The emulated GPUs switch clocks as real ones do (ZEUS_EMULATED_SWITCH_LATENCY_MS, 15 ms
+    # by default): the ranks measure it and the planner counts it. What runs outside a test's
+    # own environment (module-scoped fixtures that start torchrun jobs) must not inherit a
+    # developer's setting either.
+    os.environ.pop("ZEUS_EMULATED_SWITCH_LATENCY_MS", None)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -58,9 +55,6 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name, raising=False)
     for name, value in EMULATION_OPT_IN.items():
         monkeypatch.setenv(name, value)
-    # Clock switches take effect at once unless a test asks for a latency: the suite's
-    # numeric assertions predate the switching model (tests of it set their own latency).
-    monkeypatch.setenv("ZEUS_EMULATED_SWITCH_LATENCY_MS", SWITCH_LATENCY_MS)
 
 
 def _nvidia_driver_present() -> bool:

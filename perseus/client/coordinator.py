@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from perseus.errors import ConfigurationError, CoordinatorError, JobNotFoundError
 from perseus.protocol import (
@@ -51,6 +52,7 @@ from perseus.protocol import (
     STRAGGLER_URL,
     FrequencySchedule,
     JobInfo,
+    JobOutcome,
     ProfilingResult,
     RankInfo,
 )
@@ -244,11 +246,15 @@ class CoordinatorClient:
             body={"dp_rank": dp_rank, "slowdown": slowdown},
         )
 
-    def finish_job(self, job_id: str) -> dict[str, Any]:
+    def finish_job(self, job_id: str) -> JobOutcome | None:
         """Tell the coordinator the job ended normally (once, after every rank closed);
-        returns its answer: rounds, iterations and energy measured, the energy report."""
+        returns what it says the job did (None when its answer is not a `JobOutcome`: an
+        older coordinator's, which the job does not need)."""
         answer = self.request("POST", FINISH_URL.format(job_id=job_id))
-        return answer if isinstance(answer, dict) else {}
+        try:
+            return JobOutcome.model_validate(answer)
+        except ValidationError:
+            return None
 
     # ------------------------------------------------------------------ transport
     def request(

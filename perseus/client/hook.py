@@ -96,6 +96,7 @@ from perseus.protocol import (
     PROTOCOL_VERSION,
     FrequencySchedule,
     JobInfo,
+    JobOutcome,
     ParallelLayout,
     PipelineSpec,
     ProfilingResult,
@@ -291,7 +292,7 @@ class PerseusOptimizer:
         )
         dist = process_group(rank, world_size)
         self._dist = dist
-        self.finish_report: dict[str, Any] | None = None
+        self.finish_report: JobOutcome | None = None
         """Rank 0, after a normal `close`: the coordinator's answer to the job's finish
         (rounds, iterations and energy measured, the energy report)."""
 
@@ -862,23 +863,22 @@ class PerseusOptimizer:
             )
 
     def _end_line(self) -> str:
-        """What the job did, one line: the coordinator's final report when it answered the
-        finish, else the last status it sent."""
-        answer = self.finish_report or {}
-        report = answer.get("energy") if isinstance(answer.get("energy"), dict) else {}
-        saving, slowdown = report.get("measured_saving"), report.get("measured_slowdown")
-        energy_j, iterations = answer.get("energy_j"), answer.get("iterations_measured")
-        if isinstance(energy_j, int | float) and isinstance(iterations, int):
-            total = f"{energy_j:,.0f} J over {iterations} measured iteration(s), all GPUs"
-            if isinstance(saving, int | float) and isinstance(slowdown, int | float):
-                return (
-                    f"measured saving {saving:.2%} at {slowdown:+.2%} slowdown against its "
-                    f"all-max rounds (medians); {total}"
-                )
+        """What the job did, one line: the coordinator's answer to the finish, else the last
+        status it sent."""
+        outcome = self.finish_report
+        if outcome is None:
+            status = self.status.summary if self.status is not None else None
+            return status or "the coordinator sent no figures"
+        total = (
+            f"{outcome.energy_j:,.0f} J over {outcome.iterations_measured} measured "
+            "iteration(s), all GPUs"
+        )
+        if outcome.measured_saving is None or outcome.measured_slowdown is None:
             return f"no plan was measured against all-max; {total}"
-        if self.status is not None and self.status.summary:
-            return self.status.summary
-        return "the coordinator sent no figures"
+        return (
+            f"measured saving {outcome.measured_saving:.2%} at {outcome.measured_slowdown:+.2%} "
+            f"slowdown against its all-max rounds (medians); {total}"
+        )
 
     def __enter__(self) -> PerseusOptimizer:
         return self

@@ -25,6 +25,7 @@ from perseus.protocol import (
     STRAGGLER_URL,
     FrequencySchedule,
     JobInfo,
+    JobOutcome,
     ProfilingResult,
     RankInfo,
 )
@@ -52,13 +53,10 @@ class StragglerReport(BaseModel):
     slowdown: float = Field(ge=1.0, le=MAX_STRAGGLER_SLOWDOWN, allow_inf_nan=False)
 
 
-class FinishedJob(BaseModel):
-    """Answer of ``POST /finish/{job_id}``: what the job did, for its rank 0 to log."""
+class FinishedJob(JobOutcome):
+    """Answer of ``POST /finish/{job_id}``: what the job did, for its rank 0 to log, and
+    the whole energy report."""
 
-    job_id: str
-    rounds: int = Field(description="rounds handed out")
-    iterations_measured: int = Field(description="iterations of the rounds every rank reported")
-    energy_j: float = Field(description="energy every GPU measured over those iterations, J")
     energy: EnergyReport
 
 
@@ -150,10 +148,15 @@ async def finish_job(job_id: str, manager: JobManagerDep) -> FinishedJob:
     job = manager.get(job_id)
     job.finish()
     stats = job.stats
+    report = stats.report()
     return FinishedJob(
         job_id=job.job_id,
         rounds=stats.rounds_completed,
         iterations_measured=stats.iterations_measured,
         energy_j=stats.energy_j_total,
-        energy=stats.report(),
+        measured_saving=report.measured_saving,
+        measured_slowdown=report.measured_slowdown,
+        predicted_saving=report.predicted_saving,
+        predicted_slowdown=report.predicted_slowdown,
+        energy=report,
     )

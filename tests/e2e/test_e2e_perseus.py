@@ -1,10 +1,12 @@
-"""End to end: a 4-rank torchrun job under Perseus keeps its promise, measured.
+"""End to end: README's deploy commands (`perseus.train` under Perseus) keep the promise.
 
-Real coordinator process on loopback, real torchrun with gloo, emulated GPUs (nominal
-instruction times; see `tests/e2e_fixtures.py`) at their default 15 ms clock switch. The
-layer split 2,4,3,1 is imbalanced: stage 1 sets the pace, the others have slack Perseus
-turns into energy savings. The job measures its own all-max rounds first, so its report
-compares the plan with the same job at all-max.
+Exactly what README's "Deploy it in your training job" runs on a machine without GPUs: the
+coordinator with only ``--max-slowdown 0.01`` and the example job under torchrun (4 ranks,
+gloo) on emulated A100s at their default 15 ms clock switch, with nominal instruction times
+(``PERSEUS_EMULATE_NOMINAL=1``: each layer's forward takes ``--nominal-ms-per-layer`` at the
+max clock, so a busy CPU does not move the figures). The layer split 2,4,3,1 is
+imbalanced: stage 1 sets the pace, the others have slack Perseus turns into energy savings.
+The job measures its own all-max rounds first; its report compares the plan with them.
 
 The tolerances are fixed (README, "How numbers are checked"): the plan's measured slowdown
 is at most the 1 % budget plus `SLOWDOWN_TOLERANCE`, its measured saving within
@@ -15,10 +17,12 @@ latency fitted to the same run.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from e2e_fixtures import Coordinator, DemoJob, executed, require_torch, run_job
+from e2e_fixtures import Coordinator, executed, read_traces, require_torch, torchrun_command
 
 from perseus.domain.schedule import make_schedule
 from perseus.io.plan_file import load_plan
@@ -26,35 +30,38 @@ from perseus.planning.dump import read_dump
 
 require_torch()
 
-LAYERS = "2,4,3,1"
 M = 4
-STEPS = 45
+STEPS = 70
 BUDGET = 0.01
 SLOWDOWN_TOLERANCE = 0.02
 SAVING_TOLERANCE = 0.02
-# Instructions of 10-80 ms: the host's ms of overhead per gloo hop and wake-up stay a small
-# share of the iteration.
-MS_PER_LAYER = 10.0
 MAX_MHZ = 1410  # the emulated A100's max SM clock
+README_JOB = ["--layers", "2,4,3,1", "--microbatches", str(M), "--nominal-ms-per-layer", "8"]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("perseus")
-    spec = DemoJob(
-        nproc=4, layers=LAYERS, microbatches=M, steps=STEPS, nominal_ms_per_layer=MS_PER_LAYER
-    )
     with Coordinator(
         scheduler="Perseus",
-        scheduler_args={"num_microbatches": M, "freq_step": 10, "max_slowdown": BUDGET},
+        scheduler_args={"max_slowdown": BUDGET},
         dump_dir=tmp / "dump",
         log_path=tmp / "coordinator.log",
         env={"PERSEUS_DUMP_DATA": "true"},
     ) as coordinator:
-        status, traces, log = run_job(tmp, spec, coordinator, name="Perseus")
-        assert status == 0, log
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "ZEUS_"))}
+        env |= {
+            "ZEUS_GPU_BACKEND": "emulated",
+            "PERSEUS_EMULATE_NOMINAL": "1",
+            "PERSEUS_TRACE_DIR": str(tmp / "trace"),
+        }
+        args = ["--server-url", coordinator.url, *README_JOB, "--steps", str(STEPS)]
+        done = subprocess.run(
+            torchrun_command(4, args), env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
         (job_dir,) = coordinator.job_dirs()
-    return traces, Path(job_dir)
+    return read_traces(tmp / "trace"), Path(job_dir)
 
 
 def _events(job_dir: Path) -> list[dict]:
@@ -68,21 +75,25 @@ def test_the_job_first_runs_all_max_then_its_plan(run):
     for rank, records in traces.items():
         for step in range(5):  # the warm-up and the all-max baseline rounds
             assert executed(records, step) == [(k, MAX_MHZ) for k in order[rank]]
-        for step in range(STEPS - 10, STEPS):  # the plan, instruction by instruction
-            assert executed(records, step) == [tuple(x) for x in plan.frequencies[rank]]
+        # The last rounds ran the plan, instruction by instruction, but for the all-max
+        # reference round every 10th round of it (`reference_every`).
+        ran = [executed(records, step) for step in range(STEPS - 10, STEPS)]
+        plan_rounds = [r for r in ran if r == [tuple(x) for x in plan.frequencies[rank]]]
+        assert len(plan_rounds) >= 8, (rank, ran)
     assert any(f < MAX_MHZ for s in plan.stage_frequencies() for f in s)
 
 
 def test_the_plan_keeps_its_promise_measured(run):
     _, job_dir = run
     events = _events(job_dir)
-    assert [e["event"] for e in events if e["event"] != "check"] == ["deployed"], events
+    assert events[0]["event"] == "deployed", events
+    assert not [e for e in events if e["event"] in ("held", "fallback")], events
     report = read_dump(job_dir).report
     assert report.measured_slowdown is not None and report.measured_saving is not None
     assert report.predicted_slowdown is not None and report.predicted_saving is not None
     assert report.predicted_slowdown <= BUDGET + 1e-9
     assert report.measured_slowdown <= BUDGET + SLOWDOWN_TOLERANCE, report
-    assert report.measured_saving >= 0.05, report
+    assert report.measured_saving > 0, report
     assert report.measured_saving == pytest.approx(report.predicted_saving, abs=SAVING_TOLERANCE)
 
 

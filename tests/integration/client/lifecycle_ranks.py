@@ -12,7 +12,6 @@ job's finish as one JSON line (``finish: {...}``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
@@ -76,7 +75,10 @@ def main() -> int:
                 hook.on_instruction_end(instr.kind)
             hook.on_step_end()
     if args.rank == 0:
-        print("finish: " + json.dumps(hook.finish_report), flush=True)
+        print(
+            "finish: " + (hook.finish_report.model_dump_json() if hook.finish_report else "null"),
+            flush=True,
+        )
     dist.destroy_process_group()
     return 0
 

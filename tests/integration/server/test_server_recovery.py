@@ -27,6 +27,7 @@ from perseus.domain.plan import Plan
 from perseus.domain.schedule import make_schedule
 from perseus.io.jobdir import JobDir
 from perseus.io.plan_file import save_plan
+from perseus.planning.report import REPORT_WINDOW
 from perseus.protocol import FrequencySchedule, load_prof
 from perseus.settings import PerseusSettings
 
@@ -171,19 +172,31 @@ def test_a_failed_job_stays_failed_after_a_restart(tmp_path: Path) -> None:
         assert r.status_code == 404, "not brought back to life"
 
 
-@pytest.mark.parametrize(("keep", "kept"), [(3, [3, 4, 5]), (0, [0, 1, 2, 3, 4, 5])])
+ROUNDS = REPORT_WINDOW + 4
+
+
+@pytest.mark.parametrize(
+    ("keep", "kept"),
+    [
+        # The last 3 rounds, and the newest REPORT_WINDOW + 1 rounds of the deployed plan
+        # (every round of a PointSolution job runs its plan), which the report is made from.
+        (3, list(range(ROUNDS - REPORT_WINDOW - 1, ROUNDS))),
+        (0, list(range(ROUNDS))),
+    ],
+)
 def test_old_rounds_are_pruned_and_the_last_results_are_written(
     tmp_path: Path, keep: int, kept: list[int]
 ) -> None:
     settings = point_settings(tmp_path, dump_keep_rounds=keep)
     with running_server(settings) as url:
         job = SimulatedJob(url, TRUTH, pp=2, num_microbatches=M)
-        job.run_sync(6)
+        job.run_sync(ROUNDS)
         job_dir = JobDir.of(settings.dump_dir, job.job_id or "")
         names = {p.name for p in job_dir.path.iterdir()}
     assert sorted(int(n.split(".")[0]) for n in names if n.endswith(".sched.json")) == kept
     assert sorted(int(n.split(".")[0]) for n in names if n.endswith(".prof.json")) == kept
-    assert load_prof(job_dir.path, 5) == job.results[-1], "round 5's results, on arrival"
+    last = ROUNDS - 1
+    assert load_prof(job_dir.path, last) == job.results[-1], "the last round's results, on arrival"
 
 
 def test_ranks_registered_before_a_restart_stay_registered(tmp_path: Path) -> None:

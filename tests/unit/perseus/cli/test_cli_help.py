@@ -179,17 +179,17 @@ def test_serve_help_lists_every_argument_of_every_scheduler() -> None:
 
 def test_a_field_added_to_a_model_is_a_flag_at_once() -> None:
     class NewArgs(SchedulerArgs):
-        guard_window: int = Field(default=4, ge=1, description="rounds the guard compares")
+        new_knob: int = Field(default=4, ge=1, description="rounds the knob compares")
         max_slowdown: float = Field(default=0.0, ge=0.0, le=1.0)
 
     flags = {
         f.name: f for f in scheduler_flags({"Old": SCHEDULERS["Perseus"].Args, "New": NewArgs})
     }
-    assert flags["guard_window"].option == "--guard-window"
-    assert flags["guard_window"].schedulers == ("New",)
+    assert flags["new_knob"].option == "--new-knob"
+    assert flags["new_knob"].schedulers == ("New",)
     assert flags["max_slowdown"].schedulers == ("Old", "New")
-    assert flags["guard_window"].help(("A", "B", "C", "New", "Old")) == (
-        "rounds the guard compares (New). [range: >= 1] [default: 4]"
+    assert flags["new_knob"].help(("A", "B", "C", "New", "Old")) == (
+        "rounds the knob compares (New). [range: >= 1] [default: 4]"
     )
 
 

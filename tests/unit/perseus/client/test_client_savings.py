@@ -10,7 +10,7 @@ MAX = 1410
 
 
 def _log(caplog) -> SavingsLog:
-    caplog.set_level(logging.INFO, logger="test.savings")
+    caplog.set_level(logging.DEBUG, logger="test.savings")  # per-GPU lines are DEBUG
     return SavingsLog(3, MAX, logging.getLogger("test.savings"))
 
 
