@@ -25,7 +25,9 @@ stage leader's over the job's own process group; the leader reports the group's 
 long-polls, and broadcasts the schedule it got to its group, each rank taking its
 replica's list. The leaders are found from the layout the hook is given (its ranks and
 degrees, or a ``device_mesh``), and the GPUs checked in-job to be of one type with one set
-of clocks. With one replica and no tensor parallelism every rank leads itself, as before. Each instruction's
+of clocks. With one replica and no tensor parallelism every rank leads itself, as before.
+
+Measurement: each instruction's
 frequency is handed to the `FrequencyController`'s thread, so the training loop never waits
 on the driver; each instruction's time and energy are measured around a device
 synchronisation, energy with the GPU's energy counter. When the GPU has a `stand_in` (an
@@ -57,9 +59,9 @@ any --close--> CLOSED
 
 `close()` is the job's normal end: every rank waits there for the others (a barrier on the
 job's process group) and the job's first leader (rank 0) then tells the coordinator that
-the job finished (``POST /finish``), so it is listed as ``finished``, not failed. Leaving the context manager
-on an exception, or ``close(finish=False)``, tells it nothing: a job whose ranks fail ends
-as ``failed`` at the coordinator's round timeout.
+the job finished (``POST /finish``), so it is listed as ``finished``, not failed. Leaving
+the context manager on an exception, or ``close(finish=False)``, tells it nothing: a job
+whose ranks fail ends as ``failed`` at the coordinator's round timeout.
 """
 
 from __future__ import annotations
@@ -354,7 +356,7 @@ class PerseusOptimizer:
         self._freq: FrequencyController | None = None
         self.leaders_per_stage = leaders_per_stage
 
-        def register_job() -> str:  # rank 0 only; the others learn its result
+        def register_job() -> str:  # the first leader only; the others learn its result
             job_info = JobInfo(
                 pp_degree=pp_degree,
                 dp_degree=dp_degree,
