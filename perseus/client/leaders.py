@@ -393,7 +393,6 @@ class JobFanOut:
         self._dist = dist
         self.rank = rank
         self.dp_rank, self.pp_rank, self.tp_rank = dp_rank, pp_rank, tp_rank
-        self.leaders = Leaders(layout, per_stage)
         self._timeout = datetime.timedelta(seconds=timeout_s)
         self._control = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         """The gloo group over the whole job (None: the default group is gloo already)."""
@@ -427,6 +426,9 @@ class JobFanOut:
         dist.all_gather(gathered, mine, group=self._control)
         rows = [self._row(t) for t in gathered]
         self._check(rows)
+        # After the table: a bad leaders_per_stage given to every rank fails every rank here,
+        # one given to some ranks only is a layout the table shows to differ.
+        self.leaders = Leaders(layout, per_stage)
         by_place = {(r.dp_rank, r.pp_rank, r.tp_rank): r for r in rows}
         tp_ranks = range(layout.tp_degree)
         self._heads: Any = None

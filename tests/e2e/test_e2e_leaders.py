@@ -31,9 +31,12 @@ PP, TP = 2, 2
 
 
 def test_a_tensor_parallel_job_deploys_a_plan_through_its_leaders(tmp_path):
+    # Instructions of 16 and 48 ms: long enough beside the GPUs' 15 ms clock switch that the
+    # plan slows the light stage.
     spec = DemoJob(
         nproc=PP * TP,
-        layers="1,3",
+        layers="2,6",
+        nominal_ms_per_layer=8.0,
         microbatches=4,
         steps=STEPS,
         extra_args=("--tp-degree", str(TP), "--device-mesh"),
