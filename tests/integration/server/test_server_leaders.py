@@ -8,6 +8,7 @@ in-job (`perseus.client.leaders.GroupFold`). The coordinator is the real app und
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -172,3 +173,26 @@ def test_a_3d_job_with_leaders_profiles_deploys_and_measures_its_blocking_power(
     assert any(len(set(stage_freqs(deployed, r))) > 1 for r in deployed)
     plan = load_plan(tmp_path / job.job_id / "deployed_plan.json")
     assert plan.p2p_power == pytest.approx(2 * truth.p2p_power_w, rel=2e-3)
+
+
+def test_a_restarted_coordinator_restores_a_leader_job_and_its_leaders(tmp_path):
+    """The dump holds the job's two leaders (not its 8 ranks); a restart resumes the job, and
+    the leaders carry on with the same schedules."""
+    settings = PerseusSettings(
+        scheduler="AllMaxFrequency",
+        scheduler_args={"num_microbatches": M},
+        dump_dir=str(tmp_path / "dump"),
+        dump_data=True,
+    )
+    truth = GroundTruth([0.01, 0.012])
+    with running_server(settings) as url:
+        job = SimulatedJob(url, truth, pp=2, dp=2, tp=2, num_microbatches=M, leaders_per_stage=1)
+        job.run_sync(2)
+    ranks = (tmp_path / "dump" / job.job_id / "ranks.json").read_text()
+    assert [r["rank"] for r in json.loads(ranks)] == [0, 2]
+    with running_server(settings) as url:
+        job.base_url = url
+        job.run_sync(1)
+        listed = httpx.get(f"{url}/jobs").json()
+    assert job.history[-1] == job.history[0]
+    assert listed[0]["talking_ranks"] == 2 and listed[0]["ranks_registered"] == 2
