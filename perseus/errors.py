@@ -22,6 +22,7 @@ PerseusError                       400  bad input (the root's default)
 │                                       rejected its input: a PerseusError or ValueError)
 └── RankError                      400  a rank misbehaved (died mid-round, wrong order)
     ├── InvalidRankError           422  rank/dp/pp/tp out of range, duplicate coordinates
+    │   └── NotALeaderError        422  a rank that is not a leader acted as one (protocol 2)
     ├── InvalidResultError         422  a result whose shapes do not fit the rank's schedule
     └── RankConflictError          409  the same rank registered twice, result reported twice
 ```
@@ -42,6 +43,7 @@ __all__ = [
     "JobFailedError",
     "JobFinishedError",
     "JobNotFoundError",
+    "NotALeaderError",
     "PerseusError",
     "PlanError",
     "ProfileError",
@@ -147,6 +149,11 @@ class InvalidRankError(RankError):
     """A rank (or its dp/pp/tp coordinates) does not fit the job."""
 
     http_status = 422
+
+
+class NotALeaderError(InvalidRankError):
+    """In a job with leaders (protocol 2), a rank that is not one registered, reported or
+    asked for a schedule: the message names the rule (`perseus.domain.layout.Leaders`)."""
 
 
 class InvalidResultError(RankError):

@@ -7,6 +7,7 @@ pydantic v2. Wire lists use `RootModel`; files are written atomically.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import uuid
 from datetime import datetime
@@ -23,7 +24,7 @@ from pydantic import (
 )
 
 from perseus.domain.kinds import INSTRUCTIONS
-from perseus.domain.layout import ParallelLayout
+from perseus.domain.layout import Leaders, ParallelLayout
 from perseus.domain.rows import ProfileRow
 from perseus.domain.schedule import MAX_ACTIONS, PipelineSchedule
 from perseus.errors import ConfigurationError, ProfileError, ScheduleError
@@ -39,11 +40,14 @@ __all__ = [
     "JobNote",
     "JobOutcome",
     "JobRecord",
+    "Leaders",
     "OfflineProfilingResult",
+    "PROTOCOL_VERSION",
     "ParallelLayout",
     "PipelineSpec",
     "ProfilingResult",
     "RankInfo",
+    "ReplicaFigures",
     "RoundStatus",
     "load_prof",
     "load_ranks",
@@ -93,6 +97,16 @@ SAMPLED_TAIL = 0.25
 (arXiv 2312.02741): windows carry their busy seconds in it (`EnergyWindow.tail_busy_s`)."""
 MAX_SWITCH_LATENCY_S = 10.0
 """A clock switch measured longer than this is a broken measurement."""
+MAX_REPLICAS = 65_536
+"""Data-parallel replicas one leader may speak for (a job's dp_degree at most)."""
+MAX_POWER_W = 100_000.0
+"""A power above 100 kW for one GPU is a unit mistake."""
+
+PROTOCOL_VERSION = 2
+"""The newest protocol this package speaks. 1: every rank registers, reports and asks for
+its schedule (Zeus's protocol). 2: only the job's leaders do (`JobInfo.leaders_per_stage`,
+`perseus.domain.layout.Leaders`); each speaks for its group, whose ranks get their schedule
+from it over the job's own process group."""
 
 Seconds = Annotated[float, Field(gt=0.0, le=MAX_TIME_S, allow_inf_nan=False)]
 """A measured time: finite, > 0, at most `MAX_TIME_S`."""
@@ -192,6 +206,11 @@ class JobInfo(BaseModel):
         pipeline: The pipeline the job runs (its schedule's per-rank orders), or None for
             the coordinator's default (its scheduler arguments ``num_microbatches``,
             ``schedule``).
+        protocol_version: 1 (the default, Zeus's clients): every rank talks to the
+            coordinator. 2: only the leaders do (`PROTOCOL_VERSION`).
+        leaders_per_stage: Protocol 2: leaders per pipeline stage (default 1, at most
+            dp_degree; `perseus.domain.layout.Leaders` says which ranks they are). None
+            under protocol 1.
     """
 
     job_id: str = ""
@@ -201,6 +220,8 @@ class JobInfo(BaseModel):
     world_size: int = Field(ge=1)
     job_metadata: str | None = None
     pipeline: PipelineSpec | None = None
+    protocol_version: int = Field(default=1, ge=1, le=PROTOCOL_VERSION)
+    leaders_per_stage: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
 
     @field_validator("job_id")
     @classmethod
@@ -221,12 +242,39 @@ class JobInfo(BaseModel):
                 f"the pipeline's orders are for {self.pipeline.num_ranks} pipeline rank(s) "
                 f"but pp_degree is {self.pp_degree}"
             )
+        if self.protocol_version == 1:
+            if self.leaders_per_stage is not None:
+                raise ValueError(
+                    "leaders_per_stage needs protocol_version 2 (under protocol 1 every rank "
+                    "talks to the coordinator)"
+                )
+        else:
+            if self.leaders_per_stage is None:
+                self.leaders_per_stage = 1
+            try:
+                Leaders(self.layout, self.leaders_per_stage)
+            except ConfigurationError as exc:
+                raise ValueError(str(exc)) from None
         return self
 
     @property
     def layout(self) -> ParallelLayout:
         """The job's parallel layout (the one place its rules live)."""
         return ParallelLayout(self.dp_degree, self.pp_degree, self.tp_degree)
+
+    @property
+    def leaders(self) -> Leaders | None:
+        """Protocol 2: who leads (talks to the coordinator); None: every rank (protocol 1)."""
+        if self.leaders_per_stage is None:
+            return None
+        return Leaders(self.layout, self.leaders_per_stage)
+
+    @property
+    def talking_ranks(self) -> int:
+        """How many ranks talk to the coordinator: the leaders, or every rank (protocol 1).
+        The round barrier counts these."""
+        leaders = self.leaders
+        return self.world_size if leaders is None else leaders.count
 
 
 class JobRecord(JobInfo):
@@ -275,6 +323,10 @@ class RankInfo(BaseModel):
             positive and at most `MAX_FREQ_MHZ` (the profile's keys, `OfflineProfilingResult`).
         emulated: The rank's GPU is emulated (`GPU.emulated`): what it measures is the
             emulator's model, and the profile and plan made from it say so.
+        replicas: Protocol 2 (a leader): the data-parallel replicas of its stage it speaks
+            for, ascending (its block, `perseus.domain.layout.Leaders.block`); the GPUs of
+            its whole group were checked in-job to be this one's type and clocks. None:
+            protocol 1, the rank speaks for itself.
     """
 
     rank: int = Field(ge=0)
@@ -288,14 +340,25 @@ class RankInfo(BaseModel):
     )
     """How often the GPU's energy counter refreshes, as the rank measured it at start
     (0: continuous; None: not measured, e.g. no counter). Rounds are sized from it."""
+    replicas: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_REPLICAS
+    )
     switch_latency_s: float | None = Field(
         default=None,
         ge=0.0,
         le=MAX_SWITCH_LATENCY_S,
         allow_inf_nan=False,
         description="how long this rank's GPU took to apply a locked SM clock, measured by the "
-        "rank (`perseus.client.frequency.measure_switch_latency`); None: not measured",
+        "rank (`perseus.client.frequency.measure_switch_latency`); a leader's is the slowest "
+        "of its group; None: not measured",
     )
+
+    @field_validator("replicas")
+    @classmethod
+    def _check_replicas(cls, replicas: list[int] | None) -> list[int] | None:
+        if replicas is not None and any(a >= b for a, b in itertools.pairwise(replicas)):
+            raise ValueError("replicas must be ascending data-parallel ranks, each once")
+        return replicas
 
 
 MAX_NOTES = 32
@@ -352,14 +415,48 @@ class FrequencySchedule(BaseModel):
     ``max(steps_per_round, steps)``); None: the hook's own `steps_per_round`. The
     coordinator asks for long rounds while it profiles, so that the energy counter
     refreshes often enough within each.
-    `status` (rank 0's schedule only; optional, Zeus's clients ignore it): where the job
-    stands and what to log.
+    `status` (the first talking rank's schedule only, rank 0's in practice; optional, Zeus's
+    clients ignore it): where the job stands and what to log.
+
+    Protocol 2, a leader's schedule: `frequencies` is what its group runs, except the
+    data-parallel replicas listed in `replica_frequencies` (replica → its own list: a
+    straggler's pipeline keeps a plan the others leave); `frequencies_for` picks a replica's.
     """
 
     rank: int = Field(ge=0)
     frequencies: list[tuple[str, int]]
     steps: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
     status: RoundStatus | None = None
+    replica_frequencies: dict[Annotated[int, Field(ge=0)], list[tuple[str, int]]] = Field(
+        default_factory=dict, max_length=MAX_REPLICAS
+    )
+
+    def frequencies_for(self, dp_rank: int) -> list[tuple[str, int]]:
+        """The list data-parallel replica `dp_rank` runs."""
+        return self.replica_frequencies.get(dp_rank, self.frequencies)
+
+    def lists(self) -> list[list[tuple[str, int]]]:
+        """Every list this schedule hands out (`frequencies`, then each replica's own)."""
+        return [self.frequencies, *self.replica_frequencies.values()]
+
+
+class ReplicaFigures(BaseModel):
+    """Protocol 2: one data-parallel replica of a leader's stage, measured in-job over the
+    round (`ProfilingResult.replicas`): what straggler detection needs of each pipeline.
+
+    Attributes:
+        dp_rank: The replica.
+        iter_time_s: Mean iteration time of its slowest tensor rank, s.
+        busy_s: Per iteration, the instruction time of its busiest tensor rank, s.
+        energy_j: Mean iteration energy of all its tensor ranks, J.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    dp_rank: int = Field(ge=0)
+    iter_time_s: Seconds
+    busy_s: Annotated[float, Field(ge=0.0, le=MAX_TIME_S, allow_inf_nan=False)]
+    energy_j: Joules
 
 
 class EnergyWindow(BaseModel):
@@ -418,7 +515,16 @@ class ProfilingResult(BaseModel):
             its iteration's energy by time: an instruction's own energy cannot be read.
         energy_windows: The round cut at the energy counter's refreshes (`EnergyWindow`),
             from which the coordinator estimates each instruction's energy; None when the
-            rank has no energy counter (or an older client).
+            rank has no energy counter (or an older client). A leader sends its own GPU's.
+        replicas: Protocol 2 (a leader's result): one entry per replica it speaks for.
+        idle_power_w: Protocol 2: the median, over the GPUs of the leader's group that
+            were ever idle, of the power each drew while not computing, W (None: none was).
+
+    A leader's result speaks for its whole group (`perseus.client.leaders`, gathered
+    in-job): `iter_time` is each iteration's slowest GPU of the group, `iter_energy` each
+    iteration's sum over the group's GPUs, `time_breakdown` each instruction's slowest GPU,
+    and `energy_breakdown` each instruction's sum over the tensor ranks of the leader's own
+    replica (one pipeline's energy, as the profile counts it).
     """
 
     rank: int = Field(ge=0)
@@ -439,6 +545,8 @@ class ProfilingResult(BaseModel):
         ],
     ] = Field(default_factory=dict)
     energy_windows: list[EnergyWindow] | None = Field(default=None, max_length=MAX_WINDOWS)
+    replicas: list[ReplicaFigures] = Field(default_factory=list, max_length=MAX_REPLICAS)
+    idle_power_w: float | None = Field(default=None, ge=0.0, le=MAX_POWER_W, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ProfilingResult:

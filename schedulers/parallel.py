@@ -20,6 +20,20 @@ when both are 1, with one stage per rank):
 - a rank's energy windows (`perseus.protocol.EnergyWindow`: busy seconds per instruction
   of its order) → per rank, windows keyed by (stage, kind, clock) with the clocks the round
   ran (`schedulers.estimation`): the per-GPU fit that turns them into energies.
+
+**Leaders** (protocol 2, `JobInfo.leaders`): only the leaders register, report and get
+schedules, and each speaks for its group (the tensor ranks of the replicas of its block,
+`perseus.domain.layout.Leaders`). Its result arrives already folded in-job
+(`perseus.client.leaders`): each instruction's time is the slowest GPU of its group and its
+energy the sum over the tensor ranks of the leader's own replica, and it carries one
+`ReplicaFigures` per replica (busy time, iteration time and energy). So the rules above
+hold with the leaders as the members: times are the max over a stage's leaders, energies
+those of the leader of the first data-parallel pipeline, ``busy_s`` per (dp, pp) comes from
+the replica figures, and the blocking power is the median of the leaders' medians. A
+leader's schedule is its block's: `frequencies` for every replica of the block, and
+`FrequencySchedule.replica_frequencies` for a replica whose pipeline runs its own plan.
+A leader's energy windows are its own GPU's: with tensor parallelism the estimator's
+energies are one GPU's, not its replica's sum (the iteration energies are the sum).
 """
 
 from __future__ import annotations
@@ -136,13 +150,20 @@ class Parallel3D:
         """The instruction kinds the job runs (every rank reports those it runs)."""
         self.rank_infos = rank_infos
         self._by_rank = {info.rank: info for info in rank_infos}
-        if len(rank_infos) != job_info.world_size:
-            raise RankError(
-                f"Job {job_info.job_id}: {len(rank_infos)} rank(s) registered but "
+        self.leaders = job_info.leaders
+        """Protocol 2: who talks for whom; None: every rank talks for itself."""
+        if len(rank_infos) != job_info.talking_ranks:
+            expected = (
                 f"world_size is {job_info.world_size}"
+                if self.leaders is None
+                else f"the job has {job_info.talking_ranks} leader(s)"
+            )
+            raise RankError(
+                f"Job {job_info.job_id}: {len(rank_infos)} rank(s) registered but {expected}"
             )
         self.stage_ranks: list[list[RankInfo]] = [[] for _ in range(job_info.pp_degree)]
-        """Per pipeline rank, the job's ranks that run it (its dp and tp copies)."""
+        """Per pipeline rank, the job's talking ranks that run it (its dp and tp copies, or
+        its leaders)."""
         for info in rank_infos:
             self.stage_ranks[info.pp_rank].append(info)
         common = set.intersection(*(set(r.available_frequencies) for r in rank_infos))
@@ -173,9 +194,15 @@ class Parallel3D:
         *,
         steps: int | None = None,
     ) -> list[FrequencySchedule]:
-        """One `FrequencySchedule` per rank: every copy of a pipeline rank gets its list;
-        every rank the same `steps` (the round barrier holds them in step)."""
+        """One `FrequencySchedule` per talking rank: every copy of a pipeline rank gets its
+        list; a leader gets its block's (module docstring). Every rank gets the same `steps`
+        (the round barrier holds them in step)."""
         overrides = overrides or {}
+        if self.leaders is not None:
+            return [
+                self._leader_schedule(info, plan, overrides, steps)
+                for info in self.rank_infos
+            ]
         cache: dict[tuple[int, int], FrequencySchedule] = {}
         out = []
         for info in self.rank_infos:
@@ -185,6 +212,24 @@ class Parallel3D:
                 cache[key] = FrequencySchedule(rank=0, frequencies=p[info.pp_rank], steps=steps)
             out.append(cache[key].model_copy(update={"rank": info.rank}))
         return out
+
+    def _leader_schedule(
+        self,
+        info: RankInfo,
+        plan: StagePlan,
+        overrides: dict[int, StagePlan],
+        steps: int | None,
+    ) -> FrequencySchedule:
+        assert self.leaders is not None
+        base = plan[info.pp_rank]
+        own = {
+            dp: overrides[dp][info.pp_rank]
+            for dp in self.leaders.block(info.dp_rank)
+            if dp in overrides and overrides[dp][info.pp_rank] != base
+        }
+        return FrequencySchedule(
+            rank=info.rank, frequencies=base, replica_frequencies=own, steps=steps
+        )
 
     def check_result(self, res: ProfilingResult, *, breakdowns: bool = True) -> None:
         """Refuse (`RankError`, naming the rank, the kind and the job) a result of a rank the
@@ -335,6 +380,10 @@ class Parallel3D:
                 unit_time[info.rank] = times
                 if res.energy_windows is not None:
                     windows[info.rank] = rows
+            if self.leaders is not None:  # the median of its group, measured in-job
+                if res.idle_power_w is not None:
+                    p2p.append(res.idle_power_w)
+                continue
             iter_time, iter_energy = _mean(res.iter_time), _mean(res.iter_energy)
             idle = iter_time - numbers.busy_s
             if idle > 1e-6 * max(iter_time, 1e-12):
@@ -346,16 +395,26 @@ class Parallel3D:
             kinds = list(self._occurrences[pp])
             times = {k: max(per_rank[m.rank].time_s[k] for m in members) for k in kinds}
             energies = {k: math.fsum(per_rank[m.rank].energy_j[k] for m in first) for k in kinds}
-            for m in members:
-                key = (m.dp_rank, pp)
-                busy_s[key] = max(busy_s.get(key, 0.0), per_rank[m.rank].busy_s)
+            if self.leaders is None:
+                for m in members:
+                    key = (m.dp_rank, pp)
+                    busy_s[key] = max(busy_s.get(key, 0.0), per_rank[m.rank].busy_s)
+                iteration_energy_j = math.fsum(_mean(by_rank[m.rank].iter_energy) for m in first)
+            else:  # each leader measured its replicas in-job
+                iteration_energy_j = 0.0
+                for m in members:
+                    for figures in by_rank[m.rank].replicas:
+                        key = (figures.dp_rank, pp)
+                        busy_s[key] = max(busy_s.get(key, 0.0), figures.busy_s)
+                        if figures.dp_rank == first_dp:
+                            iteration_energy_j += figures.energy_j
             stages.append(
                 StageMeasurement(
                     time_s=times,
                     energy_j=energies,
-                    busy_s=max(per_rank[m.rank].busy_s for m in members),
+                    busy_s=max(busy_s[d, p] for d, p in busy_s if p == pp),
                     compute_energy_j=math.fsum(per_rank[m.rank].energy for m in first),
-                    iteration_energy_j=math.fsum(_mean(by_rank[m.rank].iter_energy) for m in first),
+                    iteration_energy_j=iteration_energy_j,
                 )
             )
         virtual = []

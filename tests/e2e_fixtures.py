@@ -33,8 +33,10 @@ __all__ = [
     "expected_instruction",
     "launch_ranks",
     "read_traces",
+    "request_counts",
     "require_torch",
     "run_job",
+    "runs_its_leaders_schedules",
     "steps_of",
     "torchrun_command",
 ]
@@ -79,6 +81,53 @@ def executed(records: Sequence[dict[str, Any]], step: int) -> list[tuple[str, in
 
 def steps_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["kind"] == "step"]
+
+
+def runs_its_leaders_schedules(traces: dict[int, list[dict[str, Any]]]) -> int:
+    """Check that every rank ran, in every round, the list its stage leader handed out for
+    its replica that round (the leader's ``handed_out`` trace record), and executed it in
+    every step of the round; returns the number of rounds. A leader that speaks for itself
+    alone ran what it got."""
+    jobs = {r: next(x for x in records if x["kind"] == "job") for r, records in traces.items()}
+    rounds = 0
+    for rank, records in traces.items():
+        job = jobs[rank]
+        leader = traces[job["leader"]]
+        handed = {x["round"]: x.get("handed_out") for x in leader if x["kind"] == "schedule"}
+        schedules = [x for x in records if x["kind"] == "schedule"]
+        assert [x["round"] for x in schedules] == list(range(len(schedules))), rank
+        for x in schedules:
+            assert x["leader"] == job["leader"], (rank, x)
+            out = handed[x["round"]]
+            if out is None:  # the leader speaks for itself alone
+                assert job["leader"] == rank
+                continue
+            own = out["replica_frequencies"].get(str(job["dp_rank"]), out["frequencies"])
+            assert [tuple(e) for e in x["frequencies"]] == [tuple(e) for e in own], (rank, x)
+            for step in {
+                s["step"] for s in records if s["kind"] == "step" and s["round"] == x["round"]
+            }:
+                assert [list(e) for e in executed(records, step)] == [list(e) for e in own], (
+                    rank,
+                    step,
+                )
+        rounds = max(rounds, len(schedules))
+    return rounds
+
+
+def request_counts(url: str) -> dict[tuple[str, str], float]:
+    """(route template, method) → requests the coordinator answered, any status
+    (``perseus_http_requests_total``)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for s in family.samples:
+            if s.name == "perseus_http_requests_total":
+                key = (s.labels["route"], s.labels["method"])
+                counts[key] = counts.get(key, 0.0) + s.value
+    return counts
 
 
 def expected_instruction(

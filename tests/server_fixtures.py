@@ -12,7 +12,10 @@ profiles and expected values.
 `SimulatedJob` drives a job's ranks through the real coordinator over HTTP: the ranks'
 schedules come from the server, and a `perseus.demo.virtual.VirtualCluster` runs them on
 `EmulatedGPU`s in virtual time and produces what the ranks report (instruction times and
-energies, iteration times and the energy counters' changes). Nothing here computes a
+energies, iteration times and the energy counters' changes). With `leaders_per_stage` the
+job speaks protocol 2: only its leaders talk, each reporting its group's round folded as
+the client folds it in-job (`perseus.client.leaders.GroupFold`), and every rank of a group
+runs its replica's list of its leader's schedule. Nothing here computes a
 "measured" figure with the solver's formulas. What the emulator measures differs from the
 solver's accounting where a real job's would: a round runs one iteration, which every rank
 starts together (the round's schedules arrive together) and ends with its own last
@@ -37,14 +40,17 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from perseus.client.leaders import GroupFold
 from perseus.demo.virtual import VirtualCluster
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule, make_schedule
 from perseus.io.profile_csv import save_profile
 from perseus.protocol import (
     JOB_TOKEN_HEADER,
+    PROTOCOL_VERSION,
     FrequencySchedule,
     JobInfo,
+    Leaders,
     PipelineSpec,
     ProfilingResult,
     RankInfo,
@@ -244,6 +250,7 @@ class SimulatedJob:
         num_microbatches: int | None = None,
         schedule: PipelineSchedule | None = None,
         token: str | None = None,
+        leaders_per_stage: int | None = None,
     ) -> None:
         """A job of `pp` pipeline ranks running 1F1B over `num_microbatches` that describes
         no pipeline (an old client), or one that describes `schedule` at registration.
@@ -266,7 +273,35 @@ class SimulatedJob:
             schedule or make_schedule("1f1b", pp, num_microbatches), dp=dp, tp=tp
         )
         self.info = job_info(pp, dp, tp, pipeline=spec)
-        self.infos = [i.model_copy(update={"emulated": False}) for i in self.cluster.rank_infos()]
+        self.all_infos = [
+            i.model_copy(update={"emulated": False}) for i in self.cluster.rank_infos()
+        ]
+        """Every rank of the job."""
+        self.infos = self.all_infos
+        """The ranks that talk: every rank, or the leaders (`leaders_per_stage`)."""
+        self.folds: dict[int, GroupFold] = {}
+        """Protocol 2: leader rank → how its group's round folds into its result."""
+        if leaders_per_stage is not None:
+            self.info = self.info.model_copy(
+                update={
+                    "protocol_version": PROTOCOL_VERSION,
+                    "leaders_per_stage": leaders_per_stage,
+                }
+            )
+            rule = Leaders(self.info.layout, leaders_per_stage)
+            self.infos = []
+            for i in self.all_infos:
+                if rule.is_leader(dp_rank=i.dp_rank, tp_rank=i.tp_rank):
+                    block = rule.block(i.dp_rank)
+                    self.infos.append(i.model_copy(update={"replicas": list(block)}))
+                    members = [
+                        m.rank
+                        for m in self.all_infos
+                        if m.pp_rank == i.pp_rank and m.dp_rank in block
+                    ]
+                    self.folds[i.rank] = GroupFold(
+                        leader=i.rank, members=sorted(members), replicas=block
+                    )
         self.num_microbatches = num_microbatches
         self.job_id: str | None = None
         self.history: list[dict[int, FrequencySchedule]] = []
@@ -312,10 +347,33 @@ class SimulatedJob:
         self.history.append(schedules)
         return schedules
 
+    def every_rank(self, schedules: dict[int, FrequencySchedule]) -> dict[int, FrequencySchedule]:
+        """What every rank runs: its own schedule, or (protocol 2) its replica's list of its
+        leader's."""
+        if not self.folds:
+            return schedules
+        out = {}
+        for leader, fold in self.folds.items():
+            for m in fold.members:
+                dp = self._dp[m]
+                out[m] = FrequencySchedule(
+                    rank=m, frequencies=schedules[leader].frequencies_for(dp)
+                )
+        return dict(sorted(out.items()))
+
+    @property
+    def _dp(self) -> dict[int, int]:
+        return {i.rank: i.dp_rank for i in self.all_infos}
+
     def results_for(self, schedules: dict[int, FrequencySchedule]) -> list[ProfilingResult]:
-        """Every rank's result of one round of `schedules`, run on the emulated GPUs."""
+        """What the talking ranks report for one round of `schedules`, run on the emulated
+        GPUs: every rank's result, or (protocol 2) each leader's folded group."""
         self.cluster.slowdown = dict(self.truth.slowdown)
-        return self.cluster.run_round(list(schedules.values()))
+        results = self.cluster.run_round(list(self.every_rank(schedules).values()))
+        if not self.folds:
+            return results
+        by_rank = {r.rank: r for r in results}
+        return [fold.fold(by_rank, self._dp) for fold in self.folds.values()]
 
     async def report(
         self, client: httpx.AsyncClient, schedules: dict[int, FrequencySchedule]

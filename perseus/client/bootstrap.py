@@ -1,7 +1,8 @@
 """The torch bootstrap: the job's layout, its process group, its shared job id, device sync.
 
-Rank 0 registers the job with the coordinator and broadcasts the id (or its error) to the
-other ranks over the job's own process group, as two plain tensors (no pickling). torch is
+One rank (rank 0, or the job's first leader: `perseus.client.leaders`) registers the job
+with the coordinator and broadcasts the id (or its error) to the other ranks over the job's
+own process group, as two plain tensors (no pickling). torch is
 imported only inside these functions, so importing this module stays cheap.
 """
 
@@ -62,42 +63,47 @@ def process_group(rank: int, world_size: int) -> Any:
     return dist
 
 
-def broadcast_text(dist: Any, rank: int, ok: bool, text: str) -> tuple[bool, str]:
-    """Broadcast (ok, text) from rank 0 as plain tensors (no pickling); every rank gets it."""
+def broadcast_text(
+    dist: Any, rank: int, ok: bool, text: str, *, src: int = 0, group: Any = None
+) -> tuple[bool, str]:
+    """Broadcast (ok, text) from global rank `src` over `group` (default: the job's) as
+    plain tensors (no pickling); every rank of the group gets it."""
     import torch
 
     device = torch.device("cpu")
-    if dist.get_backend() == "nccl":
+    if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    data = text.encode() if rank == 0 else b""
+    data = text.encode() if rank == src else b""
     header = torch.tensor([int(ok), len(data)], dtype=torch.int64, device=device)
-    dist.broadcast(header, src=0)
+    dist.broadcast(header, src=src, group=group)
     ok_flag, length = (int(x) for x in header.tolist())
     payload = torch.zeros(max(length, 1), dtype=torch.uint8, device=device)
-    if rank == 0 and length:
+    if rank == src and length:
         payload[:length] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-    dist.broadcast(payload, src=0)
-    return bool(ok_flag), bytes(payload[:length].cpu().tolist()).decode()
+    dist.broadcast(payload, src=src, group=group)
+    return bool(ok_flag), payload[:length].cpu().numpy().tobytes().decode()
 
 
-def share_job_id(dist: Any, rank: int, register: Callable[[], str]) -> str:
-    """Rank 0 calls `register`; every rank returns its job id, or raises rank 0's error.
+def share_job_id(
+    dist: Any, rank: int, register: Callable[[], str], *, src: int = 0, group: Any = None
+) -> str:
+    """Rank `src` calls `register`; every rank returns its job id, or raises `src`'s error.
 
-    On rank 0 the error is re-raised as is (after telling the others); the other ranks
+    On `src` the error is re-raised as is (after telling the others); the other ranks
     raise a `CoordinatorError` that quotes it.
     """
-    if rank == 0:
+    if rank == src:
         try:
             job_id = register()
         except BaseException as exc:
             with contextlib.suppress(Exception):
-                broadcast_text(dist, rank, False, str(exc))
+                broadcast_text(dist, rank, False, str(exc), src=src, group=group)
             raise
-        broadcast_text(dist, rank, True, job_id)
+        broadcast_text(dist, rank, True, job_id, src=src, group=group)
         return job_id
-    ok, text = broadcast_text(dist, rank, False, "")
+    ok, text = broadcast_text(dist, rank, False, "", src=src, group=group)
     if not ok:
-        raise CoordinatorError(f"Rank 0 could not register the job: {text}")
+        raise CoordinatorError(f"Rank {src} could not register the job: {text}")
     return text
 
 

@@ -15,22 +15,32 @@ with PerseusOptimizer(rank=..., dp_rank=..., pp_rank=..., tp_rank=0, device_id=l
 
 A round: the rank runs its `FrequencySchedule` for `steps_per_round` iterations, then a
 background thread reports the round's `ProfilingResult` and asks for the next schedule (a
-long-poll barrier over all ranks of the job); the next `on_step_begin` collects it, and any
-error the exchange met. The very first schedule is fetched in-band; a schedule may ask for
-more iterations than `steps_per_round` (`FrequencySchedule.steps`: long profiling rounds).
-Each instruction's frequency is handed to the `FrequencyController`'s thread, so the
-training loop never waits on the driver.
+long-poll barrier over the job's talking ranks); the next `on_step_begin` collects it, and
+any error the exchange met. The very first schedule is fetched in-band; a schedule may ask
+for more iterations than `steps_per_round` (`FrequencySchedule.steps`: long profiling
+rounds).
 
-What the hook measures is what a GPU shows: each instruction's time (around a device
-synchronisation, or from CUDA events), each iteration's energy from the energy counter,
-and the counter's refreshes, which a background thread watches (`perseus.client.sensing`):
-at a round's end the round is cut at them into energy windows that the coordinator turns
-into per-instruction energies. An instruction's own energy cannot be read (the counter
-refreshes every 100 ms on an H100); the per-instruction energies the hook reports are its
-share of its iteration's energy by time. When the GPU has a `stand_in` (an `EmulatedGPU`: it
-runs no kernels itself), the hook also stretches instructions to the locked clock and tells
-the emulator what they draw (`perseus.client.emulation`); it reads their energy back only
-through the emulated GPU's sensors, as on a real GPU.
+Leaders (protocol 2; `perseus.client.leaders`, `perseus.domain.layout.Leaders`): only the
+tensor-rank-0 process of the first data-parallel replica (by default) of each pipeline
+stage talks to the coordinator. On the exchange thread every rank folds its round into its
+stage leader's over the job's own process group; the leader reports the group's result,
+long-polls, and broadcasts the schedule it got to its group, each rank taking its
+replica's list. The leaders are found from the layout the hook is given (its ranks and
+degrees, or a ``device_mesh``), and the GPUs checked in-job to be of one type with one set
+of clocks. With one replica and no tensor parallelism every rank leads itself, as before.
+
+What the hook measures is what a GPU shows: each instruction's frequency is handed to the
+`FrequencyController`'s thread, so the training loop never waits on the driver; each
+instruction's time is measured (around a device synchronisation, or from CUDA events),
+each iteration's energy from the energy counter, and the counter's refreshes, which a
+background thread watches (`perseus.client.sensing`): at a round's end the round is cut at
+them into energy windows that the coordinator turns into per-instruction energies. An
+instruction's own energy cannot be read (the counter refreshes every 100 ms on an H100);
+the per-instruction energies the hook reports are its share of its iteration's energy by
+time. When the GPU has a `stand_in` (an `EmulatedGPU`: it runs no kernels itself), the hook
+also stretches instructions to the locked clock and tells the emulator what they draw
+(`perseus.client.emulation`); it reads their energy back only through the emulated GPU's
+sensors, as on a real GPU.
 
 While the coordinator is away (killed, restarting), the round's exchange retries for up to
 ``PERSEUS_RECONNECT_S`` (default 120 s; `perseus.client.coordinator`) and the rank waits
@@ -54,14 +64,15 @@ any --close--> CLOSED
 ```
 
 `close()` is the job's normal end: every rank waits there for the others (a barrier on the
-job's process group) and rank 0 then tells the coordinator that the job finished
-(``POST /finish``), so it is listed as ``finished``, not failed. Leaving the context manager
-on an exception, or ``close(finish=False)``, tells it nothing: a job whose ranks fail ends
-as ``failed`` at the coordinator's round timeout.
+job's process group) and the job's first leader (rank 0) then tells the coordinator that
+the job finished (``POST /finish``), so it is listed as ``finished``, not failed. Leaving
+the context manager on an exception, or ``close(finish=False)``, tells it nothing: a job
+whose ranks fail ends as ``failed`` at the coordinator's round timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import math
@@ -77,12 +88,12 @@ from perseus.client.bootstrap import (
     check_layout,
     device_sync,
     process_group,
-    share_job_id,
 )
 from perseus.client.console import setup_job_logging
 from perseus.client.coordinator import CoordinatorClient, check_server_url
 from perseus.client.emulation import EmulationSettings, InstructionEmulator
 from perseus.client.frequency import FrequencyController, measure_switch_latency
+from perseus.client.leaders import JobFanOut, mesh_place
 from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
 from perseus.client.sensing import CounterPoller, energy_windows, mean_power_w
@@ -91,9 +102,11 @@ from perseus.client.trace import Trace
 from perseus.errors import ConfigurationError, CoordinatorError, RankError
 from perseus.protocol import (
     INSTRUCTIONS,
+    PROTOCOL_VERSION,
     FrequencySchedule,
     JobInfo,
     JobOutcome,
+    ParallelLayout,
     PipelineSpec,
     ProfilingResult,
     RankInfo,
@@ -144,6 +157,10 @@ class _Exchange:
         finally:
             self._done.set()
 
+    def wait(self, timeout_s: float) -> bool:
+        """Wait at most `timeout_s` for the call to end; whether it did."""
+        return self._done.wait(timeout_s)
+
     def result(self) -> Any:
         self._done.wait()
         if self._error is not None:
@@ -154,8 +171,10 @@ class _Exchange:
 class PerseusOptimizer:
     """The per-rank Perseus hook (constructor as Zeus's `PipelineFrequencyOptimizer`).
 
-    Needs an initialised `torch.distributed` process group spanning the job: rank 0
-    registers the job and broadcasts its id; every rank then registers its `RankInfo`.
+    Needs an initialised `torch.distributed` process group spanning the job, and every
+    rank to construct one (collective calls): the ranks exchange their places and GPUs,
+    the job's first leader registers the job and broadcasts its id, and every leader
+    registers its `RankInfo` (module docstring).
 
     Args:
         rank, dp_rank, pp_rank, tp_rank: This process's global and parallel ranks.
@@ -192,6 +211,12 @@ class PerseusOptimizer:
         token: The coordinator's token (default: ``PERSEUS_TOKEN``, if set), sent with
             every request. Rank 0 passes the job's credential, which the coordinator
             answers when it registers the job, to the other ranks with the job id.
+        leaders_per_stage: Leaders per pipeline stage (default 1; at most dp_degree): the
+            data-parallel replicas are cut into that many blocks, and the tensor-rank-0
+            process of each block's first replica talks for the block.
+        device_mesh: The job's ``torch.distributed.DeviceMesh``, if it has one: this
+            rank's dp, pp and tp coordinates and degrees are read from its named dimensions
+            (`perseus.client.leaders.mesh_place`) and must agree with the ones given.
     """
 
     def __init__(
@@ -220,9 +245,30 @@ class PerseusOptimizer:
         pipeline: PipelineSpec | None = None,
         timing: str | None = None,
         token: str | None = None,
+        leaders_per_stage: int = 1,
+        device_mesh: Any = None,
     ) -> None:
         self._state = _HookState.CLOSED  # until construction succeeds
         setup_job_logging(rank)
+        if device_mesh is not None:
+            place = mesh_place(device_mesh)
+            given = {
+                "dp_rank": dp_rank,
+                "dp_degree": dp_degree,
+                "pp_rank": pp_rank,
+                "pp_degree": pp_degree,
+                "tp_rank": tp_rank,
+                "tp_degree": tp_degree,
+            }
+            wrong = [
+                f"{k}={v} (the mesh: {getattr(place, k)})"
+                for k, v in given.items()
+                if getattr(place, k) != v
+            ]
+            if wrong:
+                raise ConfigurationError(
+                    f"Rank {rank}: device_mesh disagrees with the layout given: {', '.join(wrong)}"
+                )
         timing = timing if timing is not None else os.environ.get("PERSEUS_TIMING", "auto")
         if timing not in TIMINGS:
             raise ConfigurationError(
@@ -319,8 +365,9 @@ class PerseusOptimizer:
         )
         self._trace: Trace | None = None
         self._freq: FrequencyController | None = None
+        self.leaders_per_stage = leaders_per_stage
 
-        def register_job() -> str:  # rank 0 only; the others learn its result
+        def register_job() -> str:  # the first leader only; the others learn its result
             job_info = JobInfo(
                 pp_degree=pp_degree,
                 dp_degree=dp_degree,
@@ -328,6 +375,8 @@ class PerseusOptimizer:
                 world_size=world_size,
                 job_metadata=job_metadata,
                 pipeline=pipeline,
+                protocol_version=PROTOCOL_VERSION,
+                leaders_per_stage=leaders_per_stage,
             )
             job_id = self._coordinator.register_job(job_info)
             # The job's credential travels with its id (ids never hold a newline).
@@ -352,23 +401,43 @@ class PerseusOptimizer:
                     if refresh_s is None
                     else f"every {refresh_s * 1000:.1f} ms",
                 )
-            shared = share_job_id(dist, rank, register_job)
+            # Collective: every rank learns every rank's place and GPU, checks them, and
+            # joins its stage leader's group (perseus.client.leaders).
+            self._fanout = JobFanOut(
+                dist,
+                rank=rank,
+                dp_rank=dp_rank,
+                pp_rank=pp_rank,
+                tp_rank=tp_rank,
+                layout=ParallelLayout(dp_degree, pp_degree, tp_degree),
+                per_stage=leaders_per_stage,
+                steps_per_round=steps_per_round,
+                pipeline_key=pipeline.model_dump_json() if pipeline is not None else "",
+                gpu_name=gpu.name(),
+                frequencies=self.available_frequencies,
+                emulated=self.emulated,
+                switch_latency_s=self.switch_latency_s,
+                timeout_s=self.round_timeout_s + self._coordinator.reconnect_s + 4 * self.timeout_s,
+            )
+            shared = self._fanout.share_job_id(register_job)
             self.job_id, _, job_token = shared.partition("\n")
             self._coordinator.set_job_token(self.job_id, job_token or None)
-            self._coordinator.register_rank(
-                self.job_id,
-                RankInfo(
-                    rank=rank,
-                    dp_rank=dp_rank,
-                    pp_rank=pp_rank,
-                    tp_rank=tp_rank,
-                    available_frequencies=self.available_frequencies,
-                    emulated=self.emulated,
-                    energy_refresh_s=refresh_s,
-                    switch_latency_s=self.switch_latency_s,
-                ),
-            )
-            if rank == 0:
+            if self._fanout.is_leader:  # it speaks for its group
+                self._coordinator.register_rank(
+                    self.job_id,
+                    RankInfo(
+                        rank=rank,
+                        dp_rank=dp_rank,
+                        pp_rank=pp_rank,
+                        tp_rank=tp_rank,
+                        available_frequencies=self.available_frequencies,
+                        emulated=self.emulated,
+                        energy_refresh_s=refresh_s,
+                        switch_latency_s=self._fanout.switch_latency_s,
+                        replicas=list(self._fanout.replicas),
+                    ),
+                )
+            if rank == self._fanout.registrar:
                 shape = (
                     f"{pipeline.schedule}, {pipeline.num_microbatches} microbatches"
                     if pipeline is not None
@@ -381,7 +450,7 @@ class PerseusOptimizer:
                 )
                 logger.info(
                     "Perseus: job %s registered with %s: %d rank(s) (pp %d × dp %d × tp %d), "
-                    "%s; clock switch on GPU %d: %s",
+                    "%s; %d leader(s) talk to the coordinator; clock switch on GPU %d: %s",
                     self.job_id,
                     self.server_url,
                     world_size,
@@ -389,11 +458,20 @@ class PerseusOptimizer:
                     dp_degree,
                     tp_degree,
                     shape,
+                    self._fanout.leaders.count,
                     device_id,
                     switch,
                 )
             self._trace = Trace.open(trace_dir, rank)
-            job_record: dict[str, Any] = {"kind": "job", "job_id": self.job_id, "rank": rank}
+            job_record: dict[str, Any] = {
+                "kind": "job",
+                "job_id": self.job_id,
+                "rank": rank,
+                "leader": self._fanout.leader,
+                "dp_rank": dp_rank,
+                "pp_rank": pp_rank,
+                "tp_rank": tp_rank,
+            }
             if self.emulated:
                 job_record["emulated"] = True  # the trace's times and energies are a model's
             self._write_trace(job_record)
@@ -518,21 +596,53 @@ class PerseusOptimizer:
 
     # ------------------------------------------------------------------ schedule
     def _get_schedule(self) -> FrequencySchedule:
-        return self._coordinator.get_schedule(
-            self.job_id, self.rank, timeout_s=self.round_timeout_s
-        )
+        """The next round's schedule: a leader asks the coordinator and hands it out to its
+        group; the others take their leader's. Either way the leader's (group's) schedule."""
+        round_ = self.round + 1
+        fanout = self._fanout
+        if not fanout.is_leader:
+            return fanout.receive(round_)
+        try:
+            schedule = self._coordinator.get_schedule(
+                self.job_id, self.rank, timeout_s=self.round_timeout_s
+            )
+        except BaseException as exc:
+            self._hand_out_error(exc)
+            raise
+        fanout.hand_out(round_, schedule)
+        return schedule
+
+    def _hand_out_error(self, exc: BaseException) -> None:
+        """A leader that got no schedule tells its group why (never masking `exc`)."""
+        with contextlib.suppress(Exception):
+            self._fanout.hand_out(self.round + 1, None, f"{type(exc).__name__}: {exc}")
 
     def _exchange(self, result: ProfilingResult) -> FrequencySchedule:
-        """Report a round and ask for the next schedule (runs on the exchange thread)."""
+        """Report a round and ask for the next schedule (runs on the exchange thread): every
+        rank folds its result into its leader's, which reports the group's."""
+        fanout = self._fanout
         try:
-            self._coordinator.report_result(self.job_id, result)
-        finally:
-            self._reported.set()
+            try:
+                folded = fanout.gather(result)
+                if folded is not None:
+                    self._coordinator.report_result(self.job_id, folded)
+            finally:
+                self._reported.set()
+        except BaseException as exc:
+            if fanout.is_leader:
+                self._hand_out_error(exc)
+            raise
         return self._get_schedule()
 
     def _fetch_schedule(self) -> None:
         exchange, self._pending = self._pending, None
-        schedule = exchange.result() if exchange is not None else self._get_schedule()
+        handed = exchange.result() if exchange is not None else self._get_schedule()
+        schedule = FrequencySchedule(
+            rank=self.rank,
+            frequencies=handed.frequencies_for(self.dp_rank),
+            steps=handed.steps,
+            status=handed.status if self._fanout.is_leader else None,
+        )
         frequencies = self._schedule.accept(schedule, self.round + 1)
         self._round_steps = max(self.steps_per_round, schedule.steps or 0)
         self.round += 1
@@ -545,14 +655,19 @@ class PerseusOptimizer:
                     note.text,
                 )
         self._savings.schedule(self.round, [f for _, f in schedule.frequencies])
-        self._write_trace(
-            {
-                "kind": "schedule",
-                "round": self.round,
-                "step": self.step,
-                "frequencies": frequencies,
+        record: dict[str, Any] = {
+            "kind": "schedule",
+            "round": self.round,
+            "step": self.step,
+            "frequencies": frequencies,
+            "leader": self._fanout.leader,
+        }
+        if self._fanout.is_leader and len(self._fanout.members) > 1:  # what its group got
+            record["handed_out"] = {
+                "frequencies": handed.frequencies,
+                "replica_frequencies": handed.replica_frequencies,
             }
-        )
+        self._write_trace(record)
 
     # ------------------------------------------------------------------ the hook
     def on_step_begin(self) -> None:
@@ -819,8 +934,16 @@ class PerseusOptimizer:
                 freq.close()
             if finish:
                 self._finish()
-                if self.rank == 0:
+                if self.rank == self._fanout.registrar:
                     logger.info("Perseus: job %s ends: %s", self.job_id, self._end_line())
+                # The next round's exchange is still running: a leader's long-poll ends now
+                # that the job has finished, and it tells its group, whose ranks wait for
+                # it in a collective that must end before their process group goes.
+                if pending is not None and not pending.wait(2 * self.timeout_s):
+                    logger.warning(
+                        "Rank %d: the next round's exchange did not end after the job's finish",
+                        self.rank,
+                    )
         finally:
             self._coordinator.close()
             if self._trace is not None:
@@ -828,11 +951,12 @@ class PerseusOptimizer:
                 self._trace = None
 
     def _finish(self) -> None:
-        """Every rank closed: rank 0 tells the coordinator the job finished."""
+        """Every rank closed: the job's first leader (rank 0) tells the coordinator the job
+        finished."""
         if self.world_size > 1:
             why_not = all_ranks_reach(self._dist, 2 * self.timeout_s)
             if why_not is not None and self._dist.is_initialized():
-                if self.rank == 0:
+                if self.rank == self._fanout.registrar:
                     logger.warning(
                         "Job %s: not telling the coordinator that it finished: %s; it will "
                         "be marked failed at the coordinator's round timeout",
@@ -840,7 +964,7 @@ class PerseusOptimizer:
                         why_not,
                     )
                 return
-        if self.rank != 0:
+        if self.rank != self._fanout.registrar:
             return
         try:
             self.finish_report = self._coordinator.finish_job(self.job_id)

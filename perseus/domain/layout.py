@@ -1,18 +1,34 @@
-"""The parallel layout of a job: data × pipeline × tensor parallel degrees, checked in one place.
+"""The parallel layout of a job: data × pipeline × tensor parallel degrees, checked in one place,
+and who among its ranks leads (talks to the coordinator).
 
 The job describes it when it registers (`perseus.protocol.JobInfo`), every rank checks its
 own coordinates against it before it talks to the coordinator (`perseus.client`), and the
-coordinator checks each registering rank (`perseus.server`): all three ask this class, so
+coordinator checks each registering rank (`perseus.server`): all three ask this module, so
 the rules and their messages are the same everywhere.
+
+**Leaders** (`Leaders`). The tensor-parallel ranks of a stage run the same schedule and the
+data-parallel replicas the same pipeline, so the coordinator needs to hear from few of
+them. The ``dp_degree`` replicas are cut into `Leaders.per_stage` contiguous blocks (as even
+as they go: block ``i`` holds replicas ``⌊i·D/k⌋ .. ⌊(i+1)·D/k⌋ − 1``); in every pipeline
+stage, the tensor-rank-0 process of each block's first replica is that block's **leader**:
+it registers, reports and fetches schedules over HTTP for every rank of the stage in its
+block (its **group**: the block's replicas × all tensor ranks), and the others get their
+schedule from it over the job's own process group. One block (the default) gives
+``pp_degree`` leaders whatever the job's size; ``dp_degree`` blocks give one leader per
+replica and stage; a job with ``dp_degree = tp_degree = 1`` has every rank lead itself.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from perseus.errors import ConfigurationError
 
-__all__ = ["ParallelLayout"]
+__all__ = ["DEFAULT_LEADERS_PER_STAGE", "Leaders", "ParallelLayout"]
+
+DEFAULT_LEADERS_PER_STAGE = 1
+"""Leaders per pipeline stage unless the job says otherwise."""
 
 
 @dataclass(frozen=True)
@@ -62,3 +78,61 @@ class ParallelLayout:
         if bad is not None:
             name, value, bound = bad
             raise ConfigurationError(f"{name}={value!r} must be in [0, {bound})")
+
+
+@dataclass(frozen=True)
+class Leaders:
+    """Who leads in a job of `layout` with `per_stage` leaders per pipeline stage (see the
+    module docstring); `ConfigurationError` unless ``1 ≤ per_stage ≤ dp_degree``."""
+
+    layout: ParallelLayout
+    per_stage: int = DEFAULT_LEADERS_PER_STAGE
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.per_stage <= self.layout.dp_degree:
+            raise ConfigurationError(
+                f"leaders_per_stage={self.per_stage!r} must be between 1 and dp_degree "
+                f"({self.layout.dp_degree}): each leader speaks for at least one replica"
+            )
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        """The data-parallel ranks whose tensor-rank-0 processes lead (each block's first)."""
+        d, k = self.layout.dp_degree, self.per_stage
+        return tuple(i * d // k for i in range(k))
+
+    @property
+    def count(self) -> int:
+        """Leaders in the job: ``pp_degree · per_stage``."""
+        return self.layout.pp_degree * self.per_stage
+
+    def leader_replica(self, dp_rank: int) -> int:
+        """The data-parallel rank whose leader speaks for replica `dp_rank`."""
+        starts = self.replicas
+        return starts[bisect.bisect_right(starts, dp_rank) - 1]
+
+    def block(self, leader_dp_rank: int) -> range:
+        """The replicas the leader of replica `leader_dp_rank` speaks for (its block)."""
+        starts = self.replicas
+        i = starts.index(leader_dp_rank)
+        end = starts[i + 1] if i + 1 < len(starts) else self.layout.dp_degree
+        return range(leader_dp_rank, end)
+
+    def is_leader(self, *, dp_rank: int, tp_rank: int) -> bool:
+        """Whether the rank at these coordinates leads (talks to the coordinator)."""
+        return tp_rank == 0 and self.leader_replica(dp_rank) == dp_rank
+
+    @property
+    def rule(self) -> str:
+        """The rule in words, for messages."""
+        replicas = self.replicas
+        which = (
+            f"data-parallel replica {replicas[0]}"
+            if len(replicas) == 1
+            else f"data-parallel replicas {', '.join(map(str, replicas))}"
+        )
+        return (
+            f"only the tensor-rank-0 process of {which} of each pipeline stage "
+            f"({self.count} leader(s)) calls the coordinator; every other rank gets its "
+            "schedule from its stage leader over the job's own process group"
+        )

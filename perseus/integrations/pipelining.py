@@ -70,6 +70,7 @@ from types import TracebackType
 from typing import Any
 
 from perseus.client.hook import PerseusOptimizer
+from perseus.client.leaders import mesh_place
 from perseus.errors import ConfigurationError, ScheduleError
 from perseus.integrations._torch_internals import TorchSchedule
 from perseus.protocol import PipelineSpec
@@ -419,10 +420,11 @@ def attach(
     schedule: Any,
     *,
     server_url: str,
-    dp_rank: int = 0,
-    dp_degree: int = 1,
-    tp_rank: int = 0,
-    tp_degree: int = 1,
+    dp_rank: int | None = None,
+    dp_degree: int | None = None,
+    tp_rank: int | None = None,
+    tp_degree: int | None = None,
+    device_mesh: Any = None,
     device_id: int | None = None,
     job_metadata: str | None = None,
     **hook_options: Any,
@@ -434,14 +436,24 @@ def attach(
     ``torch.distributed`` process group; the pipeline rank and degree come from the
     schedule's stages, the global rank and world size from ``torch.distributed``.
 
+    Only the job's leaders talk to the coordinator (one per pipeline stage by default:
+    `perseus.client.leaders`); the others get their schedules from them in-job. The leaders
+    follow from the layout: the data- and tensor-parallel place given here, or read from
+    `device_mesh`.
+
     Args:
         schedule: The schedule object (any schedule class of torch 2.13, with a ``loss_fn``).
         server_url: The coordinator, e.g. ``http://coordinator:7787``.
-        dp_rank, dp_degree, tp_rank, tp_degree: This rank's data- and tensor-parallel place.
+        dp_rank, dp_degree, tp_rank, tp_degree: This rank's data- and tensor-parallel place
+            (default: from `device_mesh`, else 0 of 1: no data or tensor parallelism).
+        device_mesh: The job's ``torch.distributed.DeviceMesh`` with named dimensions: ``pp``
+            (checked against the schedule's stages), ``tp``, and any others (``dp``,
+            ``dp_shard``, ...), which count as data-parallel (`perseus.client.leaders.mesh_place`).
         device_id: This rank's GPU index (default: ``LOCAL_RANK``, else 0).
         job_metadata: Free text appended to the job id.
         **hook_options: Passed to `PerseusOptimizer` (``steps_per_round``, ``trace_dir``,
-            ``gpu``, ``emulation``, ``timeout_s``, ``token`` (default ``PERSEUS_TOKEN``), ...).
+            ``gpu``, ``emulation``, ``timeout_s``, ``token`` (default ``PERSEUS_TOKEN``),
+            ``leaders_per_stage``, ...).
 
     Returns:
         A `PipelineAttachment`: ``close()`` it (or use it as a context manager) when
@@ -465,6 +477,19 @@ def attach(
     spec = pipeline_spec(schedule)
     stages = _local_stages(schedule)
     rank, world_size = _process_group()
+    pp_rank, pp_degree = int(stages[0].group_rank), int(stages[0].group_size)
+    if device_mesh is not None:
+        place = mesh_place(device_mesh)
+        if (place.pp_rank, place.pp_degree) != (pp_rank, pp_degree):
+            raise ConfigurationError(
+                f"device_mesh puts this rank at pipeline rank {place.pp_rank} of "
+                f"{place.pp_degree}, but its schedule's stages are at {pp_rank} of {pp_degree}: "
+                "name the mesh's pipeline dimension 'pp' and build the stages over it"
+            )
+        dp_rank = place.dp_rank if dp_rank is None else dp_rank
+        dp_degree = place.dp_degree if dp_degree is None else dp_degree
+        tp_rank = place.tp_rank if tp_rank is None else tp_rank
+        tp_degree = place.tp_degree if tp_degree is None else tp_degree
     if device_id is None:
         local = os.environ.get("LOCAL_RANK", "0")
         try:
@@ -473,17 +498,18 @@ def attach(
             raise ConfigurationError(f"LOCAL_RANK={local!r} is not an integer") from None
     hook = PerseusOptimizer(
         rank=rank,
-        dp_rank=dp_rank,
-        pp_rank=int(stages[0].group_rank),
-        tp_rank=tp_rank,
+        dp_rank=0 if dp_rank is None else dp_rank,
+        pp_rank=pp_rank,
+        tp_rank=0 if tp_rank is None else tp_rank,
         device_id=device_id,
-        dp_degree=dp_degree,
-        pp_degree=int(stages[0].group_size),
-        tp_degree=tp_degree,
+        dp_degree=1 if dp_degree is None else dp_degree,
+        pp_degree=pp_degree,
+        tp_degree=1 if tp_degree is None else tp_degree,
         world_size=world_size,
         server_url=server_url,
         job_metadata=job_metadata,
         pipeline=spec,
+        device_mesh=device_mesh,
         **hook_options,
     )
     try:

@@ -6,7 +6,9 @@ One accounting, shared by the coordinator (``GET /jobs/{job_id}``, ``/metrics``)
 
 - A round's **measurement** (`IterationFigures`) is per iteration: its time is the slowest
   rank's mean iteration time, its energy the sum over every rank (every GPU of the job) of
-  that rank's mean iteration energy.
+  that rank's mean iteration energy. A leader's result (protocol 2) already holds its
+  group's slowest time and summed energy per iteration, so the same sums over leaders
+  give the same figures.
 - A round is **all-max** when every rank ran every instruction at the highest frequency it
   registered, **deployed** when every rank ran its pipeline rank's list of the deployed plan,
   and **other** otherwise (profiling sweeps, straggler overrides).
@@ -104,19 +106,22 @@ def round_kind(
     pp_rank: Mapping[int, int],
     plan: Plan | None,
 ) -> RoundKind:
-    """Classify one round's schedules (rank → its max frequency and its pipeline rank)."""
+    """Classify one round's schedules (rank → its max frequency and its pipeline rank).
+
+    A leader's schedule (protocol 2) counts with every list it hands out to its group."""
     all_max = True
     deployed = plan is not None
     stage_freqs = plan.stage_frequencies() if plan is not None else []
     for s in schedules:
-        freqs = [f for _, f in s.frequencies]
-        if all_max and any(f != max_freq.get(s.rank) for f in freqs):
-            all_max = False
-        if deployed:
-            p = pp_rank.get(s.rank)
-            deployed = p is not None and p < len(stage_freqs) and freqs == stage_freqs[p]
-        if not (all_max or deployed):
-            return RoundKind.OTHER
+        for listed in s.lists():
+            freqs = [f for _, f in listed]
+            if all_max and any(f != max_freq.get(s.rank) for f in freqs):
+                all_max = False
+            if deployed:
+                p = pp_rank.get(s.rank)
+                deployed = p is not None and p < len(stage_freqs) and freqs == stage_freqs[p]
+            if not (all_max or deployed):
+                return RoundKind.OTHER
     return RoundKind.ALL_MAX if all_max else RoundKind.DEPLOYED
 
 

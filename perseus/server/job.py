@@ -5,11 +5,18 @@ loop (no locks needed between a check and the update that follows it); the sched
 methods, which may be slow (a frontier solve), run in a worker thread, one call at a time
 per job (`CoordinatedJob.lock`), so a long solve never blocks the loop or other jobs.
 
-A round is a barrier (`Round`): every rank's ``GET /schedule`` awaits the round's future.
-When the last rank has asked (and every rank has registered), one task observes the
+A round is a barrier (`Round`): every talking rank's ``GET /schedule`` awaits the round's
+future. When the last one has asked (and every one has registered), one task observes the
 previous round's results, asks the scheduler for the next schedules and resolves the
 future. If the barrier is not complete `round_timeout_s` after the round's first request,
 a timer fails the future (504 for every waiting rank) and the job (409 afterwards).
+
+The talking ranks are every rank of a protocol-1 job, and only the leaders of a protocol-2
+job (`JobInfo.leaders`, `perseus.domain.layout.Leaders`): each registers, reports and asks
+for its whole group, so registration, the barrier, the results and the schedules all count
+leaders, and the coordinator's work per round grows with them, not with the world. A rank
+that is not a leader and registers, reports or asks anyway is refused with 422
+(`NotALeaderError`), naming the rule.
 
 With `dump_data`, what a restarted coordinator needs is on disk as soon as it is known: each
 rank's registration before it is answered (``ranks.partial.jsonl``), all ranks
@@ -47,6 +54,7 @@ from perseus.errors import (
     InvalidResultError,
     JobFailedError,
     JobFinishedError,
+    NotALeaderError,
     PerseusError,
     RankConflictError,
     RoundTimeoutError,
@@ -154,6 +162,10 @@ class CoordinatedJob:
         self.scheduler_cls = scheduler_cls
         self.scheduler_args = dict(scheduler_args)
         self.round_timeout_s = round_timeout_s
+        self.leaders = info.leaders
+        """Protocol 2: who talks to the coordinator; None: every rank (protocol 1)."""
+        self.talking_ranks = info.talking_ranks
+        """Ranks that register, report and ask: the leaders, or the world (protocol 1)."""
         self.ranks: dict[int, RankInfo] = {}
         self._coords: dict[tuple[int, int, int], int] = {}
         self.scheduler: FrequencyScheduler | None = None
@@ -167,7 +179,7 @@ class CoordinatedJob:
         self._results_dumped = False
         """The current `results` (all ranks) were written when the last one arrived."""
         self._tasks: set[asyncio.Task[None]] = set()
-        self.stats = JobStats(info.world_size, info.dp_degree)
+        self.stats = JobStats(self.talking_ranks, info.dp_degree)
         """What the operator's view shows (`perseus.server.stats`)."""
         self.on_round: Callable[[CoordinatedJob, float], None] | None = None
         """Called with the round's latency (s) when a round's schedules are handed out."""
@@ -221,6 +233,46 @@ class CoordinatedJob:
                 f"{self.info.world_size} (valid ranks 0..{self.info.world_size - 1})"
             )
 
+    def check_talker(self, rank: int) -> None:
+        """Protocol 2: raise `NotALeaderError` unless `rank` registered as a leader (every
+        rank talks under protocol 1)."""
+        if self.leaders is not None and rank not in self.ranks:
+            raise NotALeaderError(
+                f"Rank {rank} is not a registered leader of job {self.job_id}: "
+                f"{self.leaders.rule}. A leader registers (POST /register_rank) before it "
+                "reports or asks"
+            )
+
+    def _check_leader_info(self, info: RankInfo) -> None:
+        """Protocol 2: a registering rank must be a leader and speak for its block."""
+        if self.leaders is None:
+            if info.replicas is not None:
+                raise InvalidRankError(
+                    f"Rank {info.rank} registered with replicas, which only the leaders of a "
+                    f"protocol-2 job send; job {self.job_id} runs protocol 1 (every rank "
+                    "registers for itself)"
+                )
+            return
+        if not self.leaders.is_leader(dp_rank=info.dp_rank, tp_rank=info.tp_rank):
+            raise NotALeaderError(
+                f"Rank {info.rank} (dp_rank {info.dp_rank}, pp_rank {info.pp_rank}, tp_rank "
+                f"{info.tp_rank}) is not a leader of job {self.job_id}: {self.leaders.rule}"
+            )
+        block = list(self.leaders.block(info.dp_rank))
+        if info.replicas != block:
+            said = "none" if info.replicas is None else ranks_text(info.replicas)
+            raise InvalidRankError(
+                f"Leader rank {info.rank} (dp_rank {info.dp_rank}, pp_rank {info.pp_rank}) of "
+                f"job {self.job_id} says it speaks for replicas {said}, but with "
+                f"{self.leaders.per_stage} leader(s) per stage it speaks for replicas "
+                f"{ranks_text(block)}"
+            )
+
+    def registered_text(self) -> str:
+        """``3 of 16 leaders registered`` (``ranks`` under protocol 1)."""
+        who = "ranks" if self.leaders is None else "leaders"
+        return f"{len(self.ranks)} of {self.talking_ranks} {who} registered"
+
     def fail(self, error: CoordinatorError, *, later_status: int | None = None) -> None:
         """Mark the job failed; later calls get `error`'s message with `later_status`.
         A finished job stays finished (a scheduler still busy with a round it was given
@@ -250,7 +302,6 @@ class CoordinatedJob:
     # ------------------------------------------------------------------ registration
     async def register_rank(self, info: RankInfo) -> None:
         self.touch()
-        self.check_usable()
         self.check_rank(info.rank)
         bad = self.info.layout.out_of_range(
             rank=info.rank, dp_rank=info.dp_rank, pp_rank=info.pp_rank, tp_rank=info.tp_rank
@@ -261,6 +312,8 @@ class CoordinatedJob:
                 f"Rank {info.rank}: {name} {value} is out of range for job {self.job_id} "
                 f"(its degree is {degree}; valid 0..{degree - 1})"
             )
+        self._check_leader_info(info)
+        self.check_usable()
         if not info.available_frequencies or min(info.available_frequencies) <= 0:
             raise InvalidRankError(
                 f"Rank {info.rank}: available_frequencies must be a non-empty list of positive "
@@ -281,7 +334,7 @@ class CoordinatedJob:
             )
         self.ranks[info.rank] = info
         self._coords[coords] = info.rank
-        complete = len(self.ranks) == self.info.world_size  # decided before any await
+        complete = len(self.ranks) == self.talking_ranks  # decided before any await
         if self.dumping:  # on disk before the rank hears back: a restart keeps it
             line = info.model_dump_json()
             await self._dump(asyncio.to_thread(self.dir.append_registration, line))
@@ -314,14 +367,20 @@ class CoordinatedJob:
         if self.dumping:
             await self._dump(save_ranks(rank_infos, self.dir.path))
             await self._dump(asyncio.to_thread(self.dir.registering.unlink, missing_ok=True))
-        logger.info("Job %s: all %d ranks registered", self.job_id, len(rank_infos))
+        logger.info(
+            "Job %s: all %d %s registered",
+            self.job_id,
+            len(rank_infos),
+            "ranks" if self.leaders is None else "leaders",
+        )
         self._maybe_complete()
 
     # ------------------------------------------------------------------ rounds
     async def get_schedule(self, rank: int) -> FrequencySchedule:
         self.touch()
-        self.check_usable()
         self.check_rank(rank)
+        self.check_talker(rank)
+        self.check_usable()
         rnd = self.round
         rnd.asked.add(rank)
         if rnd.timer is None and not rnd.completing:
@@ -338,7 +397,7 @@ class CoordinatedJob:
             self.scheduler is None
             or rnd.completing
             or rnd.future.done()
-            or len(rnd.asked) < self.info.world_size
+            or len(rnd.asked) < self.talking_ranks
         ):
             return
         rnd.completing = True
@@ -354,14 +413,30 @@ class CoordinatedJob:
             or self.phase is JobPhase.FINISHED
         ):
             return
-        never_asked = sorted(set(range(self.info.world_size)) - rnd.asked)
-        unregistered = sorted(set(range(self.info.world_size)) - set(self.ranks))
         message = (
             f"Round {rnd.number} of job {self.job_id} timed out after {self.round_timeout_s:g} s: "
-            f"rank(s) {ranks_text(never_asked)} never asked for their schedule"
         )
-        if unregistered:
-            message += f"; rank(s) {ranks_text(unregistered)} never registered"
+        if self.leaders is None:
+            never_asked = sorted(set(range(self.info.world_size)) - rnd.asked)
+            unregistered = sorted(set(range(self.info.world_size)) - set(self.ranks))
+            message += f"rank(s) {ranks_text(never_asked)} never asked for their schedule"
+            if unregistered:
+                message += f"; rank(s) {ranks_text(unregistered)} never registered"
+        else:
+            never_asked = sorted(set(self.ranks) - rnd.asked)
+            message += f"leader rank(s) {ranks_text(never_asked)} never asked for their schedule"
+            seen = {(i.pp_rank, i.dp_rank) for i in self.ranks.values()}
+            missing = [
+                f"stage {p} replica {d}"
+                for p in range(self.info.pp_degree)
+                for d in self.leaders.replicas
+                if (p, d) not in seen
+            ]
+            if missing:
+                shown = ", ".join(missing[:8]) + (
+                    f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+                )
+                message += f"; the leader(s) of {shown} never registered"
         error = RoundTimeoutError(message)
         self.fail(error, later_status=409)
         _fail_round(rnd, error)
@@ -376,9 +451,12 @@ class CoordinatedJob:
             self.scheduler.observe(results)
         schedules = self.scheduler.next_schedule()
         status = self.scheduler.status()
-        if status is not None:  # rank 0 tells the job's story; the others need not carry it
+        if status is not None and schedules:
+            # The first talking rank (rank 0) tells the job's story; the others need not
+            # carry it.
+            first = min(s.rank for s in schedules)
             schedules = [
-                s.model_copy(update={"status": status}) if s.rank == 0 else s for s in schedules
+                s.model_copy(update={"status": status}) if s.rank == first else s for s in schedules
             ]
         self.stats.promise_events(self.scheduler.promise_events())
         plan = self.scheduler.deployed_plan()
@@ -407,11 +485,12 @@ class CoordinatedJob:
                     self._run_scheduler, results, rnd.number
                 )
             by_rank = {s.rank: s for s in schedules}
-            missing = sorted(set(range(self.info.world_size)) - set(by_rank))
-            if missing or len(schedules) != self.info.world_size:
+            expected = set(range(self.info.world_size)) if self.leaders is None else set(self.ranks)
+            missing = sorted(expected - set(by_rank))
+            if missing or len(schedules) != self.talking_ranks:
                 raise RuntimeError(
-                    f"it returned {len(schedules)} schedule(s) for world_size "
-                    f"{self.info.world_size} (missing ranks {ranks_text(missing)})"
+                    f"it returned {len(schedules)} schedule(s) for {self.talking_ranks} talking "
+                    f"rank(s) (missing ranks {ranks_text(missing)})"
                 )
         except Exception as exc:
             error = SchedulerFailedError(
@@ -471,9 +550,11 @@ class CoordinatedJob:
     # ------------------------------------------------------------------ results & stragglers
     async def report_result(self, result: ProfilingResult) -> None:
         self.touch()
+        self.check_rank(result.rank)
+        self.check_talker(result.rank)
         if self.phase is not JobPhase.FINISHED:  # a finished job takes its last round's
             self.check_usable()
-        self.check_rank(result.rank)
+        self._check_replicas(result)
         if self.round.number == 0:
             raise RankConflictError(
                 f"Rank {result.rank} reported a result for job {self.job_id} before any "
@@ -503,20 +584,40 @@ class CoordinatedJob:
                 ) from None
         self.results[result.rank] = result
         self.stats.add(self.round.number - 1, result)
-        if self.dumping and len(self.results) == self.info.world_size:
+        if self.dumping and len(self.results) == self.talking_ranks:
             # The round's results are complete: write them now, not when the next round
             # starts (the job's last round has no next round).
             self._results_dumped = True
             results = [self.results[r] for r in sorted(self.results)]
             await self._dump(save_prof(results, self.dir.path, self.round.number - 1))
 
+    def _check_replicas(self, result: ProfilingResult) -> None:
+        """A leader's result holds one `ReplicaFigures` per replica of its block, in order;
+        a protocol-1 rank's none."""
+        got = [f.dp_rank for f in result.replicas]
+        if self.leaders is None:
+            if got:
+                raise InvalidResultError(
+                    f"Rank {result.rank} reported replicas, which only the leaders of a "
+                    f"protocol-2 job report; job {self.job_id} runs protocol 1"
+                )
+            return
+        info = self.ranks[result.rank]
+        block = list(self.leaders.block(info.dp_rank))
+        if got != block:
+            raise InvalidResultError(
+                f"Result of leader rank {result.rank} for round {self.round.number - 1} of job "
+                f"{self.job_id} refused: it holds figures of replicas "
+                f"{ranks_text(got) if got else 'none'}; a leader reports one entry per "
+                f"replica it speaks for, in order: {ranks_text(block)}"
+            )
+
     async def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
         self.touch()
         self.check_usable()
         if self.scheduler is None:
             raise CoordinatorError(
-                f"Job {self.job_id} has not started: {len(self.ranks)} of "
-                f"{self.info.world_size} ranks registered",
+                f"Job {self.job_id} has not started: {self.registered_text()}",
                 status_code=409,
             )
         async with self.lock:
@@ -540,8 +641,7 @@ class CoordinatedJob:
         self.check_usable()
         if self.scheduler is None:
             raise CoordinatorError(
-                f"Job {self.job_id} cannot finish: it never started ({len(self.ranks)} of "
-                f"{self.info.world_size} ranks registered)",
+                f"Job {self.job_id} cannot finish: it never started ({self.registered_text()})",
                 status_code=409,
             )
         self.phase = JobPhase.FINISHED

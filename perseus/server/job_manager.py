@@ -194,7 +194,13 @@ class JobManager:
             await job._dump(
                 asyncio.to_thread(atomic_write_text, job.dir.scheduler, json.dumps(meta) + "\n")
             )
-        logger.info("Registered job %s (world_size %d)", record.job_id, record.world_size)
+        logger.info(
+            "Registered job %s (world_size %d, %d talking rank(s), protocol %d)",
+            record.job_id,
+            record.world_size,
+            record.talking_ranks,
+            record.protocol_version,
+        )
         return record.job_id
 
     def evict_idle(self, *, now: float | None = None) -> list[str]:
@@ -289,14 +295,10 @@ class JobManager:
                 rank_infos = load_ranks(job_dir.path)
             except ValueError as exc:
                 raise UntrustedDumpError(f"{job_dir.ranks.name} is not valid: {exc}") from None
-            ids = sorted(r.rank for r in rank_infos)
-            if ids != list(range(info.world_size)):
-                raise UntrustedDumpError(
-                    f"{job_dir.ranks.name} does not hold ranks 0..{info.world_size - 1} once each"
-                )
+            _check_restored_ranks(job_dir, info, rank_infos)
         elif job_dir.registering.is_file():
             rank_infos = _registered_so_far(job_dir, info)
-        complete = len(rank_infos) == info.world_size
+        complete = len(rank_infos) == info.talking_ranks
         plan = None
         if complete and job_dir.deployed_plan.is_file():
             try:
@@ -327,11 +329,11 @@ class JobManager:
             del self.jobs[job.job_id]
             raise
         logger.info(
-            "Restored job %s at round %d (%d of %d ranks registered)%s",
+            "Restored job %s at round %d (%d of %d talking ranks registered)%s",
             info.job_id,
             job.round.number,
             len(rank_infos),
-            info.world_size,
+            info.talking_ranks,
             " with its deployed plan" if plan is not None else "",
         )
         return job
@@ -371,6 +373,42 @@ def _restore_report_rounds(job: CoordinatedJob, rounds: list[int], plan: Any) ->
             job.stats.restore(number, kind, figures)
 
 
+def _not_its_leader(info: JobRecord, rank: RankInfo) -> bool:
+    """Whether `rank` cannot be a talking rank of job `info` (protocol 2: not a leader, or
+    not speaking for its block; protocol 1: speaking for others)."""
+    leaders = info.leaders
+    if leaders is None:
+        return rank.replicas is not None
+    if not leaders.is_leader(dp_rank=rank.dp_rank, tp_rank=rank.tp_rank):
+        return True
+    return rank.replicas != list(leaders.block(rank.dp_rank))
+
+
+def _check_restored_ranks(job_dir: JobDir, info: JobRecord, rank_infos: list[RankInfo]) -> None:
+    """``ranks.json`` must hold every talking rank of the job once: ranks 0..world_size − 1
+    (protocol 1), or one leader per stage and leader replica (protocol 2)."""
+    name = job_dir.ranks.name
+    leaders = info.leaders
+    if leaders is None:
+        if sorted(r.rank for r in rank_infos) != list(range(info.world_size)):
+            raise UntrustedDumpError(
+                f"{name} does not hold ranks 0..{info.world_size - 1} once each"
+            )
+    else:
+        places = sorted((r.pp_rank, r.dp_rank) for r in rank_infos)
+        expected = sorted((p, d) for p in range(info.pp_degree) for d in leaders.replicas)
+        if places != expected or len({r.rank for r in rank_infos}) != len(rank_infos):
+            raise UntrustedDumpError(
+                f"{name} does not hold the job's {leaders.count} leader(s) once each"
+            )
+    for rank in rank_infos:
+        bad = info.layout.out_of_range(
+            rank=rank.rank, dp_rank=rank.dp_rank, pp_rank=rank.pp_rank, tp_rank=rank.tp_rank
+        )
+        if bad is not None or _not_its_leader(info, rank):
+            raise UntrustedDumpError(f"{name}: rank {rank.rank} is not a talking rank of the job")
+
+
 def _registered_so_far(job_dir: JobDir, info: JobRecord) -> list[RankInfo]:
     """The ranks of ``ranks.partial.jsonl`` (a job killed while its ranks registered).
 
@@ -400,6 +438,7 @@ def _registered_so_far(job_dir: JobDir, info: JobRecord) -> list[RankInfo]:
                 rank=rank.rank, dp_rank=rank.dp_rank, pp_rank=rank.pp_rank, tp_rank=rank.tp_rank
             )
             is not None
+            or _not_its_leader(info, rank)
         ):
             raise UntrustedDumpError(
                 f"{path.name} line {number}: rank {rank.rank} at {where} is not a new rank of "

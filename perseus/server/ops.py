@@ -89,6 +89,10 @@ class JobSummary(BaseModel):
     state: str
     scheduler: str
     world_size: int
+    talking_ranks: int = Field(
+        description="ranks that register, report and ask for schedules: the job's leaders "
+        "(protocol 2) or every rank (protocol 1)"
+    )
     ranks_registered: int
     round: int = Field(description="the round being gathered now")
     rounds_completed: int = Field(description="rounds handed out by this coordinator")
@@ -116,6 +120,7 @@ def _summary(job: CoordinatedJob) -> dict[str, object]:
         "state": job.phase.value,
         "scheduler": job.scheduler_cls.__name__,
         "world_size": job.info.world_size,
+        "talking_ranks": job.talking_ranks,
         "ranks_registered": len(job.ranks),
         "round": job.round.number,
         "rounds_completed": job.stats.rounds_completed,

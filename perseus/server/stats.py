@@ -58,6 +58,8 @@ class JobStats:
 
     def __init__(self, world_size: int, dp_degree: int) -> None:
         self.world_size = world_size
+        """Results that make a round complete: the job's talking ranks (its leaders under
+        protocol 2, each result speaking for its group; every rank under protocol 1)."""
         self.dp_degree = dp_degree
         self.rounds_completed = 0
         """Rounds whose schedules were handed out."""

@@ -3,7 +3,9 @@
 Reads the process layout from torchrun's environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), builds this rank's stages of the
 pipeline ``--schedule``, ``--layers`` and ``--chunks`` describe (`perseus.train.layout`;
-``world_size / pp_degree`` data-parallel pipelines), and trains ``--steps`` iterations on
+``world_size / (pp_degree · tp_degree)`` data-parallel pipelines, ``--tp-degree`` tensor
+ranks per stage, which stand in for tensor parallelism: `perseus.train.layout.Topology`),
+and trains ``--steps`` iterations on
 `torch.distributed.pipelining` with Perseus attached
 (`perseus.integrations.pipelining.attach`) and talking to ``--server-url``. ``--loop
 manual`` runs the hand-written 1F1B loop of `perseus.train.manual` instead: the example of
@@ -71,6 +73,25 @@ def build_parser() -> argparse.ArgumentParser:
         default="torch",
         help="torch: torch.distributed.pipelining with attach(); manual: the hand-written "
         "1F1B loop that calls the low-level hook (example for other frameworks; 1f1b only)",
+    )
+    p.add_argument(
+        "--tp-degree",
+        type=int,
+        default=1,
+        help="Tensor ranks per stage (stand-ins: each runs the whole stage; Perseus plans them "
+        "as a tensor-parallel group)",
+    )
+    p.add_argument(
+        "--leaders-per-stage",
+        type=int,
+        default=1,
+        help="Ranks per pipeline stage that talk to the coordinator (at most the data-parallel "
+        "degree); the others get their schedules from them in-job",
+    )
+    p.add_argument(
+        "--device-mesh",
+        action="store_true",
+        help="Give attach() a torch DeviceMesh (dp, pp, tp) instead of the ranks and degrees",
     )
     p.add_argument("--server-url", help="Perseus coordinator URL (omit with --no-hook)")
     p.add_argument("--no-hook", action="store_true", help="Train without Perseus (baseline)")
@@ -142,6 +163,11 @@ def _layout(args: argparse.Namespace, layers: list[int], world_size: int) -> Any
     from perseus.train.layout import PipelineLayout, is_multi_stage
 
     if args.loop == "manual":
+        if args.tp_degree != 1 or args.device_mesh:
+            raise ConfigurationError(
+                "--loop manual runs one rank per stage: --tp-degree and --device-mesh need the "
+                "torch loop (--loop torch, the default)"
+            )
         if args.schedule != "1f1b" or args.chunks not in (None, 1):
             raise ConfigurationError(
                 f"--loop manual runs 1F1B with one stage per rank; --schedule {args.schedule} "
@@ -150,7 +176,7 @@ def _layout(args: argparse.Namespace, layers: list[int], world_size: int) -> Any
         return PipelineLayout.build("1f1b", layers, pp_degree=args.pp_degree)
     pp_degree = args.pp_degree
     if pp_degree is None and is_multi_stage(args.schedule):
-        pp_degree = world_size
+        pp_degree = world_size // max(1, args.tp_degree)
     return PipelineLayout.build(args.schedule, layers, chunks=args.chunks, pp_degree=pp_degree)
 
 
@@ -172,7 +198,9 @@ def _run(args: argparse.Namespace) -> None:
     rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
     local_rank = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else rank
     layout = _layout(args, layers, world_size)
-    topo = Topology(rank=rank, world_size=world_size, pp_degree=layout.pp_degree)
+    topo = Topology(
+        rank=rank, world_size=world_size, pp_degree=layout.pp_degree, tp_degree=args.tp_degree
+    )
     nominal = nominal_times(layout, topo.pp_rank, args.nominal_ms_per_layer)
     config = GPTConfig(
         vocab_size=args.vocab,
@@ -196,8 +224,9 @@ def _run(args: argparse.Namespace) -> None:
         "device_id": local_rank,
         "dp_rank": topo.dp_rank,
         "dp_degree": topo.dp_degree,
-        "tp_rank": 0,
-        "tp_degree": 1,
+        "tp_rank": topo.tp_rank,
+        "tp_degree": topo.tp_degree,
+        "leaders_per_stage": args.leaders_per_stage,
         "server_url": args.server_url,
         "job_metadata": args.job_metadata,
         "steps_per_round": args.steps_per_round,
@@ -261,6 +290,16 @@ def _run(args: argparse.Namespace) -> None:
         if not args.no_hook:
             from perseus.integrations.pipelining import attach
 
+            if args.device_mesh:  # the mesh says where this rank sits, not the options
+                from torch.distributed.device_mesh import init_device_mesh
+
+                for name in ("dp_rank", "dp_degree", "tp_rank", "tp_degree"):
+                    del hook_options[name]
+                hook_options["device_mesh"] = init_device_mesh(
+                    device.type,
+                    (topo.dp_degree, topo.pp_degree, topo.tp_degree),
+                    mesh_dim_names=("dp", "pp", "tp"),
+                )
             closer = attach(trainer.schedule, **hook_options)
             hook = closer.hook
         train_step = trainer.train_step

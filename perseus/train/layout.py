@@ -1,7 +1,8 @@
 """Where the training job's pieces go: ranks, pipeline stages, layers (no torch needed).
 
-Ranks are laid out pipeline-major: ``rank = dp_rank · pp_degree + pp_rank``; each data-
-parallel replica is one pipeline of ``pp_degree`` ranks. A pipeline has
+Ranks are laid out pipeline-major: ``rank = (dp_rank · pp_degree + pp_rank) · tp_degree +
+tp_rank`` (``dp_rank · pp_degree + pp_rank`` without tensor parallelism); each data-
+parallel replica is one pipeline of ``pp_degree`` stages of ``tp_degree`` ranks each. A pipeline has
 ``pp_degree · chunks`` (virtual) stages: one per rank for the single-stage schedules
 (``1f1b``, ``gpipe``), ``chunks`` per rank for the others, placed as torch's schedule
 classes expect them:
@@ -60,35 +61,51 @@ def _check_schedule(schedule: str) -> None:
 
 @dataclass(frozen=True)
 class Topology:
-    """Where this rank sits: ``rank = dp_rank · pp_degree + pp_rank`` (no tensor parallelism)."""
+    """Where this rank sits: ``rank = (dp_rank · pp_degree + pp_rank) · tp_degree + tp_rank``.
+
+    Tensor parallelism here stands in for a real one: the small model is not sharded, so
+    each of a stage's ``tp_degree`` ranks runs the whole stage in a pipeline of its own
+    (ranks with the same dp and tp rank), all-reducing its gradients with the ranks of the
+    same stage and tensor rank in the other replicas. Perseus sees, and plans for, a
+    stage's tensor ranks as it would a real tensor-parallel group's.
+    """
 
     rank: int
     world_size: int
     pp_degree: int
+    tp_degree: int = 1
 
     def __post_init__(self) -> None:
-        if self.pp_degree < 1 or self.world_size % self.pp_degree:
+        if self.tp_degree < 1:
+            raise ConfigurationError(f"tp_degree {self.tp_degree} must be at least 1")
+        per_replica = self.pp_degree * self.tp_degree
+        if self.pp_degree < 1 or self.world_size % per_replica:
             raise ConfigurationError(
                 f"world size {self.world_size} is not a multiple of the {self.pp_degree} "
-                "pipeline ranks; launch pp_degree × dp_degree processes"
+                f"pipeline ranks × {self.tp_degree} tensor rank(s); launch pp_degree × "
+                "tp_degree × dp_degree processes"
             )
         if not 0 <= self.rank < self.world_size:
             raise ConfigurationError(f"rank {self.rank} is outside world size {self.world_size}")
 
     @property
     def dp_degree(self) -> int:
-        return self.world_size // self.pp_degree
+        return self.world_size // (self.pp_degree * self.tp_degree)
 
     @property
     def pp_rank(self) -> int:
-        return self.rank % self.pp_degree
+        return (self.rank // self.tp_degree) % self.pp_degree
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.pp_degree
+        return self.rank // (self.pp_degree * self.tp_degree)
 
-    def rank_of(self, dp_rank: int, pp_rank: int) -> int:
-        return dp_rank * self.pp_degree + pp_rank
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp_degree
+
+    def rank_of(self, dp_rank: int, pp_rank: int, tp_rank: int = 0) -> int:
+        return (dp_rank * self.pp_degree + pp_rank) * self.tp_degree + tp_rank
 
 
 @dataclass(frozen=True)

@@ -59,21 +59,28 @@ class PipelinedTrainer:
         self.num_microbatches = num_microbatches
         self.seed = seed
         self.lr = lr
-        pp, dp = topology.pp_degree, topology.dp_degree
+        pp, dp, tp = topology.pp_degree, topology.dp_degree, topology.tp_degree
         # new_group is collective: every rank creates every group, in the same order. Its
         # timeout (how long a receive from a hung peer waits) defaults to torch's 30 min,
-        # not the default group's: pass the job's own.
+        # not the default group's: pass the job's own. One pipeline per (dp, tp) rank
+        # (`Topology`: tensor ranks stand in for a tensor-parallel group).
         self.pp_group: Any = None
         for d in range(dp):
-            group = dist.new_group([topology.rank_of(d, p) for p in range(pp)], timeout=timeout)
-            if d == topology.dp_rank:
-                self.pp_group = group
+            for t in range(tp):
+                group = dist.new_group(
+                    [topology.rank_of(d, p, t) for p in range(pp)], timeout=timeout
+                )
+                if (d, t) == (topology.dp_rank, topology.tp_rank):
+                    self.pp_group = group
         self.dp_group: Any = None
         if dp > 1:
             for p in range(pp):
-                group = dist.new_group([topology.rank_of(d, p) for d in range(dp)], timeout=timeout)
-                if p == topology.pp_rank:
-                    self.dp_group = group
+                for t in range(tp):
+                    group = dist.new_group(
+                        [topology.rank_of(d, p, t) for d in range(dp)], timeout=timeout
+                    )
+                    if (p, t) == (topology.pp_rank, topology.tp_rank):
+                        self.dp_group = group
         self.stage_indices = layout.stages_of(topology.pp_rank)
         stage_layers = list(layout.stage_layers)
         self.modules = [
@@ -113,7 +120,7 @@ class PipelinedTrainer:
 
     def _peers(self) -> list[int]:
         return [
-            self.topo.rank_of(self.topo.dp_rank, p)
+            self.topo.rank_of(self.topo.dp_rank, p, self.topo.tp_rank)
             for p in range(self.topo.pp_degree)
             if p != self.topo.pp_rank
         ]

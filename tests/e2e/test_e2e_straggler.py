@@ -1,14 +1,27 @@
-"""End to end: a straggler announcement changes the other pipelines' plans (dp = 2).
+"""End to end: a straggler announcement changes the other pipelines' plans (dp = 2), and
+only the stage leaders talk to the coordinator.
 
 Two data-parallel pipelines of two stages each (4 ranks under torchrun). After Perseus has
 deployed its plan, pipeline 1 turns 1.3× slower (emulated) and rank 0 announces it
 (``POST /straggler``): from that step on, pipeline 0 runs a slower, cheaper plan, since it
 would only wait for pipeline 1 at the gradient all-reduce anyway; pipeline 1 keeps its plan.
+
+Pipeline 0's ranks (0 and 1) lead their stages: they alone register, report and ask
+(the coordinator's request counters), and pipeline 1's ranks run, every round, the list
+their stage leader handed out for their replica (their traces against their leader's).
 """
 
 from __future__ import annotations
 
-from e2e_fixtures import Coordinator, DemoJob, executed, require_torch, run_job
+from e2e_fixtures import (
+    Coordinator,
+    DemoJob,
+    executed,
+    request_counts,
+    require_torch,
+    run_job,
+    runs_its_leaders_schedules,
+)
 
 require_torch()
 
@@ -26,12 +39,27 @@ def test_straggler_announcement_slows_the_other_pipeline(tmp_path):
     )
     with Coordinator(
         scheduler="Perseus",
-        scheduler_args={"num_microbatches": 4, "freq_step": 20, "max_slowdown": 0.01},
+        # No all-max baseline rounds (nor the guard's reference rounds): the plan deploys
+        # after the profiling sweep, by step 6.
+        scheduler_args={
+            "num_microbatches": 4,
+            "freq_step": 20,
+            "max_slowdown": 0.01,
+            "baseline_rounds": 0,
+        },
         dump_dir=tmp_path / "dump",
         log_path=tmp_path / "coordinator.log",
     ) as coordinator:
         status, traces, log = run_job(tmp_path, spec, coordinator)
+        requests = request_counts(coordinator.url)
     assert status == 0, log
+    # Only the two leaders talk: one registration each, one result and one schedule per
+    # round each (and the first schedule).
+    rounds = runs_its_leaders_schedules(traces)
+    assert rounds == STEPS
+    assert requests[("/register_rank/{job_id}", "POST")] == PP
+    assert requests[("/result/{job_id}", "POST")] == PP * STEPS
+    assert requests[("/schedule/{job_id}", "GET")] == PP * (STEPS + 1)
 
     def freqs(rank, step):
         return [f for _, f in executed(traces[rank], step)]

@@ -117,7 +117,16 @@ def test_a_round_is_reported_as_one_profiling_result(all_max, tmp_path):
     assert info["emulated"] is True
     assert info["energy_refresh_s"] == pytest.approx(0.1, abs=0.01)
     trace = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
-    assert trace[0] == {"kind": "job", "job_id": hook.job_id, "rank": 0, "emulated": True}
+    assert trace[0] == {
+        "kind": "job",
+        "job_id": hook.job_id,
+        "rank": 0,
+        "leader": 0,  # one rank: it leads itself
+        "dp_rank": 0,
+        "pp_rank": 0,
+        "tp_rank": 0,
+        "emulated": True,
+    }
     assert [r["round"] for r in trace if r["kind"] == "step"] == [0, 0, 1]
 
 

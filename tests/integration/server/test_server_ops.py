@@ -143,6 +143,7 @@ def test_jobs_lists_the_job_with_its_round(ran):
             "state": "running",
             "scheduler": "Perseus",
             "world_size": PP * DP,
+            "talking_ranks": PP * DP,  # protocol 1: every rank talks
             "ranks_registered": PP * DP,
             "round": ROUNDS + 1,
             "rounds_completed": ROUNDS + 1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from perseus.client.leaders import GroupFold
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ConfigurationError, PlanError, RankError
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
@@ -161,3 +162,53 @@ def test_occurrence_counts_must_match_the_rank_order_naming_rank_and_kind() -> N
     del fewer_iterations.energy_breakdown["forward"][1]
     with pytest.raises(RankError, match=r"Rank 0 .*'forward'.*one list per iteration"):
         par.measure([fewer_iterations, good[1]])
+
+
+def _leader_job() -> tuple[JobInfo, list[RankInfo], dict[int, GroupFold]]:
+    """dp=2, pp=2, tp=2 with one leader per stage (ranks 0 and 2 of LAYOUT)."""
+    job = _job().model_copy(update={"protocol_version": 2, "leaders_per_stage": 1})
+    leaders = [i.model_copy(update={"replicas": [0, 1]}) for i in _ranks() if i.rank in (0, 2)]
+    folds = {
+        i.rank: GroupFold(
+            leader=i.rank,
+            members=[r for r, (_, p, _) in enumerate(LAYOUT) if p == i.pp_rank],
+            replicas=range(2),
+        )
+        for i in leaders
+    }
+    return job, leaders, folds
+
+
+def test_with_leaders_a_stage_plan_goes_to_its_leader_with_each_replicas_own_list() -> None:
+    job, leaders, _ = _leader_job()
+    par = Parallel3D(job, leaders, ONE_F_ONE_B)
+    plan = [[("forward", 1410), ("backward", 1200)], [("forward", 900), ("backward", 900)]]
+    slow = [[("forward", 900), ("backward", 900)]] * 2
+    schedules = par.schedules_for(plan, {1: slow})
+    assert [s.rank for s in schedules] == [0, 2]
+    assert schedules[0].frequencies == plan[0]
+    assert schedules[0].replica_frequencies == {1: slow[0]}
+    assert schedules[1].replica_frequencies == {}  # replica 1 runs stage 1's list anyway
+    with pytest.raises(RankError, match="8 rank\\(s\\) registered but the job has 2 leader"):
+        Parallel3D(job, _ranks(), ONE_F_ONE_B)
+
+
+def test_with_leaders_the_folded_results_measure_as_every_ranks_would() -> None:
+    """The same round, reported by every rank or folded in-job by the leaders: the same stage
+    times (max), first-pipeline tp energies, busy time per (dp, pp) and job energy."""
+    results = [_result(r, fwd_s=0.1 + 0.01 * r, fwd_j=10.0 + r) for r in range(8)]
+    every = Parallel3D(_job(), _ranks(), ONE_F_ONE_B).measure(results)
+    job, leaders, folds = _leader_job()
+    dp = {r: d for r, (d, _, _) in enumerate(LAYOUT)}
+    by_rank = {r.rank: r for r in results}
+    folded = [folds[i.rank].fold(by_rank, dp) for i in leaders]
+    led = Parallel3D(job, leaders, ONE_F_ONE_B).measure(folded)
+    assert every is not None and led is not None
+    for a, b in zip(every.stages, led.stages, strict=True):
+        assert a.time_s == pytest.approx(b.time_s)
+        assert a.energy_j == pytest.approx(b.energy_j)
+        assert a.busy_s == pytest.approx(b.busy_s)
+        assert a.iteration_energy_j == pytest.approx(b.iteration_energy_j)
+    assert led.busy_s == pytest.approx(every.busy_s)
+    assert led.job_energy_j == pytest.approx(every.job_energy_j)
+    assert led.iteration_time_s == pytest.approx(every.iteration_time_s)

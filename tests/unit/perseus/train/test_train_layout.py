@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perseus.errors import ConfigurationError
-from perseus.train.layout import PipelineLayout, nominal_times
+from perseus.train.layout import PipelineLayout, Topology, nominal_times
 
 
 def test_single_stage_schedules_take_one_count_per_rank():
@@ -44,3 +44,17 @@ def test_nominal_times_follow_each_stages_layers():
     assert times["backward_input@2"] == times["backward_weight@2"] == pytest.approx(0.004)
     with pytest.raises(ConfigurationError, match="must be positive"):
         nominal_times(layout, 0, 0.0)
+
+
+def test_ranks_are_pipeline_major_with_tensor_ranks_innermost():
+    # dp 2 × pp 2 × tp 2: rank = (dp·pp + pp_rank)·tp + tp_rank
+    places = [
+        (t.dp_rank, t.pp_rank, t.tp_rank)
+        for t in (Topology(rank=r, world_size=8, pp_degree=2, tp_degree=2) for r in range(8))
+    ]
+    assert places == [(d, p, t) for d in range(2) for p in range(2) for t in range(2)]
+    topo = Topology(rank=5, world_size=8, pp_degree=2, tp_degree=2)
+    assert topo.dp_degree == 2 and topo.rank_of(1, 0, 1) == 5
+    assert Topology(rank=3, world_size=4, pp_degree=2).rank_of(1, 1) == 3  # no tp: as before
+    with pytest.raises(ConfigurationError, match="2 pipeline ranks × 2 tensor rank"):
+        Topology(rank=0, world_size=6, pp_degree=2, tp_degree=2)
