@@ -38,7 +38,7 @@ __all__ = [
 
 _WHERE = {
     "Accounting": "problem",
-    "CostHull": "problem",
+    "CostHull": "hull",
     "FrontierSolution": "frontier",
     "LPCurve": "lp",
     "OptionTable": "problem",
@@ -46,7 +46,7 @@ _WHERE = {
     "Rounder": "rounding",
     "SolverProblem": "problem",
     "compute_frontier": "frontier",
-    "effective_cost_hull": "problem",
+    "effective_cost_hull": "hull",
     "polish_plan": "polish",
     "solve_lp_curve": "lp",
     "staggered_lead": "frontier",
@@ -54,15 +54,10 @@ _WHERE = {
 
 if TYPE_CHECKING:
     from perseus.solver.frontier import FrontierSolution, compute_frontier, staggered_lead
+    from perseus.solver.hull import CostHull, effective_cost_hull
     from perseus.solver.lp import LPCurve, solve_lp_curve
     from perseus.solver.polish import PolishResult, polish_plan
-    from perseus.solver.problem import (
-        Accounting,
-        CostHull,
-        OptionTable,
-        SolverProblem,
-        effective_cost_hull,
-    )
+    from perseus.solver.problem import Accounting, OptionTable, SolverProblem
     from perseus.solver.rounding import Rounder
 
 

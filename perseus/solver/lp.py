@@ -56,7 +56,8 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra, maximum_flow
 
 from perseus.errors import SolverError
-from perseus.solver.problem import CostHull, SolverProblem
+from perseus.solver.hull import CostHull
+from perseus.solver.problem import SolverProblem
 
 __all__ = ["LPCurve", "solve_lp_curve"]
 

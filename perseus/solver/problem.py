@@ -39,57 +39,17 @@ from typing import NamedTuple
 import numpy as np
 
 from perseus.errors import SolverError
+from perseus.solver.dag_arrays import (
+    earliest_of,
+    latest_of,
+    level_lags,
+    padded_adjacency,
+    rows_of,
+)
+from perseus.solver.hull import CostHull, effective_cost_hull
 
 __all__ = ["Accounting", "CostHull", "OptionTable", "SolverProblem", "effective_cost_hull"]
-
-
-@dataclass(frozen=True)
-class CostHull:
-    """Convex, non-increasing piecewise-linear effective cost of one option type.
-
-    Vertices ``(time_s[k], cost_j[k])`` with ``time_s`` increasing and ``cost_j``
-    decreasing; the cost is ``e − P_block·t`` and is constant to the right of the last
-    vertex (running slower than that never pays under the LP).
-    """
-
-    time_s: np.ndarray
-    cost_j: np.ndarray
-
-    @property
-    def slopes_w(self) -> np.ndarray:
-        """Marginal cost of shortening, per segment, left to right (positive, decreasing)."""
-        return -np.diff(self.cost_j) / np.diff(self.time_s)
-
-    def __call__(self, duration_s: np.ndarray) -> np.ndarray:
-        """Cost at `duration_s` (clamped into ``[time_s[0], ∞)``)."""
-        return np.interp(duration_s, self.time_s, self.cost_j)
-
-
-def effective_cost_hull(time_s: np.ndarray, energy_j: np.ndarray, p2p_power_w: float) -> CostHull:
-    """Lower convex hull of the points ``(t, e − P·t)``, from the fastest point to its minimum.
-
-    Any option (dominated or not) lies on or above the returned function extended as a
-    constant to the right, so the LP built on it is a true lower bound.
-    """
-    t = np.asarray(time_s, dtype=float)
-    c = np.asarray(energy_j, dtype=float) - p2p_power_w * t
-    order = np.lexsort((c, t))
-    pts: list[tuple[float, float]] = []
-    for x, y in zip(t[order], c[order], strict=True):
-        if pts and x == pts[-1][0]:
-            continue  # same time, higher cost (sorted by cost within a time)
-        while len(pts) >= 2:
-            (x1, y1), (x2, y2) = pts[-2], pts[-1]
-            # Drop the middle point when it is on or above the segment (x1,y1)-(x,y).
-            if (y2 - y1) * (x - x1) >= (y - y1) * (x2 - x1):
-                pts.pop()
-            else:
-                break
-        pts.append((float(x), float(y)))
-    costs = [p[1] for p in pts]
-    last = int(np.argmin(costs))
-    hull = np.array(pts[: last + 1])
-    return CostHull(time_s=hull[:, 0].copy(), cost_j=hull[:, 1].copy())
+# CostHull and effective_cost_hull live in `perseus.solver.hull`; re-exported for users.
 
 
 @dataclass(frozen=True)
@@ -142,7 +102,7 @@ class SolverProblem:
         # The same levels as slices where their nodes are numbered consecutively (always,
         # with the schedules' generation-by-generation topological order): the hot loops
         # then read and write views instead of fancy-index copies.
-        self.level_rows: list[np.ndarray | slice] = [_rows(lv) for lv in levels]
+        self.level_rows: list[np.ndarray | slice] = [rows_of(lv) for lv in levels]
         self.level_of = level_of
         # Per level, one index array per adjacency column: the max/min over a level's
         # predecessors/successors as a few elementwise ops instead of an axis reduction.
@@ -196,10 +156,10 @@ class SolverProblem:
         if not lag.any():
             return
         n = self.n
-        self.pred_lag = _padded_adjacency(n, self.edges[:, 1], lag)
-        self.succ_lag = _padded_adjacency(n, self.edges[:, 0], lag)
-        self.level_pred_lags = [_level_lags(self.pred_lag, lv) for lv in self.levels]
-        self.level_succ_lags = [_level_lags(self.succ_lag, lv) for lv in self.levels]
+        self.pred_lag = padded_adjacency(n, self.edges[:, 1], lag)
+        self.succ_lag = padded_adjacency(n, self.edges[:, 0], lag)
+        self.level_pred_lags = [level_lags(self.pred_lag, lv) for lv in self.levels]
+        self.level_succ_lags = [level_lags(self.succ_lag, lv) for lv in self.levels]
 
     @property
     def has_lags(self) -> bool:
@@ -272,8 +232,8 @@ class SolverProblem:
             (edges >= 0).all() and (edges < n).all() and (edges[:, 0] < edges[:, 1]).all()
         ):
             raise SolverError("Edges must join nodes 0..n-1 numbered in a topological order")
-        preds = _padded_adjacency(n, edges[:, 1], edges[:, 0], fill=n)
-        succs = _padded_adjacency(n, edges[:, 0], edges[:, 1], fill=n)
+        preds = padded_adjacency(n, edges[:, 1], edges[:, 0], fill=n)
+        succs = padded_adjacency(n, edges[:, 0], edges[:, 1], fill=n)
 
         level = np.zeros(n, dtype=np.int64)
         for k in range(n):  # topological order: predecessors already have their level
@@ -409,81 +369,3 @@ class SolverProblem:
             dtype=np.int64,
         )
         return best[self.type_of]
-
-
-def _rows(index: np.ndarray) -> np.ndarray | slice:
-    """`index` as a slice when it is a run of consecutive integers, else unchanged."""
-    if len(index) and np.all(np.diff(index) == 1):
-        return slice(int(index[0]), int(index[-1]) + 1)
-    return index
-
-
-LevelLags = list[np.ndarray | None] | None
-"""Per adjacency column of one level, its edges' lags (``None``: all zero; the whole list
-``None``: no lag in the level)."""
-
-
-def _lagged(
-    times: np.ndarray, column: np.ndarray, lag: np.ndarray | None, sign: float
-) -> np.ndarray:
-    """``times[column] + sign·lag`` (a new array), the lag broadcast over plans."""
-    out = times[column]
-    if lag is not None:
-        shaped = lag.reshape(lag.shape + (1,) * (out.ndim - 1))
-        if sign > 0:
-            out += shaped
-        else:
-            out -= shaped
-    return out
-
-
-def latest_of(times: np.ndarray, columns: list[np.ndarray], lags: LevelLags = None) -> np.ndarray:
-    """Row-wise max of ``times[c] + lag_c`` over the adjacency columns (a new array)."""
-    if lags is None:
-        out = times[columns[0]]
-        for c in columns[1:]:
-            np.maximum(out, times[c], out=out)
-        return out
-    out = _lagged(times, columns[0], lags[0], 1.0)
-    for c, lag in zip(columns[1:], lags[1:], strict=True):
-        np.maximum(out, _lagged(times, c, lag, 1.0), out=out)
-    return out
-
-
-def earliest_of(times: np.ndarray, columns: list[np.ndarray], lags: LevelLags = None) -> np.ndarray:
-    """Row-wise min of ``times[c] − lag_c`` over the adjacency columns (a new array)."""
-    if lags is None:
-        out = times[columns[0]]
-        for c in columns[1:]:
-            np.minimum(out, times[c], out=out)
-        return out
-    out = _lagged(times, columns[0], lags[0], -1.0)
-    for c, lag in zip(columns[1:], lags[1:], strict=True):
-        np.minimum(out, _lagged(times, c, lag, -1.0), out=out)
-    return out
-
-
-def _level_lags(table: np.ndarray, rows: np.ndarray) -> LevelLags:
-    """The lag columns of one level (see `LevelLags`)."""
-    cols: list[np.ndarray | None] = []
-    for c in range(table.shape[1]):
-        lag = table[rows, c]
-        cols.append(lag if lag.any() else None)
-    return cols if any(c is not None for c in cols) else None
-
-
-def _padded_adjacency(n: int, rows: np.ndarray, cols: np.ndarray, fill: float = 0) -> np.ndarray:
-    """Row k lists the `cols` paired with `rows == k` (in edge order), padded with `fill`.
-
-    With node indices as `cols` and ``fill = n`` this is the adjacency table; with the
-    edges' lags as `cols` and ``fill = 0``, the lag of each of its entries.
-    """
-    counts = np.bincount(rows, minlength=n) if len(rows) else np.zeros(n, dtype=np.int64)
-    width = max(1, int(counts.max()) if n else 1)
-    table = np.full((n, width), fill, dtype=cols.dtype)
-    order = np.argsort(rows, kind="stable")
-    r, c = rows[order], cols[order]
-    starts = np.searchsorted(r, np.arange(n))
-    pos = np.arange(len(r)) - starts[r]
-    table[r, pos] = c
-    return table

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from perseus.solver.dag_arrays import earliest_of, latest_of
 from perseus.solver.levels import Level, LevelRows
-from perseus.solver.problem import SolverProblem, earliest_of, latest_of
+from perseus.solver.problem import SolverProblem
 
 __all__ = ["Rounder"]
 
