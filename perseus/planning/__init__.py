@@ -18,6 +18,7 @@ __all__ = [
     "Frontier",
     "FrontierPoint",
     "PipelineProblem",
+    "all_max_plan",
     "calibrate_hop_latency",
     "check_frontier_memory",
     "choose_index",
@@ -32,20 +33,21 @@ __all__ = [
     "timeline",
 ]
 
-_FRONTIER = {"Frontier", "FrontierPoint", "check_frontier_memory", "choose_index", "solve_frontier"}
+_FRONTIER = {"Frontier", "FrontierPoint", "check_frontier_memory", "solve_frontier"}
 _HOPS = {"calibrate_hop_latency", "hop_times"}
 
 if TYPE_CHECKING:
+    from perseus.planning.choice import choose_index
     from perseus.planning.frontier import (
         Frontier,
         FrontierPoint,
         check_frontier_memory,
-        choose_index,
         solve_frontier,
     )
     from perseus.planning.hops import calibrate_hop_latency, hop_times
     from perseus.planning.problem import (
         PipelineProblem,
+        all_max_plan,
         evaluate,
         evaluate_plan,
         make_plan,
@@ -59,7 +61,10 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = "frontier" if name in _FRONTIER else "hops" if name in _HOPS else "problem"
+    if name == "choose_index":
+        module = "choice"
+    else:
+        module = "frontier" if name in _FRONTIER else "hops" if name in _HOPS else "problem"
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

@@ -63,7 +63,7 @@ def _predicted_baseline(
     from perseus.io.jobdir import JobDir
     from perseus.io.plan_file import load_plan
     from perseus.io.profile_csv import load_profile
-    from perseus.planning import make_plan, max_frequencies
+    from perseus.planning import all_max_plan
 
     jd = JobDir(job_dir)
     if profile is None and jd.baseline_plan.is_file():
@@ -72,11 +72,9 @@ def _predicted_baseline(
     if profile is None:
         return None
     prof = load_profile(profile, check_power=check)
-    schedule = plan.pipeline_schedule()
-    return make_plan(
+    return all_max_plan(
         prof,
-        schedule,
-        max_frequencies(prof, schedule),
+        plan.pipeline_schedule(),
         plan.p2p_power,
         switch_latency_s=plan.switch_latency,
         hop_latency_s=plan.hop_latency,

@@ -25,7 +25,6 @@ import numpy as np
 from perseus.domain.plan import Evaluation, Plan
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule
-from perseus.domain.units import max_slowdown_problem
 from perseus.errors import ScheduleError, SolverError
 from perseus.io.frontier_dir import (
     FrontierRow,
@@ -34,57 +33,16 @@ from perseus.io.frontier_dir import (
     write_frontier_dir,
 )
 from perseus.memory import memory_shortfall
+from perseus.planning.choice import choose_index
 from perseus.planning.problem import PipelineProblem
 from perseus.solver.frontier import compute_frontier
 from perseus.solver.lp import LPCurve
 
-__all__ = ["Frontier", "FrontierPoint", "check_frontier_memory", "choose_index", "solve_frontier"]
+__all__ = ["Frontier", "FrontierPoint", "check_frontier_memory", "solve_frontier"]
 
-_TIME_RTOL = 1e-9
 _BYTES_PER_INSTRUCTION = 100 * 1024
 """Peak memory of a whole-frontier solve per instruction, measured at 8×64 and 8×512 (it
 grows slowly with size, so this is a floor)."""
-
-
-def choose_index(
-    times_s: Sequence[float],
-    energies_j: Sequence[float],
-    *,
-    max_slowdown: float | None = None,
-    deadline_s: float | None = None,
-    reference_s: float | None = None,
-) -> int:
-    """Index of the minimum-energy point with ``T ≤ (1 + max_slowdown)·T_ref`` or ``T ≤ deadline_s``.
-
-    The one choice rule, used by `Frontier.choose` and by `perseus choose` (which reads only
-    ``frontier.csv`` and the reference's time). ``T_ref`` is `reference_s`, the all-max
-    plan's time (default: the fastest point's, as in frontiers cut off at all-max). Points
-    are fastest first; ties in energy go to the faster point.
-    """
-    if (max_slowdown is None) == (deadline_s is None):
-        raise SolverError("Pass exactly one of max_slowdown= or deadline_s= to choose a plan")
-    if not times_s:
-        raise SolverError("The frontier has no points")
-    fastest = times_s[0]
-    if reference_s is not None and not (math.isfinite(reference_s) and reference_s > 0):
-        raise SolverError(f"reference_s must be a positive number of seconds, got {reference_s!r}")
-    if max_slowdown is not None:
-        problem = max_slowdown_problem(max_slowdown)
-        if problem:
-            raise SolverError(problem)
-        limit = (fastest if reference_s is None else reference_s) * (1 + max_slowdown)
-    else:
-        assert deadline_s is not None
-        if not math.isfinite(deadline_s):
-            raise SolverError(f"deadline_s must be a finite number of seconds, got {deadline_s!r}")
-        limit = deadline_s
-    fits = [k for k, t in enumerate(times_s) if t <= limit * (1 + _TIME_RTOL)]
-    if not fits:
-        raise SolverError(
-            f"No plan meets an iteration time of {limit:.6f} s: the fastest plan takes "
-            f"{fastest:.6f} s; relax the deadline"
-        )
-    return min(fits, key=lambda k: energies_j[k])
 
 
 class FrontierPoint:

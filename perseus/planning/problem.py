@@ -349,3 +349,23 @@ def max_frequencies(profile: InstructionProfile, schedule: PipelineSchedule) -> 
         [int(schedule.options(profile, i).freq_mhz.max()) for i in order]
         for order in schedule.orders
     ]
+
+
+def all_max_plan(
+    profile: InstructionProfile,
+    schedule: PipelineSchedule,
+    p2p_power_w: float,
+    *,
+    switch_latency_s: float = 0.0,
+    hop_latency_s: float = 0.0,
+) -> Plan:
+    """The all-max plan (`max_frequencies`) scored like any other (`make_plan`): the
+    reference every predicted saving and slowdown is taken against."""
+    return make_plan(
+        profile,
+        schedule,
+        max_frequencies(profile, schedule),
+        p2p_power_w,
+        switch_latency_s=switch_latency_s,
+        hop_latency_s=hop_latency_s,
+    )
