@@ -11,6 +11,7 @@ from typer.core import TyperGroup
 
 from perseus.cli import demo as _demo
 from perseus.cli import gpud as _gpud
+from perseus.cli import plans as _plans
 from perseus.cli import plot as _plot
 from perseus.cli import profile as _profile
 from perseus.cli import report as _report
@@ -64,13 +65,13 @@ app.command(
     "solve", short_help="Solve a profile's whole time-energy frontier; one plan per point."
 )(_solve.solve)
 app.command("evaluate", short_help="Score a plan exactly against a profile (JSON).")(
-    _solve.evaluate_plan
+    _plans.evaluate_plan
 )
 app.command("choose", short_help="The cheapest frontier plan within a slowdown or a deadline.")(
-    _solve.choose
+    _plans.choose
 )
 app.command("polish", short_help="Lower one plan's energy at no longer iteration time.")(
-    _solve.polish
+    _plans.polish
 )
 DISTRIBUTION = "perseus-energy"
 """The name the project is installed under (`pip show perseus-energy`)."""
