@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from perseus.protocol import JobInfo, ProfilingResult, RankInfo
+from perseus.protocol import JobInfo, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.args import PipelineArgs
-from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+from schedulers.pipeline import FixedPlanScheduler
 
 __all__ = ["AllMaxFrequency"]
 
 
-class AllMaxFrequency(PipelineScheduler):
+class AllMaxFrequency(FixedPlanScheduler):
     """Run every instruction of every rank at the highest frequency all GPUs support.
 
     Args (``PERSEUS_SCHEDULER_ARGS``):
@@ -30,15 +30,4 @@ class AllMaxFrequency(PipelineScheduler):
         args: PipelineArgs,
     ) -> None:
         super().__init__(job_info, rank_infos, perseus_settings, args)
-        self._plan = self.max_plan()
-
-    def plan_next(self) -> StagePlan:
-        return self._plan
-
-    def observe(self, profiling_results: list[ProfilingResult]) -> None:
-        self._observed = True
-
-    def on_measurement(
-        self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
-    ) -> None:
-        return None
+        self.fixed_plan = self.max_plan()

@@ -43,85 +43,21 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from perseus.domain.layout import Leaders
 from perseus.domain.schedule import PipelineSchedule
 from perseus.errors import ConfigurationError, PlanError, RankError
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from schedulers.estimation import Unit, WindowRow
+from schedulers.measurement import (
+    RoundMeasurement,
+    StageMeasurement,
+    StagePlan,
+    VirtualStageMeasurement,
+)
 
-__all__ = [
-    "Parallel3D",
-    "RoundMeasurement",
-    "StageMeasurement",
-    "StagePlan",
-    "VirtualStageMeasurement",
-]
+__all__ = ["Parallel3D"]
 
 logger = logging.getLogger(__name__)
-
-StagePlan = list[list[tuple[str, int]]]
-"""Per pipeline rank, the (instruction, freq_mhz) list of one iteration in execution order."""
-
-
-@dataclass(frozen=True)
-class StageMeasurement:
-    """One round's numbers for one pipeline rank (see the module docstring for the 3D rule).
-
-    `time_s`/`energy_j`: per instruction kind, the mean over the window's iterations and
-    the kind's occurrences on the rank (all its stages). `busy_s`/`compute_energy_j`: per
-    iteration, the rank's total instruction time (busiest copy) and energy (tp ranks of the
-    first pipeline).
-    """
-
-    time_s: dict[str, float]
-    energy_j: dict[str, float]
-    busy_s: float
-    compute_energy_j: float
-    iteration_energy_j: float
-
-
-@dataclass(frozen=True)
-class VirtualStageMeasurement:
-    """One round's numbers for one pipeline (virtual) stage: per kind the stage runs, the
-    mean over the window's iterations and the kind's occurrences on that stage (time: max
-    over the stage's copies; energy: sum over the tp ranks of the first pipeline)."""
-
-    rank: int
-    """The pipeline rank that holds the stage."""
-    time_s: dict[str, float]
-    energy_j: dict[str, float]
-
-
-@dataclass(frozen=True)
-class RoundMeasurement:
-    """One complete round (every rank reported), aggregated.
-
-    Attributes:
-        stages: One entry per pipeline rank.
-        virtual_stages: One entry per pipeline (virtual) stage, the profile's unit.
-        iteration_time_s: Mean iteration time, max over all ranks.
-        pipeline_energy_j: Mean iteration energy of one pipeline (first dp pipeline, all
-            its GPUs).
-        job_energy_j: Mean iteration energy of all GPUs of the job.
-        busy_s: (dp_rank, pp_rank) → per-iteration instruction time of that stage copy
-            (its busiest tp rank); used to spot a slow data-parallel pipeline.
-        p2p_power_w: The median over ranks of the power a GPU drew while not computing,
-            ``(iter_energy − Σ eᵢ) / (iter_time − Σ tᵢ)``, or None if no rank had idle time.
-        iterations: Iterations in the round (the most any rank ran).
-        windows: Per rank, its energy windows keyed by unit (ranks that sent none: absent).
-        unit_time: Per rank, per unit it ran, (total seconds, count) over the round.
-    """
-
-    stages: list[StageMeasurement]
-    virtual_stages: list[VirtualStageMeasurement]
-    iteration_time_s: float
-    pipeline_energy_j: float
-    job_energy_j: float
-    busy_s: dict[tuple[int, int], float]
-    p2p_power_w: float | None
-    iterations: int = 1
-    windows: dict[int, list[WindowRow]] = field(default_factory=dict)
-    unit_time: dict[int, dict[Unit, tuple[float, int]]] = field(default_factory=dict)
-
 
 def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values)
@@ -198,9 +134,10 @@ class Parallel3D:
         list; a leader gets its block's (module docstring). Every rank gets the same `steps`
         (the round barrier holds them in step)."""
         overrides = overrides or {}
-        if self.leaders is not None:
+        leaders = self.leaders
+        if leaders is not None:
             return [
-                self._leader_schedule(info, plan, overrides, steps)
+                self._leader_schedule(leaders, info, plan, overrides, steps)
                 for info in self.rank_infos
             ]
         cache: dict[tuple[int, int], FrequencySchedule] = {}
@@ -215,16 +152,16 @@ class Parallel3D:
 
     def _leader_schedule(
         self,
+        leaders: Leaders,
         info: RankInfo,
         plan: StagePlan,
         overrides: dict[int, StagePlan],
         steps: int | None,
     ) -> FrequencySchedule:
-        assert self.leaders is not None
         base = plan[info.pp_rank]
         own = {
             dp: overrides[dp][info.pp_rank]
-            for dp in self.leaders.block(info.dp_rank)
+            for dp in leaders.block(info.dp_rank)
             if dp in overrides and overrides[dp][info.pp_rank] != base
         }
         return FrequencySchedule(

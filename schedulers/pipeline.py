@@ -26,15 +26,16 @@ from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankIn
 from perseus.settings import PerseusSettings
 from schedulers.args import PipelineArgs, SchedulerArgs
 from schedulers.base import FrequencyScheduler, has_breakdowns
-from schedulers.parallel import (
-    Parallel3D,
+from schedulers.measurement import (
     RoundMeasurement,
     StageMeasurement,
     StagePlan,
     VirtualStageMeasurement,
 )
+from schedulers.parallel import Parallel3D
 
 __all__ = [
+    "FixedPlanScheduler",
     "PipelineScheduler",
     "job_pipeline",
     "RoundMeasurement",
@@ -108,7 +109,10 @@ class PipelineScheduler(FrequencyScheduler):
     @classmethod
     def check_job(cls, job_info: JobInfo, args: SchedulerArgs) -> None:
         """A job must describe its pipeline unless the coordinator has a default one."""
-        assert isinstance(args, PipelineArgs)
+        if not isinstance(args, PipelineArgs):
+            raise ConfigurationError(
+                f"{cls.__name__} takes pipeline arguments, got {type(args).__name__}"
+            )
         if job_info.pipeline is None:
             if args.num_microbatches is None:
                 job_pipeline(job_info, args)  # raises, saying what to do
@@ -243,3 +247,21 @@ class PipelineScheduler(FrequencyScheduler):
                         f"{info.rank}'s GPU (it supports {min(available)}..{max(available)} MHz)"
                     )
         return [[(name, int(f)) for name, f in entries] for entries in frequencies]
+
+
+class FixedPlanScheduler(PipelineScheduler):
+    """Runs one stage plan (`fixed_plan`, set by the subclass) every round and measures
+    nothing: results are accepted and ignored."""
+
+    fixed_plan: StagePlan
+
+    def plan_next(self) -> StagePlan:
+        return self.fixed_plan
+
+    def observe(self, profiling_results: list[ProfilingResult]) -> None:
+        self._observed = True
+
+    def on_measurement(
+        self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
+    ) -> None:
+        return None

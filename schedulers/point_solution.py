@@ -7,10 +7,10 @@ from pydantic import Field
 from perseus.domain.plan import Plan
 from perseus.errors import PlanError
 from perseus.io.plan_file import FrequencyLists, read_plan
-from perseus.protocol import JobInfo, ProfilingResult, RankInfo
+from perseus.protocol import JobInfo, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.args import PipelineArgs, SchedulerArgs
-from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan, job_pipeline
+from schedulers.pipeline import FixedPlanScheduler, job_pipeline
 
 __all__ = ["PointSolution", "PointSolutionArgs"]
 
@@ -30,7 +30,7 @@ class PointSolutionArgs(SchedulerArgs):
     )
 
 
-class PointSolution(PipelineScheduler):
+class PointSolution(FixedPlanScheduler):
     """Deploy the plan at `solution_path` (data, never code; `perseus.io.plan_file`).
 
     A JSON plan (`perseus.domain.plan.Plan`) is validated against the job when the
@@ -86,7 +86,7 @@ class PointSolution(PipelineScheduler):
         super().__init__(job_info, rank_infos, perseus_settings, pipeline, pipeline=schedule)
         self.args = args
         self.plan: Plan | None = plan
-        self._stage_plan = self.check_plan(plan)
+        self.fixed_plan = self.check_plan(plan)
 
     def _init_literal(
         self,
@@ -109,27 +109,16 @@ class PointSolution(PipelineScheduler):
         super().__init__(job_info, rank_infos, perseus_settings, pipeline)
         self.args = args
         self.plan = None
-        self._stage_plan = self.check_clock_lists(clocks, source)
+        self.fixed_plan = self.check_clock_lists(clocks, source)
 
     @classmethod
     def check_job(cls, job_info: JobInfo, args: SchedulerArgs) -> None:
         """Any job: the plan says the pipeline (checked when the ranks have registered)."""
-
-    def plan_next(self) -> StagePlan:
-        return self._stage_plan
-
-    def observe(self, profiling_results: list[ProfilingResult]) -> None:
-        self._observed = True
-
-    def on_measurement(
-        self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
-    ) -> None:
-        return None
 
     def deployed_plan(self) -> Plan | None:
         return self.plan
 
     def resume(self, plan: Plan) -> None:
         """Resume at a persisted plan (it must still fit the job)."""
-        self._stage_plan = self.check_plan(plan)
+        self.fixed_plan = self.check_plan(plan)
         self.plan = plan

@@ -1,0 +1,79 @@
+"""What a scheduler plans and what it measures, per pipeline rank and per pipeline stage.
+
+A `StagePlan` is the plan of one iteration per pipeline rank; `RoundMeasurement` is one
+complete round of results, aggregated by `schedulers.parallel.Parallel3D` (whose module
+docstring gives the rule: times are the max over a stage's copies, energies the sum over
+the tensor-parallel ranks of the first data-parallel pipeline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schedulers.estimation import Unit, WindowRow
+
+__all__ = ["RoundMeasurement", "StageMeasurement", "StagePlan", "VirtualStageMeasurement"]
+
+StagePlan = list[list[tuple[str, int]]]
+"""Per pipeline rank, the (instruction, freq_mhz) list of one iteration in execution order."""
+
+
+@dataclass(frozen=True)
+class StageMeasurement:
+    """One round's numbers for one pipeline rank (see the module docstring for the 3D rule).
+
+    `time_s`/`energy_j`: per instruction kind, the mean over the window's iterations and
+    the kind's occurrences on the rank (all its stages). `busy_s`/`compute_energy_j`: per
+    iteration, the rank's total instruction time (busiest copy) and energy (tp ranks of the
+    first pipeline).
+    """
+
+    time_s: dict[str, float]
+    energy_j: dict[str, float]
+    busy_s: float
+    compute_energy_j: float
+    iteration_energy_j: float
+
+
+@dataclass(frozen=True)
+class VirtualStageMeasurement:
+    """One round's numbers for one pipeline (virtual) stage: per kind the stage runs, the
+    mean over the window's iterations and the kind's occurrences on that stage (time: max
+    over the stage's copies; energy: sum over the tp ranks of the first pipeline)."""
+
+    rank: int
+    """The pipeline rank that holds the stage."""
+    time_s: dict[str, float]
+    energy_j: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RoundMeasurement:
+    """One complete round (every rank reported), aggregated.
+
+    Attributes:
+        stages: One entry per pipeline rank.
+        virtual_stages: One entry per pipeline (virtual) stage, the profile's unit.
+        iteration_time_s: Mean iteration time, max over all ranks.
+        pipeline_energy_j: Mean iteration energy of one pipeline (first dp pipeline, all
+            its GPUs).
+        job_energy_j: Mean iteration energy of all GPUs of the job.
+        busy_s: (dp_rank, pp_rank) → per-iteration instruction time of that stage copy
+            (its busiest tp rank); used to spot a slow data-parallel pipeline.
+        p2p_power_w: The median over ranks of the power a GPU drew while not computing,
+            ``(iter_energy − Σ eᵢ) / (iter_time − Σ tᵢ)``, or None if no rank had idle time.
+        iterations: Iterations in the round (the most any rank ran).
+        windows: Per rank, its energy windows keyed by unit (ranks that sent none: absent).
+        unit_time: Per rank, per unit it ran, (total seconds, count) over the round.
+    """
+
+    stages: list[StageMeasurement]
+    virtual_stages: list[VirtualStageMeasurement]
+    iteration_time_s: float
+    pipeline_energy_j: float
+    job_energy_j: float
+    busy_s: dict[tuple[int, int], float]
+    p2p_power_w: float | None
+    iterations: int = 1
+    windows: dict[int, list[WindowRow]] = field(default_factory=dict)
+    unit_time: dict[int, dict[Unit, tuple[float, int]]] = field(default_factory=dict)
