@@ -30,37 +30,21 @@ Its SWEEP measures every ``coarse_step``-th supported clock (every level when ``
 is that coarse already) and stops an instruction once its energy has been more than
 ``stop_margin`` above its minimum so far for ``early_stop_after`` levels in a row: past its
 energy-optimal clock, measured against the minimum rather than the previous level, so that
-the noise of a power-capped plateau
-(energies a few percent apart in any order) does not stop it at the top, as it stops the
+the noise of a power-capped plateau (energies a few percent apart in any order) does not stop it at the top, as it stops the
 ``full`` sweep on the real Bloom A40 profile. REFINE (``refine``, on by default) then
-measures, per instruction, only skipped levels next to the points that shape its
-time–energy hull, by bisection (`refine_levels`): around the fastest and the cheapest
-option, and around vertices where the hull bends enough that a skipped level could lie
-more than ``refine_tolerance`` below the line between its measured neighbours. Where the
-hull is straight, skipped levels would give the solver nothing new. Each REFINE round
-runs every instruction at its own next level (the others at max), so REFINE takes as
-many rounds as the instruction with the most levels to measure. Grouped sweeps (the Zeus
-baselines measure a whole round at one clock) use ``full``. Figures:
-``benchmarks/bench_profiling_cost.py``.
+measures only the skipped levels that could shape an instruction's time–energy hull
+(`schedulers.sweep_followup`). Grouped sweeps (the Zeus baselines measure a whole round at
+one clock) use ``full``. Figures: ``benchmarks/bench_profiling_cost.py``.
 
-**Energies come from what a GPU shows** (``estimator="windows"``, the default, when every
-rank measured its energy counter's refresh period): no GPU shows an instruction's own
-energy, so each round's energy windows (the energy between two refreshes of the counter,
-and the seconds each instruction ran inside) go into a least-squares fit per GPU
-(`schedulers.estimation`) that gives every (stage, kind, clock) its energy and a standard
-error, and the blocking power its value. Rounds are sized to hold ``round_ticks``
-refreshes (`round_steps`, from the measured refresh period and iteration time), and after
-the sweep
+Energies come from what a GPU shows (``estimator="windows"``, the default): see
+`schedulers.sweep_estimates`; options whose energy stays uncertain are measured again in
 
 ```
 ... ──▶ CONFIRM (options whose uncertainty could change the plan, measured again) ──▶ DONE
 ```
 
-measures again the options whose relative standard error is above ``target_uncertainty``
-and that are not clearly dominated (at most ``max_repeats`` times each, and in at most
-half as many rounds as came before). ``estimator="breakdown"`` takes each instruction's
-reported energy as it is, as before (a real GPU's breakdown is its iteration's mean power
-times the instruction's time): it remains for ranks that report no windows.
+REFINE's and the coarse pass's levels: `schedulers.sweep_levels`; what the sweep produces
+(the profile, its cost): `schedulers.sweep_products`.
 """
 
 from __future__ import annotations
@@ -69,27 +53,32 @@ import enum
 import logging
 import math
 import statistics
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Any
 
 from perseus.domain.kinds import INSTRUCTIONS
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.rows import ProfileRow
 from perseus.errors import ConfigurationError, RankError
 from perseus.io.profile_csv import write_profile_rows
-from perseus.protocol import MAX_ITERATIONS, InstructionProfilingResult, OfflineProfilingResult
+from perseus.protocol import MAX_ITERATIONS, InstructionProfilingResult
 from schedulers.args import SweepArgs
 from schedulers.estimation import PowerRegression
-from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+from schedulers.measurement import RoundMeasurement, StagePlan
+from schedulers.pipeline import PipelineScheduler
+from schedulers.sweep_estimates import SweepEstimates
+from schedulers.sweep_followup import FollowUp
+from schedulers.sweep_levels import (
+    MIN_ROUND_S,
+    coarse_levels,
+    counter_round_steps,
+)
+from schedulers.sweep_products import ProfilingCost, profile_result, profiling_report
 
 __all__ = [
     "InstructionSweep",
-    "ProfilingCost",
     "SweepPhase",
-    "coarse_levels",
-    "counter_round_steps",
-    "refine_levels",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,45 +96,6 @@ class SweepPhase(enum.Enum):
     DONE = "done"
 
 
-MIN_ROUND_S = 0.5
-"""The shortest sweep round on a continuous counter (ideal emulated sensors): its windows
-are exact, but the fit needs a few of them per round."""
-
-
-def counter_round_steps(
-    refresh_s: Sequence[float | None], iteration_s: float | None, round_ticks: int
-) -> int | None:
-    """Iterations a round needs to hold `round_ticks` refreshes of the slowest of the
-    ranks' energy counters (`RankInfo.energy_refresh_s`), at the last measured iteration
-    time; None (the ranks' own rounds) when a counter's period is unknown, every counter is
-    continuous, or no iteration was measured yet."""
-    if iteration_s is None or not refresh_s or any(r is None for r in refresh_s):
-        return None
-    slowest = max(r for r in refresh_s if r is not None)
-    if slowest <= 0:
-        return None
-    # Two more refreshes than asked: the partial periods at both ends are not windows.
-    steps = math.ceil((round_ticks + 2) * slowest / max(iteration_s, 1e-6) - 1e-9)
-    return max(1, min(steps, MAX_ITERATIONS))
-
-
-@dataclass
-class ProfilingCost:
-    """What the profiling rounds cost: how many, their iterations, seconds and joules (all
-    GPUs of the job, measured)."""
-
-    rounds: int = 0
-    iterations: int = 0
-    seconds: float = 0.0
-    energy_j: float = 0.0
-
-    def add(self, m: RoundMeasurement) -> None:
-        self.rounds += 1
-        self.iterations += m.iterations
-        self.seconds += m.iteration_time_s * m.iterations
-        self.energy_j += m.job_energy_j * m.iterations
-
-
 def _default_group(stage: int, instruction: str) -> Hashable:
     return (stage, instruction)
 
@@ -153,70 +103,6 @@ def _default_group(stage: int, instruction: str) -> Hashable:
 def _default_metric(group: Hashable, m: RoundMeasurement) -> float:
     stage, instruction = group  # type: ignore[misc]
     return m.virtual_stages[stage].energy_j[instruction]
-
-
-def coarse_levels(levels: Sequence[int], step: int) -> list[int]:
-    """Every `step`-th of `levels` (descending) from the top. The few below the last one are
-    left to REFINE, which bisects them only if the instruction is cheapest there."""
-    return list(levels[::step])
-
-
-def _lower_hull(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
-    """The Pareto set's lower convex hull: (time, energy, freq), fastest first."""
-    pareto: list[tuple[float, float, int]] = []
-    for p in sorted(points):
-        if not pareto or p[1] < pareto[-1][1]:
-            pareto.append(p)
-    hull: list[tuple[float, float, int]] = []
-    for p in pareto:
-        while len(hull) >= 2:
-            (t0, e0, _), (t1, e1, _) = hull[-2], hull[-1]
-            if (t1 - t0) * (p[1] - e0) - (e1 - e0) * (p[0] - t0) > 0:
-                break
-            hull.pop()
-        hull.append(p)
-    return hull
-
-
-def refine_levels(
-    measured: Mapping[int, tuple[float, float]], levels: Sequence[int], tolerance: float
-) -> list[int]:
-    """The next levels worth measuring for one instruction, descending ([]: done).
-
-    `measured`: frequency → (time s, energy J) so far; `levels`: every level the sweep may
-    run. The solver plans with an instruction's Pareto options; along a straight stretch of
-    their lower convex hull a skipped level can only add a point near the line, so skipped
-    levels are measured only next to the hull vertices that matter, by bisection: the
-    middle skipped level between such a vertex and each of its measured neighbours (in
-    frequency). The vertices: the fastest (the critical path runs it) and the cheapest
-    (slack is filled down to it), until their neighbours are adjacent levels, and every
-    other vertex whose energy lies more than ``4·tolerance`` (relative) below the chord of
-    its hull neighbours: a curve bending that much over two gaps may lie about
-    `tolerance` below the chord inside each gap (a parabola's sag over one gap is a quarter
-    of its sag over two). Call again with the new points until it returns [].
-    """
-    if len(measured) < 2:
-        return []
-    hull = _lower_hull([(t, e, f) for f, (t, e) in measured.items()])
-    chosen = {hull[0][2], hull[-1][2]}
-    for (t0, e0, _), (t, e, f), (t1, e1, _) in zip(hull, hull[1:], hull[2:], strict=False):
-        chord = e0 + (e1 - e0) * (t - t0) / (t1 - t0)
-        if chord - e > 4.0 * tolerance * e:
-            chosen.add(f)
-    freqs = sorted(measured, reverse=True)
-    out: set[int] = set()
-    cheapest = hull[-1][2]
-    for f in chosen:
-        k = freqs.index(f)
-        higher = freqs[k - 1] if k > 0 else f
-        # Below the lowest point measured only when it is the cheapest: the coarse pass
-        # ended there without seeing the energy rise.
-        lower = freqs[k + 1] if k + 1 < len(freqs) else (0 if f == cheapest else f)
-        for lo, hi in ((f, higher), (lower, f)):
-            skipped = [lv for lv in levels if lo < lv < hi]
-            if skipped:
-                out.add(skipped[len(skipped) // 2])
-    return sorted(out, reverse=True)
 
 
 class InstructionSweep:
@@ -266,9 +152,6 @@ class InstructionSweep:
         """The SWEEP phase's levels, one per round (every level for ``full``)."""
         self.stop_margin = args.stop_margin
         self.refine = args.refine
-        self.refine_tolerance = args.refine_tolerance
-        self.pending: dict[tuple[int, str], list[int]] = {}
-        """REFINE: per (stage, kind), the levels still to measure, descending."""
         self.scheduler = scheduler
         self.phase = SweepPhase.WARMUP if args.warmup_rounds else SweepPhase.SWEEP
         self.warmup_left = args.warmup_rounds
@@ -296,29 +179,24 @@ class InstructionSweep:
         self.p2p_samples: list[float] = []
         self._missing = 0
         self._warmup_seen = 0
-        refresh = [r.energy_refresh_s for r in scheduler.rank_infos]
-        self.windows = args.estimator == "windows" and all(r is not None for r in refresh)
-        """Energies are fitted to the ranks' energy windows (`schedulers.estimation`)."""
-        self.refresh_s = max((r for r in refresh if r is not None), default=0.0)
-        """The slowest energy counter's refresh period (0: continuous)."""
+        self.estimates = SweepEstimates(scheduler, args)
+        """Every option's energy: fitted to the energy counter's windows, or the breakdown."""
         self.round_ticks = args.round_ticks
-        self.target_uncertainty = args.target_uncertainty
-        self.max_repeats = args.max_repeats
-        self.regression = PowerRegression()
-        self.energy_se: dict[tuple[int, str], dict[int, float]] = {}
-        """'windows': each option's standard error, J."""
-        self.repeats: dict[tuple[int, str, int], int] = {}
-        self.confirm_rounds_left = 0
+        self.follow_up = FollowUp(
+            args, self.levels, self.units, self.estimates, scheduler.job_info.job_id
+        )
+        """REFINE and CONFIRM: the levels still to measure after the pass."""
         self.cost = ProfilingCost()
         self.last_iteration_s: float | None = None
-        if args.estimator == "windows" and not self.windows:
-            logger.warning(
-                "Job %s: rank(s) %s did not measure an energy counter's refresh period (no "
-                "counter, or an older client): each instruction's energy is taken as the "
-                "ranks report it",
-                scheduler.job_info.job_id,
-                [r.rank for r in scheduler.rank_infos if r.energy_refresh_s is None],
-            )
+
+    @property
+    def windows(self) -> bool:
+        """Energies are fitted to the ranks' energy windows (`schedulers.sweep_estimates`)."""
+        return self.estimates.windows
+
+    @property
+    def regression(self) -> PowerRegression:
+        return self.estimates.regression
 
     @property
     def done(self) -> bool:
@@ -331,7 +209,7 @@ class InstructionSweep:
             case SweepPhase.DONE:
                 return 0
             case SweepPhase.REFINE:
-                return max((len(v) for v in self.pending.values()), default=0) + 1
+                return self.follow_up.rounds_left()
         left = self.warmup_left if self.phase is SweepPhase.WARMUP else 0
         left += max(0, len(self.pass_levels) - self.step)
         if self.coarse and self.refine:
@@ -342,19 +220,12 @@ class InstructionSweep:
     def _freq_of(self, stage: int, name: str) -> int:
         if self.phase is SweepPhase.SWEEP and self._group(stage, name) in self.active:
             return self.pass_levels[self.step]
+        level = None
         if self.phase is SweepPhase.CONFIRM:
-            level = self._confirm_level(stage)
-            return self.levels[0] if level is None else level
-        if self.phase is SweepPhase.REFINE and self.pending.get((stage, name)):
-            return self.pending[stage, name][0]
-        return self.levels[0]
-
-    def _confirm_level(self, stage: int) -> int | None:
-        """CONFIRM: the clock every kind of `stage` runs this round, the highest of its
-        kinds' next pending ones (one clock a stage: no clock changes within the round,
-        which would charge an instruction part of its predecessor's clock)."""
-        firsts = [left[0] for (s, _), left in self.pending.items() if s == stage and left]
-        return max(firsts) if firsts else None
+            level = self.follow_up.confirm_level(stage)
+        elif self.phase is SweepPhase.REFINE:
+            level = self.follow_up.refine_level(stage, name)
+        return self.levels[0] if level is None else level
 
     def round_steps(self) -> int | None:
         """Iterations the next round needs to hold `round_ticks` refreshes of the slowest
@@ -363,7 +234,7 @@ class InstructionSweep:
         if not self.windows or self.done:
             return None
         refresh = [r.energy_refresh_s for r in self.scheduler.rank_infos]
-        if self.refresh_s == 0 and self.last_iteration_s is not None:
+        if self.estimates.refresh_s == 0 and self.last_iteration_s is not None:
             # A continuous counter: any round has exact windows, but the fit needs a few.
             return max(
                 1, min(math.ceil(MIN_ROUND_S / max(self.last_iteration_s, 1e-6)), MAX_ITERATIONS)
@@ -384,12 +255,7 @@ class InstructionSweep:
         profiling (a scheduler's all-max baseline rounds are data too)."""
         self.cost.add(m)
         self.last_iteration_s = m.iteration_time_s
-        if self.windows:
-            for rank, rows in m.windows.items():
-                self.regression.add(rank, rows)
-            for rank, times in m.unit_time.items():
-                for unit, (total_s, count) in times.items():
-                    self.regression.add_time(rank, unit, total_s, count)
+        self.estimates.absorb(m)
 
     def observe(self, m: RoundMeasurement | None) -> None:
         """Record the last issued round and advance the state machine."""
@@ -418,9 +284,14 @@ class InstructionSweep:
             case SweepPhase.SWEEP:
                 self._missing = 0
                 self._record(m)
-            case SweepPhase.REFINE | SweepPhase.CONFIRM:
+            case SweepPhase.REFINE:
                 self._missing = 0
-                self._record_refine(m)
+                if self.follow_up.record_refine(m, self.time_s, self.energy_j):
+                    self._confirm()
+            case SweepPhase.CONFIRM:
+                self._missing = 0
+                if self.follow_up.record_confirm(m, self.time_s, self.energy_j):
+                    self._confirm()
 
     def _record(self, m: RoundMeasurement) -> None:
         freq = self.pass_levels[self.step]
@@ -431,7 +302,7 @@ class InstructionSweep:
             for stage, name in self.groups[g]:
                 vs = m.virtual_stages[stage]
                 self.time_s.setdefault((stage, name), {})[freq] = vs.time_s[name]
-                self.energy_j.setdefault((stage, name), {})[freq] = self._energy(
+                self.energy_j.setdefault((stage, name), {})[freq] = self.estimates.energy(
                     stage, name, freq, vs.energy_j[name]
                 )
             value = (
@@ -460,232 +331,44 @@ class InstructionSweep:
         self.step += 1
         if self.step >= len(self.pass_levels) or not self.active:
             self.active.clear()
-            self.phase = SweepPhase.DONE
-            if self.coarse and self.refine:
-                self._start_refine()
-            if self.phase is SweepPhase.DONE:
-                self._start_confirm()
+            if self.coarse and self.refine and self.follow_up.start_refine(
+                self.time_s, self.energy_j
+            ):
+                self.phase = SweepPhase.REFINE
+                logger.info(
+                    "Job %s: coarse pass done after %d round(s); refining %d instruction(s)",
+                    self.scheduler.job_info.job_id,
+                    self.step,
+                    len(self.follow_up.pending),
+                )
+            else:
+                self._confirm()
 
-    def _start_refine(self) -> None:
-        for unit in self.units:
-            levels = self._refine_next(unit)
-            if levels:
-                self.pending[unit] = levels
-        if self.pending:
-            self.phase = SweepPhase.REFINE
-            logger.info(
-                "Job %s: coarse pass done after %d round(s); refining %d instruction(s)",
-                self.scheduler.job_info.job_id,
-                self.step,
-                len(self.pending),
-            )
-
-    def _record_refine(self, m: RoundMeasurement) -> None:
-        if self.phase is SweepPhase.CONFIRM:
-            self._record_confirm(m)
-            return
-        for unit, left in list(self.pending.items()):
-            stage, name = unit
-            freq = left.pop(0)
-            vs = m.virtual_stages[stage]
-            self.time_s[unit][freq] = vs.time_s[name]
-            self.energy_j[unit][freq] = self._energy(stage, name, freq, vs.energy_j[name])
-            if not left:
-                more = self._refine_next(unit)
-                if more:
-                    self.pending[unit] = more
-                else:
-                    del self.pending[unit]
-        if not self.pending:
-            self.phase = SweepPhase.DONE
-            self._start_confirm()
-
-    def _record_confirm(self, m: RoundMeasurement) -> None:
-        """A CONFIRM round: every kind of a stage with options pending ran at its
-        `_confirm_level`; each kind's time there is averaged over its rounds (and its
-        energy refitted), and the level leaves the pending lists that held it."""
-        levels = {stage: self._confirm_level(stage) for stage, _ in self.pending}
-        for unit in self.units:
-            stage, name = unit
-            level = levels.get(stage)
-            if level is None:
-                continue
-            vs = m.virtual_stages[stage]
-            n = self.repeats.get((stage, name, level), 0)
-            times = self.time_s.setdefault(unit, {})
-            times[level] = (times.get(level, vs.time_s[name]) * n + vs.time_s[name]) / (n + 1)
-            self.repeats[stage, name, level] = n + 1
-            self.energy_j.setdefault(unit, {})[level] = self._energy(
-                stage, name, level, vs.energy_j[name]
-            )
-            left = self.pending.get(unit)
-            if left and left[0] == level:
-                left.pop(0)
-                if not left:
-                    del self.pending[unit]
-        self.confirm_rounds_left -= 1
-        if self.confirm_rounds_left <= 0:
-            self.pending.clear()
-        if not self.pending:
-            self.phase = SweepPhase.DONE
-            self._start_confirm()
-
-    # ------------------------------------------------------------------ estimates
-    def _energy(self, stage: int, name: str, freq: int, breakdown_j: float) -> float:
-        """The energy of one instruction of (stage, name) at `freq` as known now: fitted to
-        the windows so far ('windows'), else the ranks' breakdown."""
-        if not self.windows:
-            return breakdown_j
-        estimate = self._estimate(stage, name, freq)
-        return breakdown_j if estimate is None else estimate[0]
-
-    def _estimate(self, stage: int, name: str, freq: int) -> tuple[float, float] | None:
-        """(energy J, standard error J) of (stage, name) at `freq`: the sum over the
-        stage's tensor-parallel GPUs of the first data-parallel pipeline."""
-        pp = self.scheduler.pipeline.stage_ranks[stage]
-        members = self.scheduler.stage_ranks[pp]
-        first_dp = min(r.dp_rank for r in members)
-        total = var = 0.0
-        for info in members:
-            if info.dp_rank != first_dp:
-                continue
-            est = self.regression.unit_energy(info.rank, (stage, name, freq))
-            if est is None:
-                return None
-            total += est[0]
-            var += est[1] ** 2
-        return total, math.sqrt(var)
-
-    def _refit(self) -> None:
-        """Every measured option's energy and standard error from the fit of all windows."""
-        if not self.windows:
-            return
-        for unit, energies in self.energy_j.items():
-            stage, name = unit
-            se = self.energy_se.setdefault(unit, {})
-            for freq in energies:
-                estimate = self._estimate(stage, name, freq)
-                if estimate is not None:
-                    energies[freq], se[freq] = estimate
-                else:
-                    se[freq] = math.inf
-
-    def _start_confirm(self) -> None:
-        """'windows': measure again the options whose uncertainty could change the plan."""
-        if not self.windows or self.target_uncertainty <= 0 or self.max_repeats <= 0:
-            return
-        if self.confirm_rounds_left <= 0 and not self.repeats:
-            # At most half as many extra rounds as the profile took so far.
-            self.confirm_rounds_left = max(1, self.cost.rounds // 2)
-        if self.confirm_rounds_left <= 0:
-            return
-        self._refit()
-        block_w = self.block_power_w() or 0.0
-        for unit in self.units:
-            freqs = self._uncertain(unit, block_w)
-            if freqs:
-                self.pending[unit] = freqs
-        if self.pending:
-            self.phase = SweepPhase.CONFIRM
-            logger.info(
-                "Job %s: measuring %d option(s) again whose energy is uncertain by more than "
-                "%.1f %% and could change the plan",
-                self.scheduler.job_info.job_id,
-                sum(len(v) for v in self.pending.values()),
-                100 * self.target_uncertainty,
-            )
-
-    def _uncertain(self, unit: tuple[int, str], block_w: float) -> list[int]:
-        """`unit`'s options, descending, worth another measurement: relative standard error
-        above the target, fewer than `max_repeats` repeats, and not clearly dominated (an
-        option at least as fast costs less by more than both uncertainties) in the energy
-        the plan counts (the instruction's, less the blocking power its time saves)."""
-        stage, name = unit
-        times, energies = self.time_s.get(unit, {}), self.energy_j.get(unit, {})
-        ses = self.energy_se.get(unit, {})
-        cost = {f: energies[f] - block_w * times[f] for f in energies}
-        out = []
-        for f in sorted(energies, reverse=True):
-            se = ses.get(f, math.inf)
-            if self.repeats.get((stage, name, f), 0) >= self.max_repeats:
-                continue
-            if se <= self.target_uncertainty * abs(energies[f]):
-                continue
-            dominated = any(
-                times[g] <= times[f] and cost[g] + 2 * ses.get(g, math.inf) < cost[f] - 2 * se
-                for g in energies
-                if g != f
-            )
-            if not dominated:
-                out.append(f)
-        return out
-
-    def block_power_w(self) -> float | None:
-        """'windows': the median over GPUs of the fitted blocking power (None: no fit)."""
-        fits = self.regression.fit()
-        values = [f.block.power_w for f in fits.values() if math.isfinite(f.block.se_w)]
-        return statistics.median(values) if values else None
-
-    def _refine_next(self, unit: tuple[int, str]) -> list[int]:
-        energy = self.energy_j.get(unit, {})
-        points = {f: (t, energy[f]) for f, t in self.time_s.get(unit, {}).items()}
-        return refine_levels(points, self.levels, self.refine_tolerance)
+    def _confirm(self) -> None:
+        """After the passes: CONFIRM the options whose uncertainty could change the plan,
+        if any (`FollowUp.start_confirm`), else DONE."""
+        confirm = self.follow_up.start_confirm(self.time_s, self.energy_j, self.cost.rounds)
+        self.phase = SweepPhase.CONFIRM if confirm else SweepPhase.DONE
 
     # ------------------------------------------------------------------ products
     def p2p_power_w(self) -> float | None:
         """The measured per-GPU power while not computing: fitted to the windows ('windows':
         the median over GPUs), else the median of the all-max rounds' breakdown residuals."""
         if self.windows:
-            fitted = self.block_power_w()
+            fitted = self.estimates.block_power_w()
             if fitted is not None:
                 return max(fitted, 0.0)
         return statistics.median(self.p2p_samples) if self.p2p_samples else None
 
     def result(self) -> InstructionProfilingResult:
-        """The profile: one entry per pipeline (virtual) stage, with every kind the stage
-        runs (rank = the first rank of the pipeline rank that holds it)."""
-        self._refit()
-        pipeline = self.scheduler.pipeline
-        data: dict[int, dict[str, dict[int, float]]] = {}
-        for stage, name in self.units:
-            entry = data.setdefault(stage, {})
-            # Descending frequency, whatever order the levels were measured in.
-            entry[f"{name}_time"] = dict(sorted(self.time_s.get((stage, name), {}).items())[::-1])
-            entry[f"{name}_energy"] = dict(
-                sorted(self.energy_j.get((stage, name), {}).items())[::-1]
-            )
-        entries = []
-        for stage, fields in sorted(data.items()):
-            pp = pipeline.stage_ranks[stage]
-            first = min(self.scheduler.stage_ranks[pp], key=lambda r: (r.dp_rank, r.tp_rank))
-            entries.append(
-                OfflineProfilingResult(
-                    rank=first.rank,
-                    dp_rank=first.dp_rank,
-                    pp_rank=pp,
-                    tp_rank=first.tp_rank,
-                    stage=stage,
-                    emulated=any(r.emulated for r in self.scheduler.stage_ranks[pp]),
-                    **fields,
-                )
-            )
-        return InstructionProfilingResult(entries)
+        """The profile (`schedulers.sweep_products.profile_result`), energies refitted."""
+        self.estimates.refit(self.energy_j)
+        return profile_result(self.scheduler, self.units, self.time_s, self.energy_j)
 
     def rows(self) -> list[ProfileRow]:
         """The profile's rows; 'windows' rows say they are estimated, with their standard
         error."""
-        rows = self.result().rows()
-        if not self.windows:
-            return rows
-        return [
-            r._replace(
-                estimated=True,
-                energy_se=self.energy_se.get((r.stage, r.instruction), {}).get(
-                    r.frequency, math.inf
-                ),
-            )
-            for r in rows
-        ]
+        return self.estimates.annotate(self.result().rows())
 
     def profile(self) -> InstructionProfile:
         """The sweep's numbers as the solver's `InstructionProfile`."""
@@ -693,46 +376,19 @@ class InstructionSweep:
             self.rows(), source=f"job {self.scheduler.job_info.job_id}"
         )
 
-    def report(self, plan_time_s: float | None = None, plan_energy_j: float | None = None) -> dict:
-        """What the profile cost and how sure it is, for the log and ``profiling.json``.
-
-        `plan_time_s`, `plan_energy_j`: the deployed plan's iteration (energy of all the
-        job's GPUs): the profiling rounds' excess over running it instead ("off plan")."""
-        cost = self.cost
-        out: dict[str, object] = {
-            "rounds": cost.rounds,
-            "iterations": cost.iterations,
-            "seconds": cost.seconds,
-            "energy_j": cost.energy_j,
-            "estimator": "windows" if self.windows else "breakdown",
-            "refresh_s": self.refresh_s if self.windows else None,
-            "round_ticks": self.round_ticks if self.windows else None,
-            "confirmed_options": len(self.repeats),
-        }
-        if plan_time_s is not None and plan_energy_j is not None:
-            out["off_plan_seconds"] = cost.seconds - plan_time_s * cost.iterations
-            out["off_plan_energy_j"] = cost.energy_j - plan_energy_j * cost.iterations
-        if self.windows:
-            fits = self.regression.fit()
-            blocks = [f.block for f in fits.values()]
-            out["sampling"] = self.regression.model()
-            out["windows"] = sum(f.windows for f in fits.values())
-            out["blocking_power_w"] = self.block_power_w()
-            out["blocking_power_se_w"] = (
-                statistics.median(b.se_w for b in blocks) if blocks else None
-            )
-            rel = sorted(
-                se / abs(self.energy_j[unit][f]) if self.energy_j[unit][f] else math.inf
-                for unit, ses in self.energy_se.items()
-                for f, se in ses.items()
-            )
-            out["options"] = len(rel)
-            out["energy_se_median"] = statistics.median(rel) if rel else None
-            out["energy_se_max"] = rel[-1] if rel else None
-        return {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in out.items()
-        }
+    def report(
+        self, plan_time_s: float | None = None, plan_energy_j: float | None = None
+    ) -> dict[str, Any]:
+        """What the profile cost and how sure it is (`profiling_report`)."""
+        return profiling_report(
+            self.cost,
+            self.estimates,
+            self.energy_j,
+            round_ticks=self.round_ticks,
+            confirmed_options=len(self.follow_up.repeats),
+            plan_time_s=plan_time_s,
+            plan_energy_j=plan_energy_j,
+        )
 
     def write_csv(self, path: Path) -> Path:
         """Write the profile CSV (long form), creating the folder."""

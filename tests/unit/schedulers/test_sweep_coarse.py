@@ -12,7 +12,8 @@ from perseus.errors import ConfigurationError
 from perseus.protocol import JobInfo, PipelineSpec, ProfilingResult, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.profiler import InstructionProfiler, ProfilerArgs
-from schedulers.sweep import InstructionSweep, SweepPhase, coarse_levels, refine_levels
+from schedulers.sweep import InstructionSweep, SweepPhase
+from schedulers.sweep_levels import coarse_levels, refine_levels
 from schedulers.zeus import ZeusArgs
 
 LEVELS = list(range(1500, 690, -30))  # 28 levels, 1500 … 690 MHz

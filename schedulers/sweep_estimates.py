@@ -1,0 +1,152 @@
+"""The sweep's energies from what a GPU shows: a fit to the energy counter's windows.
+
+No GPU shows an instruction's own energy. With ``estimator="windows"`` (the default, when
+every rank measured its energy counter's refresh period), each round's energy windows (the
+energy between two refreshes of the counter, and the seconds each instruction ran inside)
+go into a least-squares fit per GPU (`schedulers.estimation`) that gives every (stage,
+kind, clock) its energy and a standard error, and the blocking power its value. The sweep
+sizes its rounds to hold ``round_ticks`` refreshes, and after its passes measures again
+the options whose relative standard error is above ``target_uncertainty`` and that are not
+clearly dominated (CONFIRM: at most ``max_repeats`` times each, in at most half as many
+rounds as came before). ``estimator="breakdown"`` takes each instruction's reported energy
+as it is (a real GPU's breakdown is its iteration's mean power times the instruction's
+time): it remains for ranks that report no windows.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from typing import Any
+
+from perseus.domain.rows import ProfileRow
+from schedulers.args import SweepArgs
+from schedulers.estimation import PowerRegression
+from schedulers.measurement import RoundMeasurement
+from schedulers.pipeline import PipelineScheduler
+
+__all__ = ["SweepEstimates"]
+
+logger = logging.getLogger(__name__)
+
+
+class SweepEstimates:
+    """Every option's energy as the sweep knows it: fitted to the windows, or the breakdown.
+
+    Args:
+        scheduler: The pipeline scheduler whose job is profiled (its ranks and stages).
+        args: The sweep's arguments (`estimator`).
+    """
+
+    def __init__(self, scheduler: PipelineScheduler, args: SweepArgs) -> None:
+        self._scheduler = scheduler
+        refresh = [r.energy_refresh_s for r in scheduler.rank_infos]
+        self.windows = args.estimator == "windows" and all(r is not None for r in refresh)
+        """Energies are fitted to the ranks' energy windows (`schedulers.estimation`)."""
+        self.refresh_s = max((r for r in refresh if r is not None), default=0.0)
+        """The slowest energy counter's refresh period (0: continuous)."""
+        self.regression = PowerRegression()
+        self.energy_se: dict[tuple[int, str], dict[int, float]] = {}
+        """'windows': each option's standard error, J."""
+        if args.estimator == "windows" and not self.windows:
+            logger.warning(
+                "Job %s: rank(s) %s did not measure an energy counter's refresh period (no "
+                "counter, or an older client): each instruction's energy is taken as the "
+                "ranks report it",
+                scheduler.job_info.job_id,
+                [r.rank for r in scheduler.rank_infos if r.energy_refresh_s is None],
+            )
+
+    def absorb(self, m: RoundMeasurement) -> None:
+        """Take a round's energy windows and instruction times into the fit."""
+        if not self.windows:
+            return
+        for rank, rows in m.windows.items():
+            self.regression.add(rank, rows)
+        for rank, times in m.unit_time.items():
+            for unit, (total_s, count) in times.items():
+                self.regression.add_time(rank, unit, total_s, count)
+
+    def energy(self, stage: int, name: str, freq: int, breakdown_j: float) -> float:
+        """The energy of one instruction of (stage, name) at `freq` as known now: fitted to
+        the windows so far ('windows'), else the ranks' breakdown."""
+        if not self.windows:
+            return breakdown_j
+        estimate = self.estimate(stage, name, freq)
+        return breakdown_j if estimate is None else estimate[0]
+
+    def estimate(self, stage: int, name: str, freq: int) -> tuple[float, float] | None:
+        """(energy J, standard error J) of (stage, name) at `freq`: the sum over the
+        stage's tensor-parallel GPUs of the first data-parallel pipeline."""
+        pp = self._scheduler.pipeline.stage_ranks[stage]
+        members = self._scheduler.stage_ranks[pp]
+        first_dp = min(r.dp_rank for r in members)
+        total = var = 0.0
+        for info in members:
+            if info.dp_rank != first_dp:
+                continue
+            est = self.regression.unit_energy(info.rank, (stage, name, freq))
+            if est is None:
+                return None
+            total += est[0]
+            var += est[1] ** 2
+        return total, math.sqrt(var)
+
+    def refit(self, energy_j: dict[tuple[int, str], dict[int, float]]) -> None:
+        """Every measured option's energy (in `energy_j`, updated) and standard error from
+        the fit of all windows."""
+        if not self.windows:
+            return
+        for unit, energies in energy_j.items():
+            stage, name = unit
+            se = self.energy_se.setdefault(unit, {})
+            for freq in energies:
+                estimate = self.estimate(stage, name, freq)
+                if estimate is not None:
+                    energies[freq], se[freq] = estimate
+                else:
+                    se[freq] = math.inf
+
+    def block_power_w(self) -> float | None:
+        """'windows': the median over GPUs of the fitted blocking power (None: no fit)."""
+        fits = self.regression.fit()
+        values = [f.block.power_w for f in fits.values() if math.isfinite(f.block.se_w)]
+        return statistics.median(values) if values else None
+
+    def annotate(self, rows: list[ProfileRow]) -> list[ProfileRow]:
+        """'windows': `rows` marked as estimated, with their standard error."""
+        if not self.windows:
+            return rows
+        return [
+            r._replace(
+                estimated=True,
+                energy_se=self.energy_se.get((r.stage, r.instruction), {}).get(
+                    r.frequency, math.inf
+                ),
+            )
+            for r in rows
+        ]
+
+    def report(self, energy_j: dict[tuple[int, str], dict[int, float]]) -> dict[str, Any]:
+        """'windows': the fit's figures for ``profiling.json`` (nothing without windows)."""
+        if not self.windows:
+            return {}
+        fits = self.regression.fit()
+        blocks = [f.block for f in fits.values()]
+        rel = sorted(
+            se / abs(energy_j[unit][f]) if energy_j[unit][f] else math.inf
+            for unit, ses in self.energy_se.items()
+            for f, se in ses.items()
+        )
+        return {
+            "sampling": self.regression.model(),
+            "windows": sum(f.windows for f in fits.values()),
+            "blocking_power_w": self.block_power_w(),
+            "blocking_power_se_w": (
+                statistics.median(b.se_w for b in blocks) if blocks else None
+            ),
+            "options": len(rel),
+            "energy_se_median": statistics.median(rel) if rel else None,
+            "energy_se_max": rel[-1] if rel else None,
+        }
