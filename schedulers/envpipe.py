@@ -6,13 +6,12 @@ import logging
 
 import numpy as np
 
-from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule
-from perseus.planning import evaluate, make_plan, max_frequencies, pipeline_problem
-from perseus.protocol import JobInfo, ProfilingResult, RankInfo
+from perseus.errors import PlanError
+from perseus.planning import all_max_plan, make_plan, pipeline_problem
+from perseus.protocol import JobInfo, RankInfo
 from perseus.settings import PerseusSettings
-from schedulers.pipeline import RoundMeasurement, StagePlan
 from schedulers.planning import PlanningArgs, PlanningScheduler
 
 __all__ = ["EnvPipe", "envpipe_frequencies"]
@@ -77,7 +76,7 @@ def envpipe_frequencies(
 class EnvPipe(PlanningScheduler):
     """Profile like `InstructionProfiler`, then deploy `envpipe_frequencies`' plan.
 
-    The iteration time stays that of all-max (checked with `perseus.planning.evaluate`).
+    The iteration time stays that of all-max (checked against `perseus.planning.all_max_plan`).
 
     Args (``PERSEUS_SCHEDULER_ARGS``): `num_microbatches`, `schedule`, `p2p_power` (W;
     default measured like `Perseus`), `profile_path` (skip the sweep), and the sweep's
@@ -98,43 +97,22 @@ class EnvPipe(PlanningScheduler):
         if self.sweep is None:
             self._deploy()
 
-    def plan_next(self) -> StagePlan:
-        if self._chosen_plan is None:
-            assert self.sweep is not None
-            if not self.sweep.done:
-                return self.sweep.current_plan()
-            self._deploy()
-        assert self._chosen_plan is not None
-        return self._chosen_plan
-
-    def on_measurement(
-        self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
-    ) -> None:
-        if self._chosen_plan is None and self.sweep is not None:
-            self.sweep.observe(measurement)
-
     def _deploy(self) -> None:
-        self.complete_profile()
-        assert self.profile is not None and self.p2p_power_w is not None
-        freqs = envpipe_frequencies(self.profile, self.pipeline, self.p2p_power_w)
-        plan = make_plan(self.profile, self.pipeline, freqs, self.p2p_power_w)
-        fastest = evaluate(
-            self.profile,
-            self.pipeline,
-            max_frequencies(self.profile, self.pipeline),
-            self.p2p_power_w,
-        )
-        assert plan.iteration_time <= fastest.iteration_time_s * (1 + 1e-9)
+        profile, p2p = self.complete_profile()
+        freqs = envpipe_frequencies(profile, self.pipeline, p2p)
+        plan = make_plan(profile, self.pipeline, freqs, p2p)
+        fastest = all_max_plan(profile, self.pipeline, p2p)
+        if plan.iteration_time > fastest.iteration_time * (1 + 1e-9):
+            raise PlanError(
+                f"Job {self.job_info.job_id}: EnvPipe's plan takes {plan.iteration_time:.6f} s, "
+                f"longer than all-max's {fastest.iteration_time:.6f} s; it must never slow the "
+                "iteration"
+            )
         self.adopt(plan)
         logger.info(
             "Job %s: EnvPipe plan T=%.4f s, E=%.1f J (all-max E=%.1f J)",
             self.job_info.job_id,
             plan.iteration_time,
             plan.energy,
-            fastest.energy_j,
+            fastest.energy,
         )
-
-    def resume(self, plan: Plan) -> None:
-        """Resume at a persisted plan (restarted coordinator)."""
-        self.adopt(plan)
-        self.sweep = None

@@ -13,11 +13,12 @@ import logging
 from perseus.domain.kinds import DEFAULT_P2P_POWER_W
 from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
+from perseus.errors import PlanError
 from perseus.io.atomic import atomic_write_text
 from perseus.io.profile_csv import load_profile
 from schedulers.args import PipelineArgs, ProfileSourceArgs
-from schedulers.pipeline import PipelineScheduler, StagePlan
 from schedulers.sweep import InstructionSweep
+from schedulers.sweep_then_deploy import SweepThenDeploy
 
 __all__ = ["DEFAULT_P2P_POWER_W", "PlanningArgs", "PlanningScheduler"]
 
@@ -29,26 +30,15 @@ class PlanningArgs(PipelineArgs, ProfileSourceArgs):
     the sweep that measures what is not given."""
 
 
-class PlanningScheduler(PipelineScheduler):
-    """A pipeline scheduler that needs a profile and the blocking power before it plans."""
+class PlanningScheduler(SweepThenDeploy):
+    """A scheduler that needs a profile and the blocking power before it plans: given, or
+    measured by its sweep first (`SweepThenDeploy`)."""
 
     Args = PlanningArgs
 
     profile: InstructionProfile | None
     p2p_power_w: float | None
-    sweep: InstructionSweep | None
-    chosen: Plan | None = None
-    """The deployed plan (None until the scheduler has planned)."""
-    _chosen_plan: StagePlan | None = None
     _baseline: tuple[InstructionProfile, float, Plan] | None = None
-
-    def adopt(self, plan: Plan) -> None:
-        """Deploy `plan` from now on (checked against this job's stages and kinds first)."""
-        self._chosen_plan = self.check_plan(plan)
-        self.chosen = plan
-
-    def deployed_plan(self) -> Plan | None:
-        return self.chosen
 
     def report_profiling(self, plan: Plan | None) -> None:
         """Log what the sweep cost and write it to ``profiling.json`` (with `plan`: the
@@ -74,10 +64,6 @@ class PlanningScheduler(PipelineScheduler):
             self.job_dir.profiling,
         )
 
-    def round_steps(self) -> int | None:
-        """While the sweep runs, rounds long enough for its energy windows."""
-        return None if self.sweep is None else self.sweep.round_steps()
-
     def baseline_plan(self) -> Plan | None:
         """The all-max plan on this job's profile and blocking power (None before both are
         known); computed once."""
@@ -86,9 +72,9 @@ class PlanningScheduler(PipelineScheduler):
             return None
         cached = self._baseline
         if cached is None or cached[0] is not profile or cached[1] != p2p:
-            from perseus.planning import make_plan, max_frequencies
+            from perseus.planning import all_max_plan
 
-            plan = make_plan(profile, self.pipeline, max_frequencies(profile, self.pipeline), p2p)
+            plan = all_max_plan(profile, self.pipeline, p2p)
             self._baseline = cached = (profile, p2p, plan)
         return cached[2]
 
@@ -139,5 +125,12 @@ class PlanningScheduler(PipelineScheduler):
                     measured = DEFAULT_P2P_POWER_W
                 # A stage is tp GPUs, all blocked at once.
                 self.p2p_power_w = measured * self.job_info.tp_degree
-        assert self.profile is not None and self.p2p_power_w is not None
+        return self.planning_inputs()
+
+    def planning_inputs(self) -> tuple[InstructionProfile, float]:
+        """The profile and the blocking power (`PlanError` before profiling is complete)."""
+        if self.profile is None or self.p2p_power_w is None:
+            raise PlanError(
+                f"Job {self.job_info.job_id}: no profile or blocking power yet to plan with"
+            )
         return self.profile, self.p2p_power_w

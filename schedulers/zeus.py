@@ -15,14 +15,15 @@ from typing import Literal
 
 from pydantic import Field
 
-from perseus.domain.plan import Plan
+from perseus.domain.kinds import DEFAULT_P2P_POWER_W
+from perseus.errors import PlanError
 from perseus.planning import make_plan
-from perseus.protocol import JobInfo, ProfilingResult, RankInfo
+from perseus.protocol import JobInfo, RankInfo
 from perseus.settings import PerseusSettings
 from schedulers.args import PipelineArgs, SweepArgs
-from schedulers.perseus_scheduler import DEFAULT_P2P_POWER_W
-from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+from schedulers.pipeline import RoundMeasurement
 from schedulers.sweep import InstructionSweep
+from schedulers.sweep_then_deploy import SweepThenDeploy
 from zeus_power.metric import zeus_cost
 
 __all__ = ["ZeusArgs", "ZeusGlobal", "ZeusPerStage"]
@@ -44,7 +45,7 @@ class ZeusArgs(PipelineArgs, SweepArgs):
     )
 
 
-class _ZeusFrequency(PipelineScheduler):
+class _ZeusFrequency(SweepThenDeploy):
     """Shared machinery; `per_stage` selects the variant."""
 
     Args = ZeusArgs
@@ -68,8 +69,6 @@ class _ZeusFrequency(PipelineScheduler):
             group=(lambda stage, name: ranks[stage]) if self.per_stage else (lambda s, n: "all"),
             metric=self.cost,
         )
-        self.chosen: Plan | None = None
-        self._chosen_plan: StagePlan | None = None
 
     def cost(self, group: Hashable, m: RoundMeasurement) -> float:
         """Zeus's cost of one round for a group (the job, or one pipeline rank: all the
@@ -91,35 +90,20 @@ class _ZeusFrequency(PipelineScheduler):
             )
         return zeus_cost(energy_j, time_s, self.eta_knob, self._max_power[group])
 
-    def round_steps(self) -> int | None:
-        return self.sweep.round_steps()
-
-    def plan_next(self) -> StagePlan:
-        if self._chosen_plan is None:
-            if not self.sweep.done:
-                return self.sweep.current_plan()
-            self._deploy()
-        assert self._chosen_plan is not None
-        return self._chosen_plan
-
-    def on_measurement(
-        self, measurement: RoundMeasurement | None, results: list[ProfilingResult]
-    ) -> None:
-        if self._chosen_plan is None:
-            self.sweep.observe(measurement)
-
     def _deploy(self) -> None:
-        best = {g: min(hist, key=lambda fv: fv[1])[0] for g, hist in self.sweep.history.items()}
+        sweep = self.sweep
+        if sweep is None:
+            raise PlanError(f"Job {self.job_info.job_id}: no sweep to choose a frequency from")
+        best = {g: min(hist, key=lambda fv: fv[1])[0] for g, hist in sweep.history.items()}
         if self.per_stage:
             stage_freqs = [best[s] for s in range(self.num_stages)]
         else:
             stage_freqs = [best["all"]] * self.num_stages
-        profile = self.sweep.profile()
-        measured = self.sweep.p2p_power_w()
+        profile = sweep.profile()
+        measured = sweep.p2p_power_w()
         p2p = (DEFAULT_P2P_POWER_W if measured is None else measured) * self.job_info.tp_degree
         freqs = [[f] * len(kinds) for f, kinds in zip(stage_freqs, self.kinds, strict=True)]
-        self.chosen = make_plan(profile, self.pipeline, freqs, p2p)
-        self._chosen_plan = self.check_plan(self.chosen)
+        self.adopt(make_plan(profile, self.pipeline, freqs, p2p))
         logger.info(
             "Job %s: %s chose %s MHz (eta_knob %.2f)",
             self.job_info.job_id,
@@ -127,15 +111,6 @@ class _ZeusFrequency(PipelineScheduler):
             stage_freqs,
             self.eta_knob,
         )
-
-    def deployed_plan(self) -> Plan | None:
-        return self.chosen
-
-    def resume(self, plan: Plan) -> None:
-        """Resume at a persisted plan (restarted coordinator)."""
-        self._chosen_plan = self.check_plan(plan)
-        self.chosen = plan
-
 
 class ZeusGlobal(_ZeusFrequency):
     """One SM frequency for every GPU of the job, minimising Zeus's cost.
