@@ -3,38 +3,29 @@
 from __future__ import annotations
 
 import enum
-import logging
-import math
-from typing import Any
-
-from pydantic import Field, field_validator
+from typing import TYPE_CHECKING, Any
 
 from perseus.domain.plan import Plan
-from perseus.domain.profile import InstructionProfile
-from perseus.domain.units import max_slowdown_problem
 from perseus.errors import PlanError
 from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.settings import PerseusSettings
 from schedulers.args import SchedulerArgs
 from schedulers.checks import plan_problems, profile_problems
-from schedulers.costs import (
-    CostModel,
-    calibrate_costs,
-    measured_switch_latency_s,
-    rescore_faster,
-)
+from schedulers.costs import CostModel
 from schedulers.guard import GuardDecision, PromiseGuard, RoundFigures, median_figures
-from schedulers.pipeline import RoundMeasurement, StagePlan
-from schedulers.planning import DEFAULT_P2P_POWER_W, PlanningArgs, PlanningScheduler
-from schedulers.story import JobStory
+from schedulers.measurement import RoundMeasurement, StagePlan
+from schedulers.perseus_args import PerseusArgs
+from schedulers.plan_model import PlanModel, check_frontier_fits
+from schedulers.planning import PlanningScheduler
+from schedulers.profiling_progress import ProfilingProgress
+from schedulers.promise import Promise
 from schedulers.stragglers import StragglerTracker
-from schedulers.sweep import counter_round_steps
 
-__all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
+if TYPE_CHECKING:
+    from perseus.planning import Frontier
 
-logger = logging.getLogger(__name__)
-
+__all__ = ["Perseus", "PerseusArgs", "PerseusPhase"]
 
 class PerseusPhase(enum.Enum):
     """PROFILING → DEPLOYED → ALL_MAX (or PROFILING → ALL_MAX).
@@ -53,80 +44,6 @@ class PerseusPhase(enum.Enum):
     PROFILING = "profiling"
     DEPLOYED = "deployed"
     ALL_MAX = "all-max"
-
-
-class PerseusArgs(PlanningArgs):
-    """`Perseus`'s arguments: planning, the choice of a frontier point, its guard, stragglers."""
-
-    max_slowdown: float = Field(
-        default=0.0, ge=0.0, description="allowed slowdown vs all-max, a fraction (0.05 = 5 %)"
-    )
-    deadline: float | None = Field(
-        default=None, gt=0.0, description="iteration time bound, s (overrides max_slowdown)"
-    )
-    straggler_threshold: float = Field(
-        default=0.05, gt=0.0, description="relative slowness that marks a straggler"
-    )
-    straggler_rounds: int = Field(
-        default=2, ge=1, description="rounds in a row to detect a straggler or its recovery"
-    )
-    switch_latency_ms: float | None = Field(
-        default=None,
-        ge=0.0,
-        le=10_000.0,
-        description="override: the time a clock change takes to apply, ms (default: the "
-        "slowest one the job's ranks measured on their GPUs)",
-    )
-    hop_latency_ms: float | None = Field(
-        default=None,
-        ge=0.0,
-        le=10_000.0,
-        description="override: time added to every P2P hop between pipeline ranks, ms "
-        "(default: calibrated from the job's all-max rounds)",
-    )
-    baseline_rounds: int = Field(
-        default=4,
-        ge=0,
-        le=1000,
-        description="all-max rounds measured before profiling: the reference of every measured "
-        "saving and slowdown (0: none, and no guard)",
-    )
-    guard: bool = Field(
-        default=True,
-        description="compare the deployed plan's measured rounds with the all-max ones and "
-        "move to a faster plan or back to all-max when it breaks its budget or saves nothing",
-    )
-    guard_window: int = Field(
-        default=4, ge=2, le=1000, description="deployed rounds per guard check"
-    )
-    reference_every: int = Field(
-        default=10,
-        ge=0,
-        le=10_000,
-        description="while a plan runs, every reference_every-th round runs all-max, so the "
-        "guard compares the plan with all-max measured at the same time (machines drift: "
-        "temperature, other jobs); it costs that share of the saving. 0: only the all-max "
-        "rounds before profiling",
-    )
-    guard_z: float = Field(
-        default=3.0,
-        gt=0.0,
-        le=10.0,
-        description="standard errors (of the all-max rounds' spread) that make a measured "
-        "difference real",
-    )
-
-    @field_validator("max_slowdown")
-    @classmethod
-    def _slowdown_is_a_fraction(cls, value: float) -> float:
-        problem = max_slowdown_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
-
-
-def _pct(x: float) -> str:
-    return f"{x:+.2%}"
 
 
 class Perseus(PlanningScheduler):
@@ -153,23 +70,11 @@ class Perseus(PlanningScheduler):
 
     @classmethod
     def check_job(cls, job_info: JobInfo, args: SchedulerArgs) -> None:
-        """Also refuse, at registration, a job whose frontier would not fit in memory
-        (counted from its orders or the default schedule's shape, without building it)."""
+        """Also refuse, at registration, a job whose frontier would not fit in memory."""
         super().check_job(job_info, args)
-        from perseus.domain.schedule import instructions_per_stage
-        from perseus.planning import check_frontier_memory
-
         if not isinstance(args, PerseusArgs):
             raise TypeError(f"Perseus needs PerseusArgs, got {type(args).__name__}")
-        if job_info.pipeline is not None:
-            name = job_info.pipeline.schedule
-            count = sum(len(order) for order in job_info.pipeline.orders)
-        else:
-            name = args.schedule
-            count = job_info.pp_degree * instructions_per_stage(
-                args.schedule, args.num_microbatches or 1, args.num_chunks
-            )
-        check_frontier_memory(count, name)
+        check_frontier_fits(job_info, args)
 
     def __init__(
         self,
@@ -182,23 +87,16 @@ class Perseus(PlanningScheduler):
         from perseus.planning import check_frontier_memory
 
         self.perseus_args = args
-
         # Now, not after the profiling sweep: a job too big to solve fails at registration.
         check_frontier_memory(self.pipeline.num_instructions, self.pipeline.name)
         self.max_slowdown = args.max_slowdown
         self.deadline_s = args.deadline
         self.baseline_rounds = args.baseline_rounds
-        self._estimator = args.estimator
-        self._round_ticks = args.round_ticks
-        self._last_iteration_s: float | None = None
         self.reference_every = args.reference_every
-        self.guarded = args.guard and args.baseline_rounds > 0
-        self.guard = PromiseGuard(
-            budget=args.max_slowdown,
-            window=args.guard_window,
-            z=args.guard_z,
-            baseline_window=max(4, args.baseline_rounds + 1),
-        )
+        self.promise = Promise(job_info.job_id, self.job_dir.promise, args, self._predicted)
+        """The deployed plan's checked promise: all-max and plan rounds, guard, record."""
+        self.model: PlanModel | None = None
+        """What every plan is scored with, once profiling is complete (or resumed)."""
         self.stragglers = StragglerTracker(
             job_info.job_id,
             job_info.dp_degree,
@@ -209,34 +107,43 @@ class Perseus(PlanningScheduler):
         sweep_args = args.model_copy(update={"warmup_rounds": 0}) if self.baseline_rounds else args
         self.init_profile_source(sweep_args)
         self.phase = PerseusPhase.PROFILING
-        self.frontier = None
-        self.costs: CostModel | None = None
-        self.baseline: list[RoundFigures] = []
-        self._lead_in = 1 + self.baseline_rounds if self.baseline_rounds else 0
-        """All-max rounds issued before the sweep (the first is a warm-up, not measured)."""
+        self.progress = ProfilingProgress(
+            1 + self.baseline_rounds if self.baseline_rounds else 0,
+            windows=args.estimator == "windows",
+            round_ticks=args.round_ticks,
+        )
         self._round = -1
         self._issuing = False
         """Inside `plan_next`: a plan adopted now runs from the round being issued."""
         self._ran = "baseline"
         self._last_plan: StagePlan = []
-        self._round_iterations = 0
-        self._sweep_rounds: list[tuple[list[list[int]], float]] = []
-        self._plan_rounds: list[RoundFigures] = []
-        self._plan_since = 0
         self._overrides: dict[int, StagePlan] = {}
         self._running: dict[int, Plan] = {}
-        self.story = JobStory(job_info.job_id, self.job_dir.promise)
-        self._energy_j = 0.0
-        self._iterations = 0
-        self._profiling_cost = (0.0, 0.0)
-        if self.sweep is None and not self._lead_in:
+        if self.sweep is None and not self.progress.lead_in:
             self._deploy()
+
+    @property
+    def guard(self) -> PromiseGuard:
+        return self.promise.guard
+
+    @property
+    def baseline(self) -> list[RoundFigures]:
+        """The measured all-max rounds."""
+        return self.promise.baseline
+
+    @property
+    def costs(self) -> CostModel | None:
+        return None if self.model is None else self.model.costs
+
+    @property
+    def frontier(self) -> Frontier | None:
+        return None if self.model is None else self.model.frontier
 
     # ------------------------------------------------------------------ rounds
     def plan_next(self) -> StagePlan:
         self._round += 1
         if self.phase is PerseusPhase.PROFILING:
-            if self._round < self._lead_in:
+            if self._round < self.progress.lead_in:
                 self._ran = "baseline"
                 return self.max_plan()
             if self._sweep_left():
@@ -253,9 +160,7 @@ class Perseus(PlanningScheduler):
             self._ran = "baseline"
             return self.max_plan()
         self._ran = "other" if self._overrides else self.phase.value
-        if self._chosen_plan is None:
-            raise RuntimeError("Perseus has no plan to run")  # _deploy always adopts one
-        return self._chosen_plan
+        return self._deployed_plan()
 
     def _first_round_of_a_new_plan(self) -> int:
         """The round a plan adopted now runs first: the one being issued when it is adopted
@@ -267,12 +172,11 @@ class Perseus(PlanningScheduler):
         energy windows, and the all-max baseline rounds every measured saving is taken
         against (a round of one 40 ms iteration on a counter that refreshes every 100 ms
         reads 0 or a whole refresh). The deployed plan's rounds are the ranks' own."""
-        if self.phase is not PerseusPhase.PROFILING or self._estimator != "windows":
+        if self.phase is not PerseusPhase.PROFILING or not self.progress.windows:
             return None
         if self._ran.startswith("sweep") and self.sweep is not None:
             return self.sweep.round_steps()
-        refresh = [r.energy_refresh_s for r in self.rank_infos]
-        return counter_round_steps(refresh, self._last_iteration_s, self._round_ticks)
+        return self.progress.baseline_round_steps([r.energy_refresh_s for r in self.rank_infos])
 
     def _sweep_left(self) -> bool:
         """Whether the sweep still has rounds to run. With a given profile the sweep only
@@ -285,9 +189,10 @@ class Perseus(PlanningScheduler):
     def _reference_due(self) -> bool:
         """Whether this round is one of the deployed plan's all-max reference rounds."""
         every = self.reference_every
-        if not (self.guarded and every and self.phase is PerseusPhase.DEPLOYED):
+        if not (self.promise.guarded and every and self.phase is PerseusPhase.DEPLOYED):
             return False
-        return not self._overrides and (self._round - self._plan_since) % every == every - 1
+        since = self.promise.plan_since
+        return not self._overrides and (self._round - since) % every == every - 1
 
     def pipeline_overrides(self) -> dict[int, StagePlan]:
         return {} if self._ran == "baseline" else self._overrides
@@ -300,25 +205,25 @@ class Perseus(PlanningScheduler):
             self.sweep.observe(measurement)
         if measurement is None:
             return
-        self._count(results)
+        self.progress.count(results, measurement.iteration_time_s)
         figures = RoundFigures(self._round, measurement.iteration_time_s, measurement.job_energy_j)
-        self._last_iteration_s = measurement.iteration_time_s
         if issued == "baseline" and self.sweep is not None and not self.sweep.done:
             self.sweep.absorb(measurement)  # all-max windows: the blocking power, the top clock
         if issued in ("baseline", "sweep-max") and self._round > 0:
-            self.baseline.append(figures)
-            self.guard.add_baseline(figures)
+            self.promise.add_baseline(figures)
             if issued == "baseline" and self.sweep is not None and measurement.p2p_power_w:
                 self.sweep.p2p_samples.append(measurement.p2p_power_w)
         if self.phase is PerseusPhase.PROFILING:
             if issued == "sweep":
                 freqs = [[f for _, f in rank] for rank in self._last_plan]
-                self._sweep_rounds.append((freqs, measurement.iteration_time_s))
-            self._profiling_progress(figures, issued)
+                self.progress.sweep_rounds.append((freqs, measurement.iteration_time_s))
+                self.progress.add_sweep_round(figures, self.baseline)
+            baseline_round = issued in ("baseline", "sweep-max")
+            self.promise.note(self.progress.note(self._round, self.sweep, baseline_round=baseline_round))
             return
         if issued == self.phase.value:
-            self._plan_rounds.append(figures)
-            if self.phase is PerseusPhase.DEPLOYED and self.guarded:
+            self.promise.plan_rounds.append(figures)
+            if self.phase is PerseusPhase.DEPLOYED and self.promise.guarded:
                 decision = self.guard.observe(figures)
                 if decision is not None:
                     self._on_guard(decision)
@@ -329,99 +234,31 @@ class Perseus(PlanningScheduler):
         ):
             self._update_overrides()
 
-    def _count(self, results: list[ProfilingResult]) -> None:
-        """The job's measured joules and iterations so far (every GPU)."""
-        self._round_iterations = max((len(r.iter_time) for r in results), default=0)
-        self._energy_j += math.fsum(math.fsum(r.iter_energy) for r in results)
-        self._iterations += self._round_iterations
-
-    # ------------------------------------------------------------------ profiling
-    def _rounds_left(self) -> int:
-        """About how many profiling rounds are still to come."""
-        left = max(0, self._lead_in - self._round - 1)
-        sweep = self.sweep
-        if sweep is not None and not sweep.done:
-            left += sweep.rounds_left_estimate()
-        return left
-
-    def _profiling_progress(self, figures: RoundFigures, issued: str) -> None:
-        if issued == "sweep" and self.baseline:
-            t0, e0 = median_figures(self.baseline)
-            n = max(1, self._round_iterations)
-            dt, de = self._profiling_cost
-            self._profiling_cost = (
-                dt + (figures.iteration_time_s - t0) * n,
-                de + (figures.energy_j - e0) * n,
-            )
-        done = self._round + 1
-        dt, de = self._profiling_cost
-        what = "all-max baseline" if issued in ("baseline", "sweep-max") else "clock sweep"
-        self._note(
-            f"profiling round {done} of about {done + self._rounds_left()} ({what}); "
-            f"the sweep has cost {dt:+.2f} s and {de:+.0f} J against all-max so far"
-        )
-
     # ------------------------------------------------------------------ solve & deploy
-    def _cost_model(self) -> CostModel:
-        profile, p2p = self._inputs()
-        args = self.perseus_args
-        if args.switch_latency_ms is not None:
-            switch, source = args.switch_latency_ms / 1000.0, "given"
-        else:
-            measured = measured_switch_latency_s(self.rank_infos)
-            switch, source = (0.0, "unknown") if measured is None else (measured, "measured")
-        base_t = median_figures(self.baseline)[0] if self.baseline else None
-        return calibrate_costs(
-            profile,
-            self.pipeline,
-            p2p,
-            switch_latency_s=switch,
-            switch_source=source,
-            hop_latency_s=None if args.hop_latency_ms is None else args.hop_latency_ms / 1000.0,
-            baseline_time_s=base_t,
-            rounds=self._sweep_rounds,
-        )
-
     def _deploy(self) -> None:
-        from perseus.planning import solve_frontier
-
-        self.complete_profile()
-        profile, p2p = self._inputs()
-        self.costs = costs = self._cost_model()
-        self._note(f"cost model: {costs.describe()}")
-        if costs.switch_source == "unknown":
-            self._note(
-                "no rank could time a clock switch on its GPU: planning as if changes were "
-                "free (set switch_latency_ms to override)",
-                warning=True,
-            )
+        profile, p2p = self.complete_profile()
+        base_t = median_figures(self.baseline)[0] if self.baseline else None
+        self.model = model = PlanModel.calibrated(
+            self.job_info.job_id,
+            self.pipeline,
+            profile,
+            p2p,
+            self.perseus_args,
+            rank_infos=self.rank_infos,
+            baseline_time_s=base_t,
+            rounds=self.progress.sweep_rounds,
+        )
+        costs = model.costs
+        self.promise.costs_known(costs)
         problems = profile_problems(profile, switch_latency_s=costs.switch_latency_s)
         if problems:
             self.report_profiling(None)
             self._hold("held", problems)
             return
-        logger.info(
-            "Job %s: solving the frontier (%d stages × %d microbatches, P_block %.1f W)",
-            self.job_info.job_id,
-            self.num_stages,
-            self.pipeline.num_microbatches,
-            p2p,
-        )
-        self.frontier = solve_frontier(
-            profile,
-            self.pipeline,
-            p2p_power_w=p2p,
-            switch_latency_s=costs.switch_latency_s,
-            hop_latency_s=costs.hop_latency_s,
-        )
-        self.frontier.write(self.job_dir.frontier)
-        if self.deadline_s is not None:
-            point = self.frontier.choose(deadline_s=self.deadline_s)
-        else:
-            point = self.frontier.choose(max_slowdown=self.max_slowdown)
-        chosen = self._plan_of(point.frequencies)
+        model.solve(self.job_dir.frontier)
+        chosen = model.choose(deadline_s=self.deadline_s, max_slowdown=self.max_slowdown)
         self.report_profiling(chosen)
-        saving, slowdown = self._predicted(chosen)
+        saving, slowdown = model.predicted(chosen)
         problems = plan_problems(
             predicted_saving=saving,
             predicted_slowdown=slowdown,
@@ -430,187 +267,80 @@ class Perseus(PlanningScheduler):
         if problems:
             self._hold("held", problems)
             return
-        all_max_t = self._all_max_plan().iteration_time
         if self.deadline_s is not None:
+            all_max_t = model.all_max().iteration_time
             self.guard.budget = max(0.0, self.deadline_s / all_max_t - 1.0)
         self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}", costs=costs)
 
-    def _inputs(self) -> tuple[InstructionProfile, float]:
-        """The profile and the blocking power (set once profiling is complete)."""
-        if self.profile is None or self.p2p_power_w is None:
-            raise PlanError(
-                f"Job {self.job_info.job_id}: no profile or blocking power yet to plan with"
-            )
-        return self.profile, self.p2p_power_w
+    def _scoring(self) -> PlanModel:
+        """The plan model (`PlanError` before profiling is complete)."""
+        if self.model is None:
+            raise PlanError(f"Job {self.job_info.job_id}: nothing to score plans with yet")
+        return self.model
 
     def _predicted(self, plan: Plan) -> tuple[float, float]:
         """(saving, slowdown) of `plan` against all-max, both scored by the same model."""
-        base = self._all_max_plan()
-        return 1.0 - plan.energy / base.energy, plan.iteration_time / base.iteration_time - 1.0
+        return self._scoring().predicted(plan)
 
     def _run(self, plan: Plan, event: str, reason: str, *, costs: CostModel | None = None) -> None:
         """Deploy `plan` (a frontier point) and watch it."""
         self.adopt(plan)
         self.phase = PerseusPhase.DEPLOYED
-        self._plan_rounds, self._plan_since = [], self._first_round_of_a_new_plan()
-        saving, slowdown = self._predicted(plan)
-        if self.guarded:
-            self.guard.watch(slowdown)
-        text = (
-            f"{'deployed' if event == 'deployed' else 'moved to'} a plan predicted to save "
-            f"{saving:.2%} at {_pct(slowdown)} slowdown ({reason})"
-        )
-        if self.guarded and event == "deployed":
-            text += (
-                f"; checked against the {len(self.baseline)} all-max rounds over the next "
-                f"{1 + self.guard.window} rounds"
-            )
-        model = {}
-        if costs is not None:
-            model = {
-                "switch_latency_s": costs.switch_latency_s,
-                "hop_latency_s": costs.hop_latency_s,
-                "model_residual": costs.residual,
-            }
-        self._record(event, reason, plan=plan, warning=event != "deployed", text=text, **model)
+        first = self._first_round_of_a_new_plan()
+        self.promise.deployed(self._round, first, plan, event, reason, costs=costs)
         self._update_overrides()
 
     def _hold(self, event: str, problems: list[str]) -> None:
         """Run all-max from now on, saying why."""
-        self.adopt(self._all_max_plan())
+        all_max = self._scoring().all_max()
+        self.adopt(all_max)
         self.phase = PerseusPhase.ALL_MAX
-        self._plan_rounds, self._plan_since = [], self._first_round_of_a_new_plan()
-        self.guard.hold()
-        reason = "; ".join(problems)
-        self._record(event, reason, plan=self.chosen, warning=True, text=f"all-max stays: {reason}")
+        first = self._first_round_of_a_new_plan()
+        self.promise.held(self._round, first, all_max, event, problems)
         self._update_overrides()
-
-    def _plan_of(self, frequencies: list[list[int]], *, hop_latency_s: float | None = None) -> Plan:
-        from perseus.planning import make_plan
-
-        profile, p2p = self._inputs()
-        costs = self.costs
-        return make_plan(
-            profile,
-            self.pipeline,
-            frequencies,
-            p2p,
-            switch_latency_s=costs.switch_latency_s if costs else 0.0,
-            hop_latency_s=(costs.hop_latency_s if costs else 0.0)
-            if hop_latency_s is None
-            else hop_latency_s,
-        )
-
-    def _all_max_plan(self) -> Plan:
-        from perseus.planning import max_frequencies
-
-        profile, _ = self._inputs()
-        return self._plan_of(max_frequencies(profile, self.pipeline))
 
     def baseline_plan(self) -> Plan | None:
         """The all-max plan scored by the same model as the deployed plan."""
-        if self.profile is None or self.p2p_power_w is None or self.costs is None:
+        if self.model is None or self.model.profile is None:
             return None
-        return self._all_max_plan()
+        return self.model.all_max()
 
     # ------------------------------------------------------------------ the guard
     def _on_guard(self, decision: GuardDecision) -> None:
-        figures = {
-            "measured_slowdown": decision.measured_slowdown,
-            "measured_saving": decision.measured_saving,
-            "slowdown_tolerance": decision.slowdown_tolerance,
-            "saving_tolerance": decision.saving_tolerance,
-            "rounds": list(decision.rounds),
-        }
-        if decision.move is None:
-            # The first verdict on a plan is news for the job's log; later ones only when
-            # they are not "still keeps" (they stay in promise.jsonl and /jobs either way).
-            quiet = decision.reason.startswith("still keeps")
-            text = None if quiet else f"guard: {decision.reason}"
-            self._record("check", decision.reason, text=text, **figures)
-            return
-        if decision.move == "faster":
-            faster = self._faster_plan(decision)
-            if faster is not None:
-                self._record("check", decision.reason, warning=True, text=None, **figures)
-                self._run(
-                    faster, "move", f"guard: {decision.reason}; re-scored with the measured costs"
-                )
-                return
-            reason = decision.reason + "; no faster plan meets the budget with the measured costs"
-        else:
-            reason = decision.reason
-        self._record("check", reason, text=None, **figures)
-        self._hold("fallback", [f"guard: {reason}"])
+        move, reason = self.promise.verdict(self._round, decision, self._faster_plan)
+        if move is not None and reason is not None:
+            self._run(move, "move", reason)
+        elif reason is not None:
+            self._hold("fallback", [reason])
 
     def _faster_plan(self, decision: GuardDecision) -> Plan | None:
         """The cheapest faster frontier point that meets the budget with the hop latency
-        re-calibrated on the measured plan (`schedulers.costs.rescore_faster`)."""
-        profile, p2p = self._inputs()
-        if self.chosen is None or self.frontier is None or self.costs is None:
+        re-calibrated on the measured plan (`PlanModel.faster`)."""
+        if self.chosen is None or self.model is None:
             return None  # nothing deployed from a frontier: all-max is the way back
         t_base = median_figures(self.baseline)[0]
-        plan, self.costs = rescore_faster(
-            profile,
-            self.pipeline,
-            p2p,
-            self.costs,
-            chosen=self.chosen,
-            candidates=[p.frequencies for p in self.frontier.points],
+        return self.model.faster(
+            self.chosen,
             measured_time_s=(1.0 + decision.measured_slowdown) * t_base,
             limit_s=(1.0 + self.guard.budget) * t_base,
         )
-        return plan
 
     # ------------------------------------------------------------------ reporting
-    def _note(self, text: str, *, warning: bool = False) -> None:
-        self.story.note(text, warning=warning)
-
-    def _record(
-        self,
-        event: str,
-        reason: str,
-        *,
-        plan: Plan | None = None,
-        warning: bool = False,
-        text: str | None,
-        **extra: Any,
-    ) -> None:
-        entry: dict[str, Any] = {"round": self._round, "event": event, "reason": reason, **extra}
-        if plan is not None:
-            saving, slowdown = self._predicted(plan)
-            entry |= {
-                "predicted_saving": saving,
-                "predicted_slowdown": slowdown,
-                "iteration_time_s": plan.iteration_time,
-                "energy_j": plan.energy,
-            }
-        self.story.record(entry)
-        if text is not None:
-            self._note(text, warning=warning)
-
     def promise_events(self) -> list[dict[str, Any]]:
-        return self.story.take_events()
+        return self.promise.story.take_events()
 
     def summary(self) -> str:
         """The job's measured figures so far, one line."""
-        text = f"{self._energy_j:,.0f} J in {self._iterations} iteration(s), all GPUs"
-        if not self.baseline or not self._plan_rounds or self.phase is PerseusPhase.PROFILING:
+        text = self.progress.totals()
+        if self.phase is PerseusPhase.PROFILING:
             return text
-        t0, e0 = median_figures(self.baseline)
-        t1, e1 = median_figures(self._plan_rounds)
-        what = "all-max (held)" if self.phase is PerseusPhase.ALL_MAX else "the plan"
-        return (
-            f"measured saving {1 - e1 / e0:.2%} at {_pct(t1 / t0 - 1)} slowdown (medians of "
-            f"{len(self._plan_rounds)} round(s) of {what} since round {self._plan_since} vs "
-            f"{len(self.baseline)} all-max round(s)); {text}"
-        )
+        return self.promise.summary(text, held=self.phase is PerseusPhase.ALL_MAX)
 
     def status(self) -> RoundStatus:
-        notes = self.story.take_notes()
+        notes = self.promise.story.take_notes()
         estimate = None
         if self.phase is PerseusPhase.PROFILING:
-            estimate = self._round + 1 + self._rounds_left()
+            estimate = self._round + 1 + self.progress.rounds_left(self._round, self.sweep)
         return RoundStatus(
             phase=self.phase.value,
             round=max(0, self._round),
@@ -628,22 +358,13 @@ class Perseus(PlanningScheduler):
         """
         self.adopt(plan)
         self.p2p_power_w = plan.p2p_power
-        frontier_dir = self.job_dir.frontier
-        if (frontier_dir / "frontier.csv").exists():
-            from perseus.planning import Frontier
-
-            self.frontier = Frontier.read(frontier_dir)
-        profile_csv = self.job_dir.profile
-        if self.profile is None and profile_csv.exists():
-            self.profile = load_profile(profile_csv)
-        self.costs = CostModel(
-            switch_latency_s=plan.switch_latency,
-            switch_source="from the plan",
-            hop_latency_s=plan.hop_latency,
-            hop_source="from the plan",
+        if self.profile is None and self.job_dir.profile.exists():
+            self.profile = load_profile(self.job_dir.profile)
+        self.model = PlanModel.of_plan(
+            self.job_info.job_id, self.pipeline, self.profile, plan, self.job_dir.frontier
         )
         self.sweep = None
-        self.guarded = False
+        self.promise.guarded = False
         self.phase = PerseusPhase.DEPLOYED
         self._round = max(self._round, 0)
         self._update_overrides()
@@ -660,32 +381,11 @@ class Perseus(PlanningScheduler):
         self._running = {}
         if self.phase is not PerseusPhase.DEPLOYED or self.chosen is None:
             return
-        stragglers = self.stragglers.stragglers()
-        if not stragglers or self.frontier is None:
-            if stragglers:
-                logger.warning(
-                    "Job %s: straggler(s) %s but no frontier to slow the others down",
-                    self.job_info.job_id,
-                    stragglers,
-                )
-            return
-        slowdown = max(stragglers.values())
-        deadline = slowdown * self.chosen.iteration_time
-        point = self.frontier.choose(deadline_s=deadline)
-        plan = self._plan_of(point.frequencies)
-        stage_plan = self.check_plan(plan)
-        for dp in range(self.job_info.dp_degree):
-            if dp not in stragglers:
-                self._overrides[dp] = stage_plan
-                self._running[dp] = plan
-        logger.info(
-            "Job %s: straggler(s) %s: other pipelines run T=%.4f s (≤ %.4f s), E=%.1f J",
-            self.job_info.job_id,
-            stragglers,
-            plan.iteration_time,
-            deadline,
-            plan.energy,
-        )
+        running = self.stragglers.others_plan(self.model, self.chosen)
+        if running:
+            stage_plan = self.check_plan(next(iter(running.values())))
+            self._overrides = dict.fromkeys(running, stage_plan)
+        self._running = running
 
     def running_plan(self, dp_rank: int) -> Plan | None:
         """The plan pipeline `dp_rank` runs now."""

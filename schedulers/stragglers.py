@@ -14,8 +14,10 @@ import logging
 import math
 from collections.abc import Callable
 
+from perseus.domain.plan import Plan
 from perseus.errors import ConfigurationError
-from schedulers.pipeline import RoundMeasurement
+from schedulers.measurement import RoundMeasurement
+from schedulers.plan_model import PlanModel
 
 __all__ = ["StragglerTracker"]
 
@@ -110,3 +112,29 @@ class StragglerTracker:
         if changed:
             logger.info("Job %s: detected stragglers %s", self.job_id, self.detected)
         return changed
+
+    def others_plan(self, model: PlanModel | None, chosen: Plan) -> dict[int, Plan]:
+        """Per pipeline that does not straggle, the cheapest frontier plan that still meets
+        the worst straggler's time ({}: no straggler, or no frontier to slow the others
+        down)."""
+        stragglers = self.stragglers()
+        if not stragglers:
+            return {}
+        if model is None or model.frontier is None:
+            logger.warning(
+                "Job %s: straggler(s) %s but no frontier to slow the others down",
+                self.job_id,
+                stragglers,
+            )
+            return {}
+        deadline = max(stragglers.values()) * chosen.iteration_time
+        plan = model.choose(deadline_s=deadline)
+        logger.info(
+            "Job %s: straggler(s) %s: other pipelines run T=%.4f s (≤ %.4f s), E=%.1f J",
+            self.job_id,
+            stragglers,
+            plan.iteration_time,
+            deadline,
+            plan.energy,
+        )
+        return {dp: plan for dp in range(self.dp_degree) if dp not in stragglers}

@@ -60,7 +60,7 @@ def profile_csv(tmp_path, scale: dict[int, float] | None = None) -> str:
 
 def measured(s: Perseus, rounds: list[int]) -> tuple[float, float]:
     """(slowdown, saving) of `rounds` of the running plan against the baseline medians."""
-    mine = [r for r in s._plan_rounds if r.round in rounds]
+    mine = [r for r in s.promise.plan_rounds if r.round in rounds]
     t0 = statistics.median(r.iteration_time_s for r in s.baseline)
     e0 = statistics.median(r.energy_j for r in s.baseline)
     t = statistics.median(r.iteration_time_s for r in mine)
@@ -79,7 +79,7 @@ def test_a_plan_from_the_true_profile_keeps_its_promise_and_is_kept(tmp_path):
     assert s.costs.hop_latency_s > 0  # the injected hops and host gaps, calibrated
     events = [e["event"] for e in s.promise_events()]
     assert events[:2] == ["deployed", "check"] and "move" not in events
-    slowdown, saving = measured(s, list(range(s._plan_since + 1, s._round + 1)))
+    slowdown, saving = measured(s, list(range(s.promise.plan_since + 1, s._round + 1)))
     predicted_saving, predicted_slowdown = s._predicted(s.chosen)
     assert slowdown <= BUDGET + 1e-3
     assert saving > 0.02
@@ -131,5 +131,5 @@ def test_the_plan_runs_from_the_round_it_is_deployed_in(tmp_path):
     top = c.gpus[0].supported_sm_clocks_mhz()[0]
     ran = history[deployed["round"]]
     assert any(f < top for x in ran for _, f in x.frequencies)
-    assert s._plan_since == deployed["round"]
+    assert s.promise.plan_since == deployed["round"]
     assert s.p2p_power_w == pytest.approx(c.gpus[0].p2p_block_power_w, rel=0.01)
