@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perseus.domain.layout import ParallelLayout
 from perseus.domain.schedule import Instruction, PipelineSchedule
 from perseus.protocol import (
     FrequencySchedule,
@@ -75,6 +76,7 @@ class VirtualCluster:
     steps_per_round: int = 1
     noise: float = 0.0
     seed: int = 0
+    layout: ParallelLayout = field(init=False)
     gpus: list[EmulatedGPU] = field(init=False)
     clocks: list[VirtualClock] = field(init=False)
 
@@ -83,8 +85,8 @@ class VirtualCluster:
             raise ValueError(
                 f"dp_degree={self.dp_degree} and tp_degree={self.tp_degree} must be >= 1"
             )
-        world = self.pipeline.num_stages * self.dp_degree * self.tp_degree
-        self.clocks = [VirtualClock() for _ in range(world)]
+        self.layout = ParallelLayout(self.dp_degree, self.pipeline.num_stages, self.tp_degree)
+        self.clocks = [VirtualClock() for _ in range(self.layout.world_size)]
         self.gpus = [
             EmulatedGPU(
                 r,
@@ -109,13 +111,11 @@ class VirtualCluster:
         return len(self.gpus)
 
     def rank_of(self, dp: int, pp: int, tp: int = 0) -> int:
-        return (dp * self.pipeline.num_stages + pp) * self.tp_degree + tp
+        return self.layout.rank_of(dp, pp, tp)
 
     def layout_of(self, rank: int) -> tuple[int, int, int]:
         """(dp, pp, tp) of `rank`."""
-        copy, tp = divmod(rank, self.tp_degree)
-        dp, pp = divmod(copy, self.pipeline.num_stages)
-        return dp, pp, tp
+        return self.layout.coordinates(rank)
 
     # ------------------------------------------------------------------ registration
     def job_record(self, job_id: str = "virtual-job", **extra: Any) -> JobRecord:

@@ -33,7 +33,12 @@ DEFAULT_LEADERS_PER_STAGE = 1
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """``dp_degree · pp_degree · tp_degree`` GPUs; raises `ConfigurationError` unless each is ≥ 1."""
+    """``dp_degree · pp_degree · tp_degree`` GPUs; raises `ConfigurationError` unless each is ≥ 1.
+
+    The one description of a job's layout: its degrees, its rank numbering (`rank_of`,
+    `coordinates`) and the checks of both, for the client, the coordinator, the demo's
+    virtual pipeline and the example training job alike.
+    """
 
     dp_degree: int
     pp_degree: int
@@ -45,10 +50,42 @@ class ParallelLayout:
             if value < 1:
                 raise ConfigurationError(f"{name}={value!r} must be at least 1")
 
+    @classmethod
+    def of_world(cls, world_size: int, *, pp_degree: int, tp_degree: int = 1) -> ParallelLayout:
+        """The layout of `world_size` ranks in pipelines of `pp_degree` stages of
+        `tp_degree` ranks each (``dp_degree`` follows); `ConfigurationError` unless they
+        divide it."""
+        if pp_degree < 1 or tp_degree < 1:
+            raise ConfigurationError(
+                f"pp_degree={pp_degree!r} and tp_degree={tp_degree!r} must be at least 1"
+            )
+        per_replica = pp_degree * tp_degree
+        if world_size < 1 or world_size % per_replica:
+            raise ConfigurationError(
+                f"world size {world_size} is not a multiple of the {pp_degree} pipeline "
+                f"ranks × {tp_degree} tensor rank(s); launch pp_degree × tp_degree × "
+                "dp_degree processes"
+            )
+        return cls(world_size // per_replica, pp_degree, tp_degree)
+
     @property
     def world_size(self) -> int:
         """The number of ranks the layout has."""
         return self.dp_degree * self.pp_degree * self.tp_degree
+
+    def rank_of(self, dp_rank: int, pp_rank: int, tp_rank: int = 0) -> int:
+        """The rank at these coordinates. Ranks are numbered pipeline-major, tensor ranks
+        fastest: ``rank = (dp_rank · pp_degree + pp_rank) · tp_degree + tp_rank``."""
+        self.check_coordinates(rank=0, dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank)
+        return (dp_rank * self.pp_degree + pp_rank) * self.tp_degree + tp_rank
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """``(dp_rank, pp_rank, tp_rank)`` of `rank` (the inverse of `rank_of`)."""
+        if not 0 <= rank < self.world_size:
+            raise ConfigurationError(f"rank={rank!r} must be in [0, {self.world_size})")
+        copy, tp_rank = divmod(rank, self.tp_degree)
+        dp_rank, pp_rank = divmod(copy, self.pp_degree)
+        return dp_rank, pp_rank, tp_rank
 
     def check_world_size(self, world_size: int) -> None:
         """Raise `ConfigurationError` unless the degrees multiply to `world_size`."""

@@ -83,3 +83,26 @@ def test_a_leaders_schedule_gives_each_replica_its_list() -> None:
         RankInfo(
             rank=0, dp_rank=0, pp_rank=0, tp_rank=0, available_frequencies=[1], replicas=[1, 0]
         )
+
+
+def test_rank_numbering_is_pipeline_major_and_invertible() -> None:
+    layout = ParallelLayout.of_world(12, pp_degree=3, tp_degree=2)
+    assert (layout.dp_degree, layout.pp_degree, layout.tp_degree) == (2, 3, 2)
+    ranks = [
+        layout.rank_of(dp, pp, tp) for dp in range(2) for pp in range(3) for tp in range(2)
+    ]
+    assert ranks == list(range(12))  # tensor ranks fastest, then stages, then replicas
+    assert all(layout.rank_of(*layout.coordinates(r)) == r for r in range(12))
+    assert layout.coordinates(7) == (1, 0, 1)
+
+
+def test_layout_refuses_a_world_it_does_not_divide_and_coordinates_outside_it() -> None:
+    with pytest.raises(ConfigurationError, match="not a multiple of the 3 pipeline ranks"):
+        ParallelLayout.of_world(8, pp_degree=3)
+    with pytest.raises(ConfigurationError, match="pp_degree=0"):
+        ParallelLayout.of_world(8, pp_degree=0)
+    layout = ParallelLayout(2, 2, 1)
+    with pytest.raises(ConfigurationError, match=r"pp_rank=2 must be in \[0, 2\)"):
+        layout.rank_of(0, 2)
+    with pytest.raises(ConfigurationError, match=r"rank=4 must be in \[0, 4\)"):
+        layout.coordinates(4)
