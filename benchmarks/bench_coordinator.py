@@ -44,16 +44,11 @@ extrapolated from the largest base size run (CPU per rank per round, constant), 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
-import math
-import multiprocessing
 import os
 import resource
 import socket
-import ssl
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +57,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from coordinator_clients import http_round, talkers  # this folder is on sys.path
+from coordinator_fanout import fanout_timings, fit, gathered, tree_hops
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this tree's perseus, here and in the processes spawned
@@ -70,21 +67,11 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 BASE_COMMIT = "9b7afbb"
 """The commit before leaders: every rank talks to the coordinator."""
-JOB_TOKEN_HEADER = "X-Perseus-Job-Token"
 TARGETS = {16_384: (1.0, 0.5), 4096: (0.5, None)}
 """GPUs → (round wall time, coordinator CPU) targets, s."""
-RANKS_PER_CLIENT_PROC = 6000
-"""Simulated ranks per client process (each holds one connection per rank)."""
-FREQS = list(range(1410, 200, -15))  # an A100's 81 SM clocks
 
 
 # ---------------------------------------------------------------------------- plumbing
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -131,280 +118,6 @@ def coordinator(tree: Path, args: argparse.Namespace):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-
-
-# ---------------------------------------------------------------------------- payloads
-def place(rank: int, pp: int, tp: int) -> tuple[int, int, int]:
-    """(dp, pp, tp) of `rank`: rank = (dp·pp + pp_rank)·tp + tp_rank."""
-    return rank // (pp * tp), (rank // tp) % pp, rank % tp
-
-
-def result_body(rank: int, frequencies: list, replicas: list[int] | None) -> dict[str, Any]:
-    """A rank's (or a leader's folded) result for one iteration of its schedule."""
-    counts = {k: sum(1 for name, _ in frequencies if name == k) for k in ("forward", "backward")}
-    body: dict[str, Any] = {
-        "rank": rank,
-        "iter_time": [1.0],
-        "iter_energy": [300.0],
-        "time_breakdown": {k: [[0.02 + 0.0001 * i for i in range(c)]] for k, c in counts.items()},
-        "energy_breakdown": {k: [[6.0 + 0.01 * i for i in range(c)]] for k, c in counts.items()},
-    }
-    if replicas is not None:
-        body["replicas"] = [
-            {"dp_rank": d, "iter_time_s": 1.0, "busy_s": 0.9, "energy_j": 2400.0} for d in replicas
-        ]
-        body["idle_power_w"] = 95.0
-    return body
-
-
-def talkers(args: argparse.Namespace, ranks: int, leaders: bool) -> tuple[dict, list[dict]]:
-    """The job's registration and the RankInfo of every rank that talks."""
-    pp, tp = args.pp, args.tp
-    dp = ranks // (pp * tp)
-    job: dict[str, Any] = {"pp_degree": pp, "dp_degree": dp, "tp_degree": tp, "world_size": ranks}
-    if not leaders:
-        infos = []
-        for r in range(ranks):
-            d, p, t = place(r, pp, tp)
-            infos.append(
-                {
-                    "rank": r,
-                    "dp_rank": d,
-                    "pp_rank": p,
-                    "tp_rank": t,
-                    "available_frequencies": FREQS,
-                }
-            )
-        return job, infos
-    from perseus.protocol import PROTOCOL_VERSION, Leaders, ParallelLayout
-
-    job |= {"protocol_version": PROTOCOL_VERSION, "leaders_per_stage": args.leaders_per_stage}
-    rule = Leaders(ParallelLayout(dp, pp, tp), args.leaders_per_stage)
-    infos = [
-        {
-            "rank": (d * pp + p) * tp,
-            "dp_rank": d,
-            "pp_rank": p,
-            "tp_rank": 0,
-            "available_frequencies": FREQS,
-            "replicas": list(rule.block(d)),
-        }
-        for d in rule.replicas
-        for p in range(pp)
-    ]
-    return job, infos
-
-
-# ---------------------------------------------------------------------------- HTTP clients
-PHASES = ("register", "first", "round")
-
-
-async def _drive(
-    url: str, headers: dict, job_id: str, infos: list[dict], local: str, barrier, out
-) -> None:
-    """One client process: its talkers through every phase, in step with the others."""
-    tls = ssl.create_default_context()  # one for all clients (loopback: unused): each of its
-    # own would load the CA bundle again, 0.6 MB and milliseconds per simulated rank
-    clients = {
-        i["rank"]: httpx.AsyncClient(
-            base_url=url,
-            timeout=600,
-            headers=headers,
-            transport=httpx.AsyncHTTPTransport(
-                verify=tls, local_address=local, limits=httpx.Limits(max_connections=1)
-            ),
-        )
-        for i in infos
-    }
-    sem = asyncio.Semaphore(256)
-    schedules: dict[int, list] = {}
-    async with contextlib.AsyncExitStack() as stack:
-        for c in clients.values():
-            await stack.enter_async_context(c)
-
-        async def register(info: dict) -> None:
-            async with sem:
-                r = await clients[info["rank"]].post(f"/register_rank/{job_id}", json=info)
-            r.raise_for_status()
-
-        async def ask(rank: int) -> None:
-            r = await clients[rank].get(f"/schedule/{job_id}", params={"rank": rank})
-            r.raise_for_status()
-            body = r.json()
-            assert body["rank"] == rank
-            schedules[rank] = body["frequencies"]
-
-        async def round_(info: dict) -> None:
-            rank = info["rank"]
-            body = result_body(rank, schedules[rank], info.get("replicas"))
-            async with sem:
-                r = await clients[rank].post(f"/result/{job_id}", json=body)
-            r.raise_for_status()
-            await ask(rank)
-
-        barrier.wait()
-        await asyncio.gather(*(register(i) for i in infos))
-        out.put(("register", time.perf_counter()))
-        barrier.wait()
-        await asyncio.gather(*(ask(i["rank"]) for i in infos))
-        out.put(("first", time.perf_counter()))
-        barrier.wait()
-        await asyncio.gather(*(round_(i) for i in infos))
-        out.put(("round", time.perf_counter()))
-
-
-def _client_process(*args: Any) -> None:
-    barrier, out = args[-2], args[-1]
-    try:
-        asyncio.run(_drive(*args))
-    except BaseException as exc:
-        out.put(("error", f"{type(exc).__name__}: {exc}"))
-        barrier.abort()
-        raise
-
-
-def http_round(url: str, pid: int, job: dict, infos: list[dict], token: str) -> dict[str, float]:
-    """Register the job and its talkers, hand out the first schedule, then time one round;
-    wall seconds and coordinator CPU seconds per phase."""
-    headers = {"authorization": f"Bearer {token}"}
-    with httpx.Client(base_url=url, timeout=60, headers=headers) as client:
-        r = client.post("/register_job", json=job)
-        r.raise_for_status()
-        job_id = r.json()
-        headers[JOB_TOKEN_HEADER] = r.headers[JOB_TOKEN_HEADER]
-    nproc = max(1, math.ceil(len(infos) / RANKS_PER_CLIENT_PROC))
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(nproc + 1, timeout=1800)
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_client_process,
-            args=(url, headers, job_id, infos[i::nproc], f"127.0.0.{2 + i}", barrier, out),
-            daemon=True,
-        )
-        for i in range(nproc)
-    ]
-    for p in procs:
-        p.start()
-    figures: dict[str, float] = {}
-    try:
-        for phase in PHASES:
-            before = cpu_seconds(pid)
-            barrier.wait()
-            t0 = time.perf_counter()
-            ends = []
-            for _ in range(nproc):
-                kind, value = out.get(timeout=1800)
-                if kind == "error":
-                    raise SystemExit(f"a client process failed: {value}")
-                ends.append(value)
-            figures[f"{phase}_s"] = max(ends) - t0
-            figures[f"{phase}_cpu_s"] = cpu_seconds(pid) - before
-            print(
-                f"  {len(infos):,} talking: {phase} {figures[f'{phase}_s']:.3f} s, coordinator CPU "
-                f"{figures[f'{phase}_cpu_s']:.3f} s",
-                file=sys.stderr,
-            )
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-    return figures
-
-
-# ---------------------------------------------------------------------------- the fan-out
-def _fanout_rank(rank: int, world: int, store: str, microbatches: int, reps: int, out: Any) -> None:
-    """One process of the local fan-out timing: `reps` folds and hand-outs of a real round."""
-    import torch
-    import torch.distributed as dist
-
-    from perseus.client.leaders import JobFanOut
-    from perseus.protocol import FrequencySchedule, ParallelLayout, ProfilingResult
-
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    fanout = JobFanOut(
-        dist,
-        rank=rank,
-        dp_rank=rank,
-        pp_rank=0,
-        tp_rank=0,
-        layout=ParallelLayout(world, 1, 1),
-        per_stage=1,
-        steps_per_round=1,
-        pipeline_key="bench",
-        gpu_name="bench",
-        frequencies=FREQS,
-        emulated=True,
-        switch_latency_s=None,
-        timeout_s=120,
-    )
-    order = ["forward", "backward"] * microbatches
-    result = ProfilingResult.model_validate(result_body(rank, [(k, 1410) for k in order], None))
-    schedule = FrequencySchedule(rank=0, frequencies=[(k, 1005) for k in order])
-    folds, handouts = [], []
-    for rep in range(reps):
-        dist.barrier()
-        t0 = time.monotonic()
-        fanout.gather(result)
-        t1 = time.monotonic()
-        if fanout.is_leader:
-            fanout.hand_out(rep, schedule)
-        else:
-            fanout.receive(rep)
-        t2 = time.monotonic()
-        ends = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
-        dist.all_gather(ends, torch.tensor([t1, t2], dtype=torch.float64))
-        if rank == 0:
-            folds.append(t1 - t0)
-            handouts.append(max(float(e[1]) for e in ends) - t1)
-    if rank == 0:
-        out.put((statistics.median(folds[1:]), statistics.median(handouts[1:])))
-    dist.destroy_process_group()
-
-
-def fanout_timings(
-    procs: list[int], microbatches: int, reps: int = 15
-) -> dict[int, tuple[float, float]]:
-    """Processes → (fold s, hand-out s), medians over `reps` rounds (the first dropped)."""
-    ctx = multiprocessing.get_context("spawn")
-    timings = {}
-    for world in procs:
-        out = ctx.Queue()
-        with tempfile.TemporaryDirectory() as tmp:  # a file store: no port to race for
-            store = str(Path(tmp) / "store")
-            ps = [
-                ctx.Process(target=_fanout_rank, args=(r, world, store, microbatches, reps, out))
-                for r in range(world)
-            ]
-            for p in ps:
-                p.start()
-            timings[world] = out.get(timeout=600)
-            for p in ps:
-                p.join(timeout=60)
-        print(
-            f"  fan-out on {world} local processes: fold {1000 * timings[world][0]:.2f} ms, "
-            f"hand-out {1000 * timings[world][1]:.2f} ms",
-            file=sys.stderr,
-        )
-    return timings
-
-
-def gathered(n: int) -> int:
-    """Messages the root of a gloo gather over n ranks receives (one from every other)."""
-    return n - 1
-
-
-def tree_hops(n: int) -> int:
-    """Sequential hops of gloo's binomial-tree broadcast over n ranks."""
-    return math.ceil(math.log2(n)) if n > 1 else 0
-
-
-def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares (fixed s, s per step) of (steps, seconds), the slope at least 0."""
-    xs, ys = [x for x, _ in points], [y for _, y in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    slope = max(0.0, sum((x - mx) * (y - my) for x, y in points) / var) if var else 0.0
-    return max(0.0, my - slope * mx), slope
 
 
 # ---------------------------------------------------------------------------- main

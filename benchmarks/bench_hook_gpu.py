@@ -29,149 +29,23 @@ from __future__ import annotations
 
 import argparse
 import collections
-import itertools
 import json
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-
-class ReadOnlyGPU:
-    """An NVML GPU whose clock and power-limit setters do nothing (counted in `writes`)."""
-
-    def __init__(self, gpu: Any) -> None:
-        self._gpu = gpu
-        self.index = gpu.index
-        self.writes: collections.Counter[str] = collections.Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._gpu, name)
-
-    def __repr__(self) -> str:
-        return f"ReadOnlyGPU({self._gpu!r})"
-
-    def lock_sm_clocks(self, min_mhz: int, max_mhz: int) -> None:
-        self.writes["lock_sm_clocks"] += 1
-
-    def reset_sm_clocks(self) -> None:
-        self.writes["reset_sm_clocks"] += 1
-
-    def set_power_limit_mw(self, limit_mw: int) -> None:
-        self.writes["set_power_limit_mw"] += 1
-
-
-class NullHook:
-    def on_step_begin(self) -> None: ...
-    def on_step_end(self) -> None: ...
-    def on_instruction_begin(self, name: str, **_: Any) -> None: ...
-    def on_instruction_end(self, name: str, **_: Any) -> None: ...
-
-
-class SyncOnly(NullHook):
-    def __init__(self, sync: Any) -> None:
-        self.sync = sync
-
-    def on_instruction_begin(self, name: str, **_: Any) -> None:
-        self.sync()
-
-    def on_instruction_end(self, name: str, **_: Any) -> None:
-        self.sync()
-
-
-class Probe(NullHook):
-    """Synchronises around each instruction and notes its window and energy counter."""
-
-    def __init__(self, sync: Any, read_mj: Any) -> None:
-        self.sync, self.read_mj = sync, read_mj
-        self.windows: list[tuple[str, float, float, float, float]] = []
-
-    def on_instruction_begin(self, name: str, **_: Any) -> None:
-        self.sync()
-        self._t0, self._e0 = time.perf_counter(), self.read_mj()
-
-    def on_instruction_end(self, name: str, **_: Any) -> None:
-        self.sync()
-        self.windows.append((name, self._t0, time.perf_counter(), self._e0, self.read_mj()))
-
-
-class Sampler:
-    """A thread reading NVML power (averaged and instant) and the energy counter."""
-
-    def __init__(self, handle: Any, period_s: float) -> None:
-        import pynvml
-
-        self.pynvml, self.handle, self.period_s = pynvml, handle, period_s
-        self.samples: list[tuple[float, float, float | None, float]] = []
-        self._stop = threading.Event()
-        self._instant_ok = True
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _instant_w(self) -> float | None:
-        if not self._instant_ok:
-            return None
-        pynvml = self.pynvml
-        try:
-            field = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", 186)
-            value = pynvml.nvmlDeviceGetFieldValues(self.handle, [field])[0]
-            if value.nvmlReturn != 0:
-                self._instant_ok = False
-                return None
-            return float(value.value.uiVal) / 1000.0
-        except Exception:
-            self._instant_ok = False
-            return None
-
-    def _run(self) -> None:
-        pynvml = self.pynvml
-        while not self._stop.is_set():
-            t = time.perf_counter()
-            avg_w = pynvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
-            inst_w = self._instant_w()
-            mj = float(pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
-            self.samples.append((t, avg_w, inst_w, mj))
-            time.sleep(self.period_s)
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def _integrate(samples: list[tuple[float, float]], t0: float, t1: float) -> float | None:
-    """Joules of a sample-and-hold power series over [t0, t1]."""
-    if not samples or samples[0][0] > t0:
-        return None
-    energy, prev_t, prev_w = 0.0, t0, None
-    for t, w in samples:
-        if t <= t0:
-            prev_w = w
-            continue
-        if prev_w is not None:
-            energy += prev_w * (min(t, t1) - prev_t)
-        prev_t, prev_w = min(t, t1), w
-        if t >= t1:
-            break
-    if prev_t < t1 and prev_w is not None:
-        energy += prev_w * (t1 - prev_t)
-    return energy
-
-
-def _change_period_ms(series: list[tuple[float, float]]) -> float | None:
-    changes = [t for (_, u), (t, v) in itertools.pairwise(series) if v != u]
-    if len(changes) < 3:
-        return None
-    return statistics.median(b - a for a, b in itertools.pairwise(changes)) * 1000.0
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    qs = statistics.quantiles(values, n=10) if len(values) >= 2 else [values[0]] * 9
-    return {"median": statistics.median(values), "p10": qs[0], "p90": qs[-1], "n": len(values)}
+from hook_gpu_probes import (  # this script's folder is on sys.path
+    NullHook,
+    Probe,
+    ReadOnlyGPU,
+    Sampler,
+    SyncOnly,
+    change_period_ms,
+    integrate,
+    summarize,
+)
 
 
 def main() -> int:
@@ -304,7 +178,7 @@ def main() -> int:
             rotation = rotation[1:] + rotation[:1]
         for name in ("hook-sync", "hook-events"):
             variants[name].close()
-        results["iteration_s"] = {name: _summary(v) for name, v in times.items()}
+        results["iteration_s"] = {name: summarize(v) for name, v in times.items()}
         bare = results["iteration_s"]["bare"]["median"]
         results["overhead_pct"] = {
             name: 100.0 * (s["median"] / bare - 1.0) for name, s in results["iteration_s"].items()
@@ -346,8 +220,8 @@ def main() -> int:
     for kind in ("forward", "backward"):
         rows = [w for w in probe.windows if w[0] == kind]
         counter = [(e1 - e0) / 1000.0 for _, _, _, e0, e1 in rows]
-        by_avg = [_integrate(avg, t0, t1) for _, t0, t1, _, _ in rows]
-        by_inst = [_integrate(inst, t0, t1) for _, t0, t1, _, _ in rows] if inst else []
+        by_avg = [integrate(avg, t0, t1) for _, t0, t1, _, _ in rows]
+        by_inst = [integrate(inst, t0, t1) for _, t0, t1, _, _ in rows] if inst else []
         dur = [t1 - t0 for _, t0, t1, _, _ in rows]
         energy[kind] = {
             "n": len(rows),
@@ -367,10 +241,10 @@ def main() -> int:
             "seconds": t_last - t_first,
             "counter_j": sum((e1 - e0) for *_, e0, e1 in probe.windows) / 1000.0,
             "power_usage_j": sum(
-                _integrate(avg, t0, t1) or 0.0 for _, t0, t1, _, _ in probe.windows
+                integrate(avg, t0, t1) or 0.0 for _, t0, t1, _, _ in probe.windows
             ),
             "power_instant_j": (
-                sum(_integrate(inst, t0, t1) or 0.0 for _, t0, t1, _, _ in probe.windows)
+                sum(integrate(inst, t0, t1) or 0.0 for _, t0, t1, _, _ in probe.windows)
                 if inst
                 else None
             ),
@@ -381,17 +255,17 @@ def main() -> int:
         / max(1, len(sampler.samples) - 1)
         * 1000.0,
         "change_period_ms": {
-            "energy_counter": _change_period_ms(ctr),
-            "power_usage": _change_period_ms(avg),
-            "power_instant": _change_period_ms(inst) if inst else None,
+            "energy_counter": change_period_ms(ctr),
+            "power_usage": change_period_ms(avg),
+            "power_instant": change_period_ms(inst) if inst else None,
         },
     }
     span = (sampler.samples[0][0], sampler.samples[-1][0])
     results["energy"]["whole_span"] = {
         "seconds": span[1] - span[0],
         "counter_j": total_ctr,
-        "power_usage_j": _integrate(avg, *span),
-        "power_instant_j": _integrate(inst, *span) if inst else None,
+        "power_usage_j": integrate(avg, *span),
+        "power_instant_j": integrate(inst, *span) if inst else None,
     }
     # What one NVML read costs (the hook's sync timing makes two per instruction).
     latency: dict[str, float] = {}
