@@ -6,7 +6,7 @@ Problem (for a fixed deadline ``T``)::
     subject to every DAG path has Σ dᵢ + Σ lags ≤ T,  dᵢ ≥ aᵢ  (the fastest time)
 
 with ``cᵢ`` the lower convex hull of the instruction's ``(t, e − P_block·t)`` options
-(`perseus.solver.problem.effective_cost_hull`). This is Fulkerson's (1961) project
+(`perseus.solver.hull.effective_cost_hull`). This is Fulkerson's (1961) project
 time/cost trade-off with convex piecewise-linear costs. Its optimum ``F(T)`` is convex
 and piecewise linear in ``T``; the energy lower bound is ``F(T) + P_block·S·T``.
 
