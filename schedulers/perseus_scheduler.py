@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any
 
+from perseus.domain.kinds import DEFAULT_P2P_POWER_W
 from perseus.domain.plan import Plan
 from perseus.errors import PlanError
 from perseus.io.profile_csv import load_profile
@@ -25,7 +26,7 @@ from schedulers.stragglers import StragglerTracker
 if TYPE_CHECKING:
     from perseus.planning import Frontier
 
-__all__ = ["Perseus", "PerseusArgs", "PerseusPhase"]
+__all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
 
 class PerseusPhase(enum.Enum):
     """PROFILING → DEPLOYED → ALL_MAX (or PROFILING → ALL_MAX).
@@ -191,8 +192,7 @@ class Perseus(PlanningScheduler):
         every = self.reference_every
         if not (self.promise.guarded and every and self.phase is PerseusPhase.DEPLOYED):
             return False
-        since = self.promise.plan_since
-        return not self._overrides and (self._round - since) % every == every - 1
+        return not self._overrides and (self._round - self.promise.plan_since) % every == every - 1
 
     def pipeline_overrides(self) -> dict[int, StagePlan]:
         return {} if self._ran == "baseline" else self._overrides
