@@ -57,9 +57,9 @@ class Perseus(PlanningScheduler):
        from the all-max rounds (`hop_latency_ms` overrides it); both are in the frontier.
     4. Checks (`schedulers.checks`): a profile the timer could not resolve, or a plan whose
        saving the job could not tell from noise, keeps all-max, and says why.
-    5. The frontier (`perseus.planning.solve_frontier`, written to the job's folder); the
+    5. The frontier (`schedulers.plan_model`, written to the job's folder); the
        minimum-energy point with T ≤ `deadline`, else T ≤ (1 + `max_slowdown`)·T(all-max).
-    6. The guard (`schedulers.guard`): the deployed plan's measured rounds against the
+    6. The guard (`schedulers.promise`): the deployed plan's measured rounds against the
        all-max ones; over budget, it moves to a faster point re-scored with the measured
        costs, then to all-max; saving nothing, to all-max. Every step is logged, sent to
        the job (rank 0 logs it), and written to ``promise.jsonl``.
