@@ -263,13 +263,17 @@ class Perseus(PlanningScheduler):
         return self._round if self._issuing else self._round + 1
 
     def round_steps(self) -> int | None:
-        """While profiling, rounds long enough for the GPUs' energy counters: the sweep's
-        energy windows, and the all-max baseline rounds every measured saving is taken
-        against (a round of one 40 ms iteration on a counter that refreshes every 100 ms
-        reads 0 or a whole refresh). The deployed plan's rounds are the ranks' own."""
-        if self.phase is not PerseusPhase.PROFILING or self._estimator != "windows":
+        """Rounds long enough for the GPUs' energy counters: the sweep's energy windows, and
+        every round measured against another (the all-max baseline and reference rounds,
+        the deployed plan's rounds the guard compares with them: a round of one 0.5 s
+        iteration on a counter that refreshes every 100 ms reads its energy within ±10 %)."""
+        if self._estimator != "windows":
             return None
-        if self._ran.startswith("sweep") and self.sweep is not None:
+        if (
+            self.phase is PerseusPhase.PROFILING
+            and self._ran.startswith("sweep")
+            and self.sweep is not None
+        ):
             return self.sweep.round_steps()
         refresh = [r.energy_refresh_s for r in self.rank_infos]
         return counter_round_steps(refresh, self._last_iteration_s, self._round_ticks)
