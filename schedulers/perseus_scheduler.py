@@ -96,8 +96,7 @@ class Perseus(PlanningScheduler):
         self.reference_every = args.reference_every
         self.promise = Promise(job_info.job_id, self.job_dir.promise, args, self._predicted)
         """The deployed plan's checked promise: all-max and plan rounds, guard, record."""
-        self.model: PlanModel | None = None
-        """What every plan is scored with, once profiling is complete (or resumed)."""
+        self.model: PlanModel | None = None  # once profiling is complete (or resumed)
         self.stragglers = StragglerTracker(
             job_info.job_id,
             job_info.dp_degree,
@@ -169,15 +168,16 @@ class Perseus(PlanningScheduler):
         return self._round if self._issuing else self._round + 1
 
     def round_steps(self) -> int | None:
-        """While profiling, rounds long enough for the GPUs' energy counters: the sweep's
-        energy windows, and the all-max baseline rounds every measured saving is taken
-        against (a round of one 40 ms iteration on a counter that refreshes every 100 ms
-        reads 0 or a whole refresh). The deployed plan's rounds are the ranks' own."""
-        if self.phase is not PerseusPhase.PROFILING or not self.progress.windows:
+        """Rounds long enough for the GPUs' energy counters: the sweep's energy windows, and
+        every round measured against another (the all-max baseline and reference rounds,
+        the deployed plan's rounds the guard compares with them: a round of one 0.5 s
+        iteration on a counter that refreshes every 100 ms reads its energy within ±10 %)."""
+        if not self.progress.windows:
             return None
-        if self._ran.startswith("sweep") and self.sweep is not None:
-            return self.sweep.round_steps()
-        return self.progress.baseline_round_steps([r.energy_refresh_s for r in self.rank_infos])
+        sweep = self.sweep if self.phase is PerseusPhase.PROFILING else None
+        if sweep is not None and self._ran.startswith("sweep"):
+            return sweep.round_steps()
+        return self.progress.measured_round_steps([r.energy_refresh_s for r in self.rank_infos])
 
     def _sweep_left(self) -> bool:
         """Whether the sweep still has rounds to run. With a given profile the sweep only

@@ -2,8 +2,8 @@
 
 `ProfilingProgress` counts the job's measured joules and iterations (every GPU), the
 sweep's cost against the all-max rounds measured beside it, the rounds still to come (for
-progress notes and `RoundStatus.profiling_rounds`), and sizes the all-max rounds to hold
-enough refreshes of the GPUs' energy counters.
+progress notes and `RoundStatus.profiling_rounds`), and sizes the rounds measured against
+one another to hold enough refreshes of the GPUs' energy counters.
 """
 
 from __future__ import annotations
@@ -80,9 +80,11 @@ class ProfilingProgress:
             "against all-max so far"
         )
 
-    def baseline_round_steps(self, refresh_s: list[float | None]) -> int | None:
-        """Iterations an all-max round needs to hold `round_ticks` refreshes of the slowest
-        counter (`counter_round_steps`; None: the ranks' own rounds)."""
+    def measured_round_steps(self, refresh_s: list[float | None]) -> int | None:
+        """Iterations a round measured against another (all-max baseline and reference
+        rounds, the deployed plan's) needs to hold `round_ticks` refreshes of the slowest
+        counter at the last measured iteration time (`counter_round_steps`; None: the
+        ranks' own rounds)."""
         if not self.windows:
             return None
         return counter_round_steps(refresh_s, self.last_iteration_s, self.round_ticks)
