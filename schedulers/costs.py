@@ -25,7 +25,13 @@ from perseus.domain.schedule import PipelineSchedule
 from perseus.errors import PerseusError
 from perseus.protocol import RankInfo
 
-__all__ = ["CostModel", "calibrate_costs", "measured_switch_latency_s", "rescore_faster"]
+__all__ = [
+    "CostModel",
+    "calibrate_costs",
+    "job_switch_latency",
+    "measured_switch_latency_s",
+    "rescore_faster",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +40,15 @@ def measured_switch_latency_s(rank_infos: Sequence[RankInfo]) -> float | None:
     """The slowest clock switch the job's ranks measured (None: no rank measured one)."""
     measured = [r.switch_latency_s for r in rank_infos if r.switch_latency_s is not None]
     return max(measured) if measured else None
+
+
+def job_switch_latency(given_ms: float | None, rank_infos: Sequence[RankInfo]) -> tuple[float, str]:
+    """The clock-switch latency (s) to plan with, and where it comes from: `given_ms`
+    ("given"), else the slowest the ranks measured ("measured"), else 0 ("unknown")."""
+    if given_ms is not None:
+        return given_ms / 1000.0, "given"
+    measured = measured_switch_latency_s(rank_infos)
+    return (0.0, "unknown") if measured is None else (measured, "measured")
 
 
 @dataclass(frozen=True)

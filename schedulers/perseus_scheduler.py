@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from typing import TYPE_CHECKING, Any
 
 from perseus.domain.kinds import DEFAULT_P2P_POWER_W
@@ -13,10 +12,11 @@ from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.settings import PerseusSettings
 from schedulers.args import SchedulerArgs
 from schedulers.checks import plan_problems, profile_problems
-from schedulers.costs import CostModel
+from schedulers.costs import CostModel, job_switch_latency
 from schedulers.guard import GuardDecision, PromiseGuard, RoundFigures, median_figures
 from schedulers.measurement import RoundMeasurement, StagePlan
 from schedulers.perseus_args import PerseusArgs
+from schedulers.perseus_phase import PerseusPhase
 from schedulers.plan_model import PlanModel, check_frontier_fits
 from schedulers.planning import PlanningScheduler
 from schedulers.profiling_progress import ProfilingProgress
@@ -27,25 +27,6 @@ if TYPE_CHECKING:
     from perseus.planning import Frontier
 
 __all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
-
-class PerseusPhase(enum.Enum):
-    """PROFILING → DEPLOYED → ALL_MAX (or PROFILING → ALL_MAX).
-
-    PROFILING: a warm-up round and `baseline_rounds` all-max rounds (the reference every
-    measured saving and slowdown is taken against), then the instruction sweep (only the
-    blocking power's all-max round when `profile_path` is given, nothing more when
-    `p2p_power` is given too). At the end of the round that completes it, the costs are
-    calibrated, the profile checked, the frontier solved and the chosen plan checked.
-    DEPLOYED: every round runs the chosen plan, watched by the `PromiseGuard`; while a
-    data-parallel pipeline straggles, the others run a slower, cheaper plan.
-    ALL_MAX (terminal): every round runs all-max, because the profile or the plan failed a
-    check, or because the guard measured the plan breaking its promise.
-    """
-
-    PROFILING = "profiling"
-    DEPLOYED = "deployed"
-    ALL_MAX = "all-max"
-
 
 class Perseus(PlanningScheduler):
     """The whole Perseus loop online (phases: `PerseusPhase`).
@@ -183,9 +164,16 @@ class Perseus(PlanningScheduler):
         """Whether the sweep still has rounds to run. With a given profile the sweep only
         measures the blocking power, which the all-max baseline rounds measured already."""
         sweep = self.sweep
-        if sweep is None or sweep.done:
+        if sweep is None or sweep.done or self._too_short():
             return False
         return not (self.profile is not None and sweep.p2p_samples)
+
+    def _too_short(self) -> bool:
+        """Whether the all-max rounds already showed instructions too short to plan clocks
+        for (`ProfilingProgress.too_short`): then no clock is swept, the profile holds the
+        max clock only, and `_deploy` keeps all-max saying why."""
+        switch_s, _ = job_switch_latency(self.perseus_args.switch_latency_ms, self.rank_infos)
+        return self.progress.too_short(switch_s)
 
     def _reference_due(self) -> bool:
         """Whether this round is one of the deployed plan's all-max reference rounds."""
@@ -209,6 +197,8 @@ class Perseus(PlanningScheduler):
         figures = RoundFigures(self._round, measurement.iteration_time_s, measurement.job_energy_j)
         if issued == "baseline" and self.sweep is not None and not self.sweep.done:
             self.sweep.absorb(measurement)  # all-max windows: the blocking power, the top clock
+            if self.phase is PerseusPhase.PROFILING and self._round > 0:
+                self.progress.saw_all_max(measurement)
         if issued in ("baseline", "sweep-max") and self._round > 0:
             self.promise.add_baseline(figures)
             if issued == "baseline" and self.sweep is not None and measurement.p2p_power_w:
@@ -236,6 +226,10 @@ class Perseus(PlanningScheduler):
 
     # ------------------------------------------------------------------ solve & deploy
     def _deploy(self) -> None:
+        if self.profile is None and self._too_short():
+            self.profile = self.progress.max_clock_profile(
+                self.job_info.job_id, self.max_freq_mhz, self.rank_infos
+            )
         profile, p2p = self.complete_profile()
         base_t = median_figures(self.baseline)[0] if self.baseline else None
         self.model = model = PlanModel.calibrated(
@@ -392,9 +386,5 @@ class Perseus(PlanningScheduler):
         return self._running.get(dp_rank, self.chosen)
 
     def _expected_busy_s(self, dp: int) -> list[float] | None:
-        from perseus.planning import stage_busy_s
-
         plan = self.running_plan(dp)
-        if plan is None or self.profile is None:
-            return None
-        return stage_busy_s(self.profile, self.pipeline, plan.stage_frequencies())
+        return None if plan is None or self.model is None else self.model.stage_busy_s(plan)

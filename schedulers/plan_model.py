@@ -21,7 +21,7 @@ from perseus.domain.schedule import PipelineSchedule
 from perseus.errors import PlanError
 from perseus.protocol import JobInfo, RankInfo
 from schedulers.args import PipelineArgs
-from schedulers.costs import CostModel, calibrate_costs, measured_switch_latency_s, rescore_faster
+from schedulers.costs import CostModel, calibrate_costs, job_switch_latency, rescore_faster
 from schedulers.perseus_args import PerseusArgs
 
 if TYPE_CHECKING:
@@ -93,12 +93,8 @@ class PlanModel:
         """The model with costs calibrated on the job (`calibrate_costs`): the switch
         latency given, else the slowest the ranks measured (else 0, "unknown"); the hop
         latency given, else calibrated on the all-max rounds (`baseline_time_s`)."""
-        switch_latency_ms, hop_latency_ms = args.switch_latency_ms, args.hop_latency_ms
-        if switch_latency_ms is not None:
-            switch, source = switch_latency_ms / 1000.0, "given"
-        else:
-            measured = measured_switch_latency_s(rank_infos)
-            switch, source = (0.0, "unknown") if measured is None else (measured, "measured")
+        switch, source = job_switch_latency(args.switch_latency_ms, rank_infos)
+        hop_latency_ms = args.hop_latency_ms
         costs = calibrate_costs(
             profile,
             pipeline,
@@ -218,3 +214,11 @@ class PlanModel:
             limit_s=limit_s,
         )
         return plan
+
+    def stage_busy_s(self, plan: Plan) -> list[float] | None:
+        """Each pipeline rank's busy time per iteration under `plan` (None: no profile)."""
+        from perseus.planning import stage_busy_s
+
+        if self.profile is None:
+            return None
+        return stage_busy_s(self.profile, self.pipeline, plan.stage_frequencies())

@@ -11,8 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from perseus.protocol import ProfilingResult
+from perseus.domain.profile import InstructionProfile
+from perseus.domain.rows import ProfileRow
+from perseus.errors import PlanError
+from perseus.protocol import ProfilingResult, RankInfo
+from schedulers.checks import short_instructions
 from schedulers.guard import RoundFigures, median_figures
+from schedulers.measurement import RoundMeasurement
 from schedulers.sweep import InstructionSweep
 from schedulers.sweep_levels import counter_round_steps
 
@@ -43,6 +48,8 @@ class ProfilingProgress:
         self.last_iteration_s: float | None = None
         self.sweep_rounds: list[tuple[list[list[int]], float]] = []
         """The sweep's rounds: their clocks per rank and measured iteration time."""
+        self.all_max_round: RoundMeasurement | None = None
+        """The last all-max profiling round (its instruction times per stage and kind)."""
 
     def count(self, results: list[ProfilingResult], iteration_time_s: float) -> None:
         """A measured round: its joules and iterations (every GPU)."""
@@ -50,6 +57,47 @@ class ProfilingProgress:
         self.energy_j += math.fsum(math.fsum(r.iter_energy) for r in results)
         self.iterations += self.round_iterations
         self.last_iteration_s = iteration_time_s
+
+    def saw_all_max(self, m: RoundMeasurement) -> None:
+        """An all-max profiling round (not the warm-up)."""
+        self.all_max_round = m
+
+    def too_short(self, switch_latency_s: float) -> bool:
+        """Whether the all-max rounds already showed instructions too short to plan clocks
+        for (`schedulers.checks.short_instructions`)."""
+        m = self.all_max_round
+        if m is None:
+            return False
+        times = [t for stage in m.virtual_stages for t in stage.time_s.values()]
+        return short_instructions(times, switch_latency_s=switch_latency_s) is not None
+
+    def max_clock_profile(
+        self, job_id: str, max_freq_mhz: int, rank_infos: Sequence[RankInfo]
+    ) -> InstructionProfile:
+        """The profile the last all-max round gives: every (stage, kind) at the max clock
+        only (emulated when a rank is)."""
+        m = self.all_max_round
+        if m is None:
+            raise PlanError(f"Job {job_id}: no all-max round measured yet")
+        rows = [
+            ProfileRow(
+                rank=vs.rank,
+                dp_rank=0,
+                pp_rank=vs.rank,
+                tp_rank=0,
+                stage=stage,
+                instruction=kind,
+                frequency=max_freq_mhz,
+                time=vs.time_s[kind],
+                energy=vs.energy_j.get(kind, 0.0),
+                emulated=any(r.emulated for r in rank_infos),
+            )
+            for stage, vs in enumerate(m.virtual_stages)
+            for kind in vs.time_s
+        ]
+        return InstructionProfile.from_rows(
+            rows, source=f"job {job_id} (all-max rounds)", check_power=False
+        )
 
     def totals(self) -> str:
         return f"{self.energy_j:,.0f} J in {self.iterations} iteration(s), all GPUs"
