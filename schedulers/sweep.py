@@ -62,7 +62,7 @@ from perseus.domain.profile import InstructionProfile
 from perseus.domain.rows import ProfileRow
 from perseus.errors import ConfigurationError, RankError
 from perseus.io.profile_csv import write_profile_rows
-from perseus.protocol import MAX_ITERATIONS, InstructionProfilingResult
+from perseus.protocol import InstructionProfilingResult
 from schedulers.args import SweepArgs
 from schedulers.estimation import PowerRegression
 from schedulers.measurement import RoundMeasurement, StagePlan
@@ -70,15 +70,20 @@ from schedulers.pipeline import PipelineScheduler
 from schedulers.sweep_estimates import SweepEstimates
 from schedulers.sweep_followup import FollowUp
 from schedulers.sweep_levels import (
-    MIN_ROUND_S,
     coarse_levels,
     counter_round_steps,
+    refine_levels,
+    sweep_round_steps,
 )
 from schedulers.sweep_products import ProfilingCost, profile_result, profiling_report
 
-__all__ = [
+__all__ = [  # the levels, round lengths and cost are re-exported for their old users
     "InstructionSweep",
+    "ProfilingCost",
     "SweepPhase",
+    "coarse_levels",
+    "counter_round_steps",
+    "refine_levels",
 ]
 
 logger = logging.getLogger(__name__)
@@ -229,17 +234,12 @@ class InstructionSweep:
 
     def round_steps(self) -> int | None:
         """Iterations the next round needs to hold `round_ticks` refreshes of the slowest
-        energy counter (`counter_round_steps`; None: the ranks' own rounds, also without
+        energy counter (`sweep_round_steps`; None: the ranks' own rounds, also without
         windows and once done)."""
         if not self.windows or self.done:
             return None
         refresh = [r.energy_refresh_s for r in self.scheduler.rank_infos]
-        if self.estimates.refresh_s == 0 and self.last_iteration_s is not None:
-            # A continuous counter: any round has exact windows, but the fit needs a few.
-            return max(
-                1, min(math.ceil(MIN_ROUND_S / max(self.last_iteration_s, 1e-6)), MAX_ITERATIONS)
-            )
-        return counter_round_steps(refresh, self.last_iteration_s, self.round_ticks)
+        return sweep_round_steps(refresh, self.last_iteration_s, self.round_ticks)
 
     def current_plan(self) -> StagePlan:
         """The plan of the round being issued (all max during warm-up and once done): per

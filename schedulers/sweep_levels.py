@@ -12,7 +12,13 @@ from collections.abc import Mapping, Sequence
 
 from perseus.protocol import MAX_ITERATIONS
 
-__all__ = ["MIN_ROUND_S", "coarse_levels", "counter_round_steps", "refine_levels"]
+__all__ = [
+    "MIN_ROUND_S",
+    "coarse_levels",
+    "counter_round_steps",
+    "refine_levels",
+    "sweep_round_steps",
+]
 
 MIN_ROUND_S = 0.5
 """The shortest sweep round on a continuous counter (ideal emulated sensors): its windows
@@ -34,6 +40,18 @@ def counter_round_steps(
     # Two more refreshes than asked: the partial periods at both ends are not windows.
     steps = math.ceil((round_ticks + 2) * slowest / max(iteration_s, 1e-6) - 1e-9)
     return max(1, min(steps, MAX_ITERATIONS))
+
+
+def sweep_round_steps(
+    refresh_s: Sequence[float | None], iteration_s: float | None, round_ticks: int
+) -> int | None:
+    """Iterations a sweep round needs: `counter_round_steps`, but on continuous counters
+    (every refresh period 0) enough iterations for `MIN_ROUND_S`: any round has exact
+    windows there, but the fit needs a few."""
+    slowest = max((r for r in refresh_s if r is not None), default=0.0)
+    if slowest == 0 and iteration_s is not None:
+        return max(1, min(math.ceil(MIN_ROUND_S / max(iteration_s, 1e-6)), MAX_ITERATIONS))
+    return counter_round_steps(refresh_s, iteration_s, round_ticks)
 
 
 def coarse_levels(levels: Sequence[int], step: int) -> list[int]:
