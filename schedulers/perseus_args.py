@@ -50,7 +50,8 @@ class PerseusArgs(PlanningArgs):
     guard: bool = Field(
         default=True,
         description="compare the deployed plan's measured rounds with the all-max ones and "
-        "move to a faster plan or back to all-max when it breaks its budget or saves nothing",
+        "move to a faster plan or back to all-max when it breaks its budget or saves nothing "
+        "(off: also no check that the predicted saving stands out of the all-max rounds' spread)",
     )
     guard_window: int = Field(
         default=4, ge=2, le=1000, description="deployed rounds per guard check"

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
 
+
 class Perseus(PlanningScheduler):
     """The whole Perseus loop online (phases: `PerseusPhase`).
 
@@ -209,7 +210,9 @@ class Perseus(PlanningScheduler):
                 self.progress.sweep_rounds.append((freqs, measurement.iteration_time_s))
                 self.progress.add_sweep_round(figures, self.baseline)
             baseline_round = issued in ("baseline", "sweep-max")
-            self.promise.note(self.progress.note(self._round, self.sweep, baseline_round=baseline_round))
+            self.promise.note(
+                self.progress.note(self._round, self.sweep, baseline_round=baseline_round)
+            )
             return
         if issued == self.phase.value:
             self.promise.plan_rounds.append(figures)
@@ -256,7 +259,9 @@ class Perseus(PlanningScheduler):
         problems = plan_problems(
             predicted_saving=saving,
             predicted_slowdown=slowdown,
-            baseline_energies_j=[r.energy_j for r in self.baseline],
+            # Whether the job can tell the saving from noise matters to the guard, which
+            # measures it; with the guard off nothing is measured against all-max.
+            baseline_energies_j=[r.energy_j for r in self.baseline] if self.promise.guarded else [],
         )
         if problems:
             self._hold("held", problems)

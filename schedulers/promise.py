@@ -137,9 +137,13 @@ class Promise:
                 "hop_latency_s": costs.hop_latency_s,
                 "model_residual": costs.residual,
             }
-        self.record(round_, event, reason, plan=plan, warning=event != "deployed", text=text, **model)
+        self.record(
+            round_, event, reason, plan=plan, warning=event != "deployed", text=text, **model
+        )
 
-    def held(self, round_: int, first_round: int, plan: Plan, event: str, problems: list[str]) -> None:
+    def held(
+        self, round_: int, first_round: int, plan: Plan, event: str, problems: list[str]
+    ) -> None:
         """All-max (`plan`) runs from `first_round`, for `problems`."""
         self.plan_rounds, self.plan_since = [], first_round
         self.guard.hold()

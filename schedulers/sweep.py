@@ -30,11 +30,12 @@ Its SWEEP measures every ``coarse_step``-th supported clock (every level when ``
 is that coarse already) and stops an instruction once its energy has been more than
 ``stop_margin`` above its minimum so far for ``early_stop_after`` levels in a row: past its
 energy-optimal clock, measured against the minimum rather than the previous level, so that
-the noise of a power-capped plateau (energies a few percent apart in any order) does not stop it at the top, as it stops the
-``full`` sweep on the real Bloom A40 profile. REFINE (``refine``, on by default) then
-measures only the skipped levels that could shape an instruction's time–energy hull
-(`schedulers.sweep_followup`). Grouped sweeps (the Zeus baselines measure a whole round at
-one clock) use ``full``. Figures: ``benchmarks/bench_profiling_cost.py``.
+the noise of a power-capped plateau (energies a few percent apart in any order) does not
+stop it at the top, as it stops the ``full`` sweep on the real Bloom A40 profile. REFINE
+(``refine``, on by default) then measures only the skipped levels that could shape an
+instruction's time–energy hull (`schedulers.sweep_followup`). Grouped sweeps (the Zeus
+baselines measure a whole round at one clock) use ``full``. Figures:
+``benchmarks/bench_profiling_cost.py``.
 
 Energies come from what a GPU shows (``estimator="windows"``, the default): see
 `schedulers.sweep_estimates`; options whose energy stays uncertain are measured again in
@@ -43,8 +44,7 @@ Energies come from what a GPU shows (``estimator="windows"``, the default): see
 ... ──▶ CONFIRM (options whose uncertainty could change the plan, measured again) ──▶ DONE
 ```
 
-REFINE's and the coarse pass's levels: `schedulers.sweep_levels`; what the sweep produces
-(the profile, its cost): `schedulers.sweep_products`.
+The levels: `schedulers.sweep_levels`; the profile and its cost: `schedulers.sweep_products`.
 """
 
 from __future__ import annotations

@@ -143,9 +143,7 @@ class SweepEstimates:
             "sampling": self.regression.model(),
             "windows": sum(f.windows for f in fits.values()),
             "blocking_power_w": self.block_power_w(),
-            "blocking_power_se_w": (
-                statistics.median(b.se_w for b in blocks) if blocks else None
-            ),
+            "blocking_power_se_w": (statistics.median(b.se_w for b in blocks) if blocks else None),
             "options": len(rel),
             "energy_se_median": statistics.median(rel) if rel else None,
             "energy_se_max": rel[-1] if rel else None,

@@ -1,12 +1,13 @@
 """The sweep's follow-up passes, REFINE and CONFIRM: the levels still worth measuring.
 
 REFINE (after the coarse pass) measures, per instruction, only skipped levels next to the
-points that shape its time–energy hull, by bisection (`schedulers.sweep_levels.refine_levels`):
-around the fastest and the cheapest option, and around vertices where the hull bends
-enough that a skipped level could lie more than ``refine_tolerance`` below the line between
-its measured neighbours. Where the hull is straight, skipped levels would give the solver
-nothing new. Each REFINE round runs every instruction at its own next level (the others at
-max), so REFINE takes as many rounds as the instruction with the most levels to measure. CONFIRM ('windows' estimates) measures
+points that shape its time–energy hull, by bisection
+(`schedulers.sweep_levels.refine_levels`): around the fastest and the cheapest option, and
+around vertices where the hull bends enough that a skipped level could lie more than
+``refine_tolerance`` below the line between its measured neighbours. Where the hull is
+straight, skipped levels would give the solver nothing new. Each REFINE round runs every
+instruction at its own next level (the others at max), so REFINE takes as many rounds as
+the instruction with the most levels to measure. CONFIRM ('windows' estimates) measures
 again the options whose energy is uncertain enough to change the plan: every kind of a
 stage runs the highest of its kinds' next pending levels (one clock a stage per round).
 `InstructionSweep` owns one `FollowUp` and moves its phase by what the passes answer.

@@ -97,6 +97,5 @@ def profiling_report(
         out["off_plan_energy_j"] = cost.energy_j - plan_energy_j * cost.iterations
     out |= estimates.report(energy_j)
     return {
-        k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-        for k, v in out.items()
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()
     }

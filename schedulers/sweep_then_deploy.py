@@ -54,9 +54,7 @@ class SweepThenDeploy(PipelineScheduler):
     def _deployed_plan(self) -> StagePlan:
         """The adopted plan's stage plan (`_deploy` must have adopted one)."""
         if self._chosen_plan is None:
-            raise PlanError(
-                f"Job {self.job_info.job_id}: {type(self).__name__} deployed no plan"
-            )
+            raise PlanError(f"Job {self.job_info.job_id}: {type(self).__name__} deployed no plan")
         return self._chosen_plan
 
     def plan_next(self) -> StagePlan:
