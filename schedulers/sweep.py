@@ -430,7 +430,9 @@ class InstructionSweep:
         for g in list(self.active):
             for stage, name in self.groups[g]:
                 vs = m.virtual_stages[stage]
-                self.time_s.setdefault((stage, name), {})[freq] = vs.time_s[name]
+                self.time_s.setdefault((stage, name), {})[freq] = _unit_time(
+                    m, stage, name, freq, vs.time_s[name]
+                )
                 self.energy_j.setdefault((stage, name), {})[freq] = self._energy(
                     stage, name, freq, vs.energy_j[name]
                 )
@@ -488,7 +490,7 @@ class InstructionSweep:
             stage, name = unit
             freq = left.pop(0)
             vs = m.virtual_stages[stage]
-            self.time_s[unit][freq] = vs.time_s[name]
+            self.time_s[unit][freq] = _unit_time(m, stage, name, freq, vs.time_s[name])
             self.energy_j[unit][freq] = self._energy(stage, name, freq, vs.energy_j[name])
             if not left:
                 more = self._refine_next(unit)
@@ -513,7 +515,8 @@ class InstructionSweep:
             vs = m.virtual_stages[stage]
             n = self.repeats.get((stage, name, level), 0)
             times = self.time_s.setdefault(unit, {})
-            times[level] = (times.get(level, vs.time_s[name]) * n + vs.time_s[name]) / (n + 1)
+            t = _unit_time(m, stage, name, level, vs.time_s[name])
+            times[level] = (times.get(level, t) * n + t) / (n + 1)
             self.repeats[stage, name, level] = n + 1
             self.energy_j.setdefault(unit, {})[level] = self._energy(
                 stage, name, level, vs.energy_j[name]
@@ -742,3 +745,18 @@ class InstructionSweep:
             "Job %s: instruction profile written to %s", self.scheduler.job_info.job_id, path
         )
         return path
+
+
+def _unit_time(m: RoundMeasurement, stage: int, kind: str, freq: int, fallback_s: float) -> float:
+    """The round's time of (stage, kind) at `freq`: the slowest rank's mean over the
+    instructions that ran clear of a clock change (`RoundMeasurement.unit_time`; an
+    instruction that starts while a change lands runs partly at the old clock), else
+    `fallback_s`, the stage's mean over all its instructions."""
+    means = [
+        total / count
+        for times in m.unit_time.values()
+        if (acc := times.get((stage, kind, freq))) is not None
+        for total, count in (acc,)
+        if count > 0
+    ]
+    return max(means) if means else fallback_s
