@@ -16,7 +16,7 @@ job (`JobInfo.leaders`, `perseus.domain.layout.Leaders`): each registers, report
 for its whole group, so registration, the barrier, the results and the schedules all count
 leaders, and the coordinator's work per round grows with them, not with the world. A rank
 that is not a leader and registers, reports or asks anyway is refused with 422
-(`NotALeaderError`), naming the rule.
+(`InvalidRankError`), naming the rule.
 
 With `dump_data`, what a restarted coordinator needs is on disk as soon as it is known: each
 rank's registration before it is answered (``ranks.partial.jsonl``), all ranks
@@ -49,12 +49,10 @@ from typing import Any
 
 from perseus.domain.plan import Plan
 from perseus.errors import (
-    CoordinatorError,
     InvalidRankError,
     InvalidResultError,
-    JobFailedError,
-    JobFinishedError,
-    NotALeaderError,
+    JobError,
+    JobStateError,
     PerseusError,
     RankConflictError,
     RoundTimeoutError,
@@ -72,7 +70,7 @@ from perseus.protocol import (
     save_ranks,
     save_sched,
 )
-from perseus.server.errors import scheduler_error_status
+from perseus.server.errors import status_of
 from perseus.server.stats import JobStats
 from perseus.settings import PerseusSettings
 from schedulers.base import FrequencyScheduler, build_scheduler
@@ -170,7 +168,7 @@ class CoordinatedJob:
         self._coords: dict[tuple[int, int, int], int] = {}
         self.scheduler: FrequencyScheduler | None = None
         self.phase = JobPhase.REGISTERING
-        self.failure: CoordinatorError | None = None
+        self.failure: JobError | None = None
         self.results: dict[int, ProfilingResult] = {}
         self.round = self._new_round(0)
         self.lock = asyncio.Lock()
@@ -217,13 +215,15 @@ class CoordinatedJob:
         return Round(number, asyncio.get_running_loop().create_future())
 
     def check_usable(self) -> None:
-        """Raise the job's failure if it failed, `JobFinishedError` if it finished."""
+        """Raise a `JobStateError` carrying the job's failure if it failed, or saying it
+        finished."""
         if self.failure is not None:
-            raise JobFailedError(str(self.failure), status_code=self.failure.status)
+            raise JobStateError(str(self.failure), job_id=self.job_id, cause=self.failure)
         if self.phase is JobPhase.FINISHED:
-            raise JobFinishedError(
+            raise JobStateError(
                 f"Job {self.job_id} has finished (its ranks closed): it runs no more rounds; "
-                "a new training run registers a new job"
+                "a new training run registers a new job",
+                job_id=self.job_id,
             )
 
     def check_rank(self, rank: int) -> None:
@@ -234,10 +234,10 @@ class CoordinatedJob:
             )
 
     def check_talker(self, rank: int) -> None:
-        """Protocol 2: raise `NotALeaderError` unless `rank` registered as a leader (every
+        """Protocol 2: raise `InvalidRankError` unless `rank` registered as a leader (every
         rank talks under protocol 1)."""
         if self.leaders is not None and rank not in self.ranks:
-            raise NotALeaderError(
+            raise InvalidRankError(
                 f"Rank {rank} is not a registered leader of job {self.job_id}: "
                 f"{self.leaders.rule}. A leader registers (POST /register_rank) before it "
                 "reports or asks"
@@ -254,7 +254,7 @@ class CoordinatedJob:
                 )
             return
         if not self.leaders.is_leader(dp_rank=info.dp_rank, tp_rank=info.tp_rank):
-            raise NotALeaderError(
+            raise InvalidRankError(
                 f"Rank {info.rank} (dp_rank {info.dp_rank}, pp_rank {info.pp_rank}, tp_rank "
                 f"{info.tp_rank}) is not a leader of job {self.job_id}: {self.leaders.rule}"
             )
@@ -273,21 +273,21 @@ class CoordinatedJob:
         who = "ranks" if self.leaders is None else "leaders"
         return f"{len(self.ranks)} of {self.talking_ranks} {who} registered"
 
-    def fail(self, error: CoordinatorError, *, later_status: int | None = None) -> None:
-        """Mark the job failed; later calls get `error`'s message with `later_status`.
-        A finished job stays finished (a scheduler still busy with a round it was given
+    def fail(self, error: JobError) -> None:
+        """Mark the job failed; later calls get a `JobStateError` carrying `error`
+        (`perseus.server.errors` maps it). A finished job stays finished (a scheduler still busy with a round it was given
         before the finish may fail: nobody waits for that round)."""
         if self.phase is JobPhase.FINISHED:
             logger.info("Job %s (finished): %s", self.job_id, error)
             return
         if self.failure is None:
-            status = later_status if later_status is not None else error.status
-            self.failure = JobFailedError(str(error), status_code=status)
+            self.failure = error
             self.phase = JobPhase.FAILED
             logger.error("Job %s failed: %s", self.job_id, error)
             if self.dumping and self.dir.path.is_dir():
                 # Small and rare: written at once, so a restart never revives the job.
                 with contextlib.suppress(OSError):
+                    status = status_of(JobStateError(str(error), cause=error))
                     atomic_write_text(self.dir.failed, f"{status} {error}\n")
             if self.on_end is not None:
                 self.on_end(self)
@@ -358,7 +358,8 @@ class CoordinatedJob:
                 error = SchedulerFailedError(
                     f"Scheduler {self.scheduler_cls.__name__} could not start job "
                     f"{self.job_id}: {exc}",
-                    status_code=scheduler_error_status(exc),
+                    job_id=self.job_id,
+                    cause=exc,
                 )
                 self.fail(error)
                 _fail_round(self.round, error)
@@ -437,8 +438,8 @@ class CoordinatedJob:
                     f" and {len(missing) - 8} more" if len(missing) > 8 else ""
                 )
                 message += f"; the leader(s) of {shown} never registered"
-        error = RoundTimeoutError(message)
-        self.fail(error, later_status=409)
+        error = RoundTimeoutError(message, job_id=self.job_id)
+        self.fail(error)
         _fail_round(rnd, error)
 
     def _run_scheduler(
@@ -495,9 +496,10 @@ class CoordinatedJob:
         except Exception as exc:
             error = SchedulerFailedError(
                 f"Scheduler {name} failed in round {rnd.number} of job {self.job_id}: {exc}",
-                status_code=scheduler_error_status(exc),
+                job_id=self.job_id,
+                cause=exc,
             )
-            if scheduler_error_status(exc) >= 500:
+            if status_of(error) >= 500:
                 logger.error("Job %s: scheduler crashed", self.job_id, exc_info=exc)
             self.fail(error)
             _fail_round(rnd, error)
@@ -616,15 +618,15 @@ class CoordinatedJob:
         self.touch()
         self.check_usable()
         if self.scheduler is None:
-            raise CoordinatorError(
+            raise JobStateError(
                 f"Job {self.job_id} has not started: {self.registered_text()}",
-                status_code=409,
+                job_id=self.job_id,
             )
         async with self.lock:
             try:
                 await asyncio.to_thread(self.scheduler.on_straggler, dp_rank, slowdown)
             except (PerseusError, ValueError) as exc:
-                raise CoordinatorError(str(exc), status_code=400) from None
+                raise SchedulerFailedError(str(exc), job_id=self.job_id, cause=exc) from None
 
     # ------------------------------------------------------------------ lifecycle
     def finish(self) -> None:
@@ -632,17 +634,17 @@ class CoordinatedJob:
         rounds. Idempotent (a retried request); a failed job answers its failure.
 
         Raises:
-            JobFailedError: The job failed before.
-            CoordinatorError: (409) Not every rank has registered: the job never ran.
+            JobStateError: The job failed before, or not every rank has registered (the
+                job never ran).
         """
         self.touch()
         if self.phase is JobPhase.FINISHED:
             return
         self.check_usable()
         if self.scheduler is None:
-            raise CoordinatorError(
+            raise JobStateError(
                 f"Job {self.job_id} cannot finish: it never started ({self.registered_text()})",
-                status_code=409,
+                job_id=self.job_id,
             )
         self.phase = JobPhase.FINISHED
         rnd = self.round
@@ -651,7 +653,10 @@ class CoordinatedJob:
         if not rnd.completing:  # a round being computed is handed out as usual
             _fail_round(
                 rnd,
-                JobFinishedError(f"Job {self.job_id} finished before round {rnd.number} ran"),
+                JobStateError(
+                    f"Job {self.job_id} finished before round {rnd.number} ran",
+                    job_id=self.job_id,
+                ),
             )
         if self.dumping and self.dir.path.is_dir():
             with contextlib.suppress(OSError):  # small: written at once, never restored
@@ -673,6 +678,6 @@ class CoordinatedJob:
         if self.on_end is not None:
             self.on_end(self)
 
-    def close(self, error: CoordinatorError) -> None:
+    def close(self, error: JobError) -> None:
         """Fail the pending round (shutdown or eviction) and cancel its timer."""
         _fail_round(self.round, error)

@@ -30,12 +30,12 @@ from typing import Any
 
 from perseus.errors import (
     ConfigurationError,
-    CoordinatorError,
+    CoordinatorBusyError,
     InvalidJobError,
-    JobNotFoundError,
     PerseusError,
     ScheduleError,
     SolverError,
+    UnknownJobError,
 )
 from perseus.io.atomic import atomic_write_text
 from perseus.io.jobdir import JobDir
@@ -92,9 +92,10 @@ class JobManager:
         try:
             return self.jobs[job_id]
         except KeyError:
-            raise JobNotFoundError(
+            raise UnknownJobError(
                 f"Unknown job id {job_id!r}: register the job first (POST /register_job); "
-                "jobs idle longer than max_job_idle_time are evicted"
+                "jobs idle longer than max_job_idle_time are evicted",
+                job_id=job_id,
             ) from None
 
     def _new_job(
@@ -156,7 +157,7 @@ class JobManager:
         Raises:
             InvalidJobError: (422) bad metadata, a world size over `max_world_size`, or a
                 job the scheduler cannot run.
-            CoordinatorError: (503) `max_jobs` jobs are live already.
+            CoordinatorBusyError: (503) `max_jobs` jobs are live already.
         """
         if info.world_size > self.settings.max_world_size:
             raise InvalidJobError(
@@ -165,10 +166,9 @@ class JobManager:
             )
         live = sum(1 for job in self.jobs.values() if not job.phase.ended)
         if live >= self.settings.max_jobs:
-            raise CoordinatorError(
+            raise CoordinatorBusyError(
                 f"This coordinator already runs {live} live jobs, its limit "
-                "(PERSEUS_MAX_JOBS): try again when one has ended or been evicted",
-                status_code=503,
+                "(PERSEUS_MAX_JOBS): try again when one has ended or been evicted"
             )
         if info.job_metadata and not _METADATA.fullmatch(info.job_metadata):
             raise InvalidJobError(
@@ -214,7 +214,7 @@ class JobManager:
             timer = self._forget_timers.pop(job_id, None)
             if timer is not None:
                 timer.cancel()
-            job.close(JobNotFoundError(f"Job {job_id} was evicted (idle)"))
+            job.close(UnknownJobError(f"Job {job_id} was evicted (idle)", job_id=job_id))
             if job.dumping and job.dir.path.is_dir() and not job.phase.ended:
                 with contextlib.suppress(OSError):
                     job.dir.evicted.write_text("idle\n")
@@ -344,7 +344,7 @@ class JobManager:
             timer.cancel()
         self._forget_timers.clear()
         for job in self.jobs.values():
-            job.close(CoordinatorError("The coordinator is shutting down", status_code=503))
+            job.close(CoordinatorBusyError("The coordinator is shutting down", job_id=job.job_id))
         tasks = [t for job in self.jobs.values() for t in job._tasks]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
