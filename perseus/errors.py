@@ -9,8 +9,10 @@ PerseusError                          every error Perseus raises on purpose
 ├── SolverError                       the frontier solver could not produce a result
 ├── CoordinatorError                  CLIENT side: a request to the coordinator failed
 │   │                                 (`url`; `status_code`: the status it answered, if any)
-│   ├── CoordinatorUnavailableError   not reachable, or answered "not now" (502, 503, a
-│   │                                 proxy's 504): `retryable`, a later attempt may succeed
+│   ├── CoordinatorRequestError       it failed or was refused: a read timeout, a transport
+│   │   │                             error, an error answer, an answer that is not JSON
+│   │   └── CoordinatorUnreachableError  it went away: refused, reset, a connect timeout,
+│   │                                 a proxy's 502/503/504 (`retryable`)
 │   └── JobNotFoundError              it answered 404: it does not know (or evicted) the job
 ├── JobError                          SERVER side: the coordinator refuses a call (`job_id`)
 │   ├── InvalidJobError               a job description it cannot accept
@@ -43,7 +45,8 @@ __all__ = [
     "ConfigurationError",
     "CoordinatorBusyError",
     "CoordinatorError",
-    "CoordinatorUnavailableError",
+    "CoordinatorRequestError",
+    "CoordinatorUnreachableError",
     "InvalidJobError",
     "InvalidRankError",
     "InvalidResultError",
@@ -106,10 +109,16 @@ class CoordinatorError(PerseusError):
         self.status_code = status_code
 
 
-class CoordinatorUnavailableError(CoordinatorError):
-    """Client side: the coordinator could not be reached (refused, reset, connect timeout) or
-    answered "not now" (502, 503, or a proxy's 504): it may be restarting, so a later
-    attempt may succeed."""
+class CoordinatorRequestError(CoordinatorError):
+    """Client side: a rank's request to the coordinator failed (a timeout, a transport
+    error, an answer that is not what the route promises) or was refused (`status_code`:
+    the status the coordinator answered with; `url`: the request's)."""
+
+
+class CoordinatorUnreachableError(CoordinatorRequestError):
+    """Client side: the coordinator went away (connection refused or reset, a connect
+    timeout, a proxy's 502/503/504): it may be restarting, so a later attempt may succeed
+    (the client retries for ``PERSEUS_RECONNECT_S``)."""
 
     retryable = True
 

@@ -84,7 +84,7 @@ def test_retryability_is_a_property_of_the_class() -> None:
         for cls in vars(errors).values()
         if inspect.isclass(cls) and issubclass(cls, PerseusError) and cls.retryable
     }
-    assert retryable == {"CoordinatorUnavailableError", "CoordinatorBusyError"}
+    assert retryable == {"CoordinatorUnreachableError", "CoordinatorBusyError"}
     assert not errors.JobNotFoundError("x", status_code=404).retryable
 
 
