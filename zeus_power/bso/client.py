@@ -216,7 +216,10 @@ class BatchSizeOptimizer:
         return self._time_s, self._energy_j
 
     def _report(self, energy_j: float, time_s: float, *, converged: bool) -> None:
-        assert self.trial is not None
+        if self.trial is None:
+            raise ZeusBSOOperationOrderError(
+                "A trial's result was reported before on_train_begin handed out a trial"
+            )
         self._finished = True
         self.monitor.end_window(_WINDOW, cancel=True)
         result = TrialResult(
