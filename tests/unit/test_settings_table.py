@@ -22,6 +22,7 @@ SETTINGS = {
     "device": "zeus_power.device:DeviceSettings",
     "zeusd client": "zeus_power.device.zeusd_client:ZeusdSettings",
     "BSO server": "zeus_power.bso.server.settings:BSOSettings",
+    "BSO client": "zeus_power.bso.client:BSOClientSettings",
 }
 """Component (the table's second column) → its settings class."""
 
