@@ -22,7 +22,7 @@ A job finishes when its rank 0 closes normally (``POST /finish/{job_id}``, after
 has closed): the pending round's timer is cancelled and its waiting requests get 409, the
 results of the round the ranks were in are still taken (they finish their last round before
 they close), and every other later call gets 409. A job whose ranks die never finishes: it
-fails at the round timeout, as before.
+fails at the round timeout.
 """
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ class RoundBarrier:
                 ) from None
         self.results[result.rank] = result
         self.stats.add(self.round.number - 1, result)
-        if self.dumping and len(self.results) == self.talking_ranks:
+        if self.dump.enabled and len(self.results) == self.talking_ranks:
             # The round's results are complete: write them now, not when the next round
             # starts (the job's last round has no next round).
             self._results_dumped = True
