@@ -22,8 +22,8 @@ PerseusError                          every error Perseus raises on purpose
 │   ├── CoordinatorBusyError          it holds its limit of live jobs, or is shutting down
 │   ├── RoundTimeoutError             not every talking rank asked for its schedule in time
 │   └── SchedulerFailedError          the job's scheduler refused its input or crashed (`cause`)
-└── RankError                         a rank misbehaved: registered wrongly, died mid-round,
-    │                                 called the hook out of order
+└── RankError                         a rank misbehaved (`rank`): registered wrongly, died
+    │                                 mid-round, called the hook out of order
     ├── InvalidRankError              rank or dp/pp/tp coordinates out of range or taken; a
     │                                 rank that is not a leader acting as one (protocol 2)
     ├── InvalidResultError            a result whose shapes do not fit the rank's schedule
@@ -191,7 +191,15 @@ class SchedulerFailedError(JobError):
 
 # ---------------------------------------------------------------------- ranks
 class RankError(PerseusError):
-    """A rank registered wrongly, died mid-round, or executed instructions out of schedule."""
+    """A rank registered wrongly, died mid-round, or executed instructions out of schedule.
+
+    Attributes:
+        rank: The rank at fault, when one is known.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
 
 
 class InvalidRankError(RankError):

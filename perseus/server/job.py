@@ -154,7 +154,8 @@ class CoordinatedJob(RoundBarrier):
         if not 0 <= rank < self.info.world_size:
             raise InvalidRankError(
                 f"Rank {rank} is out of range for job {self.job_id}: world_size is "
-                f"{self.info.world_size} (valid ranks 0..{self.info.world_size - 1})"
+                f"{self.info.world_size} (valid ranks 0..{self.info.world_size - 1})",
+                rank=rank,
             )
 
     def check_talker(self, rank: int) -> None:
@@ -164,7 +165,8 @@ class CoordinatedJob(RoundBarrier):
             raise InvalidRankError(
                 f"Rank {rank} is not a registered leader of job {self.job_id}: "
                 f"{self.leaders.rule}. A leader registers (POST /register_rank) before it "
-                "reports or asks"
+                "reports or asks",
+                rank=rank,
             )
 
     def registered_text(self) -> str:
@@ -206,27 +208,31 @@ class CoordinatedJob(RoundBarrier):
             name, value, degree = bad
             raise InvalidRankError(
                 f"Rank {info.rank}: {name} {value} is out of range for job {self.job_id} "
-                f"(its degree is {degree}; valid 0..{degree - 1})"
+                f"(its degree is {degree}; valid 0..{degree - 1})",
+                rank=info.rank,
             )
         check_registration(self.job_id, self.leaders, info)
         self.check_usable()
         if not info.available_frequencies or min(info.available_frequencies) <= 0:
             raise InvalidRankError(
                 f"Rank {info.rank}: available_frequencies must be a non-empty list of positive "
-                f"MHz values, got {info.available_frequencies!r}"
+                f"MHz values, got {info.available_frequencies!r}",
+                rank=info.rank,
             )
         if info.rank in self.ranks:
             if self.ranks[info.rank] == info:
                 return  # the same registration again (a retry after a lost answer)
             raise RankConflictError(
                 f"Rank {info.rank} is already registered with job {self.job_id}; every rank "
-                "registers once (a restarted job registers a new job)"
+                "registers once (a restarted job registers a new job)",
+                rank=info.rank,
             )
         coords = (info.dp_rank, info.pp_rank, info.tp_rank)
         if coords in self._coords:
             raise InvalidRankError(
                 f"Rank {info.rank}: (dp_rank, pp_rank, tp_rank) = {coords} is already taken by "
-                f"rank {self._coords[coords]} in job {self.job_id}; ranks are inconsistent"
+                f"rank {self._coords[coords]} in job {self.job_id}; ranks are inconsistent",
+                rank=info.rank,
             )
         self.ranks[info.rank] = info
         self._coords[coords] = info.rank

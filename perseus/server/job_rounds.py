@@ -214,19 +214,22 @@ class RoundBarrier:
         if self.round.number == 0:
             raise RankConflictError(
                 f"Rank {result.rank} reported a result for job {self.job_id} before any "
-                "schedule was handed out; ask for a schedule, run it, then report"
+                "schedule was handed out; ask for a schedule, run it, then report",
+                rank=result.rank,
             )
         if result.rank in self.round.asked:
             raise RankConflictError(
                 f"Rank {result.rank} already asked for round {self.round.number}'s schedule of "
-                f"job {self.job_id}; report round {self.round.number - 1}'s result before asking"
+                f"job {self.job_id}; report round {self.round.number - 1}'s result before asking",
+                rank=result.rank,
             )
         if result.rank in self.results:
             if self.results[result.rank] == result:
                 return  # the same result again (a retry after a lost answer)
             raise RankConflictError(
                 f"Rank {result.rank} already reported its result for round "
-                f"{self.round.number - 1} of job {self.job_id}; report once per round"
+                f"{self.round.number - 1} of job {self.job_id}; report once per round",
+                rank=result.rank,
             )
         if self.scheduler is not None:
             # Shapes against the job's schedule, before the result is kept: a refused result
@@ -236,7 +239,8 @@ class RoundBarrier:
             except (PerseusError, ValueError) as exc:
                 raise InvalidResultError(
                     f"Result of rank {result.rank} for round {self.round.number - 1} of job "
-                    f"{self.job_id} refused: {exc}"
+                    f"{self.job_id} refused: {exc}",
+                    rank=result.rank,
                 ) from None
         self.results[result.rank] = result
         self.stats.add(self.round.number - 1, result)

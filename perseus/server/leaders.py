@@ -19,13 +19,15 @@ def check_registration(job_id: str, leaders: Leaders | None, info: RankInfo) -> 
             raise InvalidRankError(
                 f"Rank {info.rank} registered with replicas, which only the leaders of a "
                 f"protocol-2 job send; job {job_id} runs protocol 1 (every rank "
-                "registers for itself)"
+                "registers for itself)",
+                rank=info.rank,
             )
         return
     if not leaders.is_leader(dp_rank=info.dp_rank, tp_rank=info.tp_rank):
         raise InvalidRankError(
             f"Rank {info.rank} (dp_rank {info.dp_rank}, pp_rank {info.pp_rank}, tp_rank "
-            f"{info.tp_rank}) is not a leader of job {job_id}: {leaders.rule}"
+            f"{info.tp_rank}) is not a leader of job {job_id}: {leaders.rule}",
+            rank=info.rank,
         )
     block = list(leaders.block(info.dp_rank))
     if info.replicas != block:
@@ -34,7 +36,8 @@ def check_registration(job_id: str, leaders: Leaders | None, info: RankInfo) -> 
             f"Leader rank {info.rank} (dp_rank {info.dp_rank}, pp_rank {info.pp_rank}) of "
             f"job {job_id} says it speaks for replicas {said}, but with "
             f"{leaders.per_stage} leader(s) per stage it speaks for replicas "
-            f"{ranks_text(block)}"
+            f"{ranks_text(block)}",
+            rank=info.rank,
         )
 
 
@@ -52,16 +55,20 @@ def check_result(
         if got:
             raise InvalidResultError(
                 f"Rank {result.rank} reported replicas, which only the leaders of a "
-                f"protocol-2 job report; job {job_id} runs protocol 1"
+                f"protocol-2 job report; job {job_id} runs protocol 1",
+                rank=result.rank,
             )
         return
     if info is None:
-        raise InvalidResultError(f"Rank {result.rank} is not a registered leader of job {job_id}")
+        raise InvalidResultError(
+            f"Rank {result.rank} is not a registered leader of job {job_id}", rank=result.rank
+        )
     block = list(leaders.block(info.dp_rank))
     if got != block:
         raise InvalidResultError(
             f"Result of leader rank {result.rank} for round {round_number} of job "
             f"{job_id} refused: it holds figures of replicas "
             f"{ranks_text(got) if got else 'none'}; a leader reports one entry per "
-            f"replica it speaks for, in order: {ranks_text(block)}"
+            f"replica it speaks for, in order: {ranks_text(block)}",
+            rank=result.rank,
         )

@@ -88,6 +88,15 @@ def test_retryability_is_a_property_of_the_class() -> None:
     assert not errors.JobNotFoundError("x", status_code=404).retryable
 
 
+def test_errors_carry_their_context() -> None:
+    assert errors.UnknownJobError("x", job_id="j1").job_id == "j1"
+    assert errors.RankConflictError("x", rank=3).rank == 3
+    cause = errors.RoundTimeoutError("late", job_id="j1")
+    assert errors.JobStateError("late", job_id="j1", cause=cause).cause is cause
+    failed = errors.CoordinatorRequestError("x", url="http://h/r", status_code=400)
+    assert (failed.url, failed.status_code) == ("http://h/r", 400)
+
+
 def test_client_and_server_coordinator_failures_are_distinct() -> None:
     assert not issubclass(errors.JobError, errors.CoordinatorError)
     assert not issubclass(errors.CoordinatorError, errors.JobError)
