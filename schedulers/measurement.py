@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 
 from schedulers.estimation import Unit, WindowRow
 
-__all__ = ["RoundMeasurement", "StageMeasurement", "StagePlan", "VirtualStageMeasurement"]
+__all__ = [
+    "RoundMeasurement",
+    "StageMeasurement",
+    "StagePlan",
+    "VirtualStageMeasurement",
+    "clean_unit_times",
+    "unit_time",
+]
 
 StagePlan = list[list[tuple[str, int]]]
 """Per pipeline rank, the (instruction, freq_mhz) list of one iteration in execution order."""
@@ -77,3 +84,60 @@ class RoundMeasurement:
     iterations: int = 1
     windows: dict[int, list[WindowRow]] = field(default_factory=dict)
     unit_time: dict[int, dict[Unit, tuple[float, int]]] = field(default_factory=dict)
+
+
+def unit_time(m: RoundMeasurement, stage: int, kind: str, freq: int, fallback_s: float) -> float:
+    """The round's time of (stage, kind) at `freq`: the slowest rank's mean over the
+    instructions that ran clear of a clock change (`RoundMeasurement.unit_time`; an
+    instruction that starts while a change lands runs partly at the old clock), else
+    `fallback_s`, the stage's mean over all its instructions."""
+    means = [
+        total / count
+        for times in m.unit_time.values()
+        if (acc := times.get((stage, kind, freq))) is not None
+        for total, count in (acc,)
+        if count > 0
+    ]
+    return max(means) if means else fallback_s
+
+
+def clean_unit_times(
+    units: list[Unit],
+    where: dict[str, list[int]],
+    time_breakdown: dict[str, list[list[float]]],
+    lag_s: float,
+) -> dict[Unit, tuple[float, int]]:
+    """Per unit, its instructions' total time and count over a round's iterations, leaving
+    out those that ran while a clock change was being applied.
+
+    A GPU takes `lag_s` (the rank's measured switch latency) to apply a new clock; an
+    instruction that starts within that of a change (its own, a predecessor's, or the
+    round's start, when the clocks may have changed since the last round) runs partly at the
+    old clock, and its time is not its clock's. Such instructions count only for a unit
+    that has no other instruction in the round."""
+    n = len(units)
+    clean: dict[Unit, list[float]] = {}
+    every: dict[Unit, list[float]] = {}
+    iterations = max((len(v) for v in time_breakdown.values()), default=0)
+    since = 0.0  # seconds of instructions since the last clock change began
+    for it in range(iterations):
+        durations: list[float | None] = [None] * n
+        for kind, iters in time_breakdown.items():
+            if it < len(iters):
+                for index, t in zip(where.get(kind, ()), iters[it], strict=False):
+                    durations[index] = t
+        for index, t in enumerate(durations):
+            if t is None:
+                continue
+            if (it == 0 and index == 0) or units[index][2] != units[index - 1][2]:
+                since = 0.0  # a change starts (the round's first, or the clock differs)
+            unit = units[index]
+            for acc in (every, clean) if since >= lag_s else (every,):
+                total = acc.setdefault(unit, [0.0, 0.0])
+                total[0] += t
+                total[1] += 1
+            since += t
+    return {
+        u: (total, int(count))
+        for u, (total, count) in ((u, clean.get(u, every[u])) for u in every)
+    }

@@ -53,6 +53,7 @@ from schedulers.measurement import (
     StageMeasurement,
     StagePlan,
     VirtualStageMeasurement,
+    clean_unit_times,
 )
 
 __all__ = ["Parallel3D"]
@@ -275,15 +276,12 @@ class Parallel3D:
                 if b > 0:
                     tail[unit] = tail.get(unit, 0.0) + b
             rows.append(WindowRow(w.energy_j, w.time_s, busy, w.tail_s, tail))
-        times: dict[Unit, list[float]] = {}
-        where = self._occurrence_index[info.pp_rank]
-        for kind, iters in res.time_breakdown.items():
-            for ts in iters:
-                for index, t in zip(where.get(kind, ()), ts, strict=False):
-                    acc = times.setdefault(units[index], [0.0, 0])
-                    acc[0] += t
-                    acc[1] += 1
-        return rows, {u: (total, int(n)) for u, (total, n) in times.items()}
+        return rows, clean_unit_times(
+            units,
+            self._occurrence_index[info.pp_rank],
+            res.time_breakdown,
+            info.switch_latency_s or 0.0,
+        )
 
     def measure(
         self,

@@ -43,8 +43,6 @@ Energies come from what a GPU shows (``estimator="windows"``, the default): see
 ```
 ... ──▶ CONFIRM (options whose uncertainty could change the plan, measured again) ──▶ DONE
 ```
-
-The levels: `schedulers.sweep_levels`; the profile and its cost: `schedulers.sweep_products`.
 """
 
 from __future__ import annotations
@@ -65,7 +63,7 @@ from perseus.io.profile_csv import write_profile_rows
 from perseus.protocol import InstructionProfilingResult
 from schedulers.args import SweepArgs
 from schedulers.estimation import PowerRegression
-from schedulers.measurement import RoundMeasurement, StagePlan
+from schedulers.measurement import RoundMeasurement, StagePlan, unit_time
 from schedulers.pipeline import PipelineScheduler
 from schedulers.sweep_estimates import SweepEstimates
 from schedulers.sweep_followup import FollowUp
@@ -301,7 +299,8 @@ class InstructionSweep:
         for g in list(self.active):
             for stage, name in self.groups[g]:
                 vs = m.virtual_stages[stage]
-                self.time_s.setdefault((stage, name), {})[freq] = vs.time_s[name]
+                t = unit_time(m, stage, name, freq, vs.time_s[name])
+                self.time_s.setdefault((stage, name), {})[freq] = t
                 self.energy_j.setdefault((stage, name), {})[freq] = self.estimates.energy(
                     stage, name, freq, vs.energy_j[name]
                 )

@@ -19,7 +19,7 @@ import logging
 import math
 
 from schedulers.args import SweepArgs
-from schedulers.measurement import RoundMeasurement
+from schedulers.measurement import RoundMeasurement, unit_time
 from schedulers.sweep_estimates import SweepEstimates
 from schedulers.sweep_levels import refine_levels
 
@@ -126,7 +126,7 @@ class FollowUp:
             stage, name = unit
             freq = left.pop(0)
             vs = m.virtual_stages[stage]
-            time_s[unit][freq] = vs.time_s[name]
+            time_s[unit][freq] = unit_time(m, stage, name, freq, vs.time_s[name])
             energy_j[unit][freq] = self.estimates.energy(stage, name, freq, vs.energy_j[name])
             if not left:
                 more = self._refine_next(unit, time_s, energy_j)
@@ -192,7 +192,8 @@ class FollowUp:
             vs = m.virtual_stages[stage]
             n = self.repeats.get((stage, name, level), 0)
             times = time_s.setdefault(unit, {})
-            times[level] = (times.get(level, vs.time_s[name]) * n + vs.time_s[name]) / (n + 1)
+            t = unit_time(m, stage, name, level, vs.time_s[name])
+            times[level] = (times.get(level, t) * n + t) / (n + 1)
             self.repeats[stage, name, level] = n + 1
             energy_j.setdefault(unit, {})[level] = self.estimates.energy(
                 stage, name, level, vs.energy_j[name]
