@@ -680,20 +680,33 @@ class InstructionSweep:
         rows = self.result().rows()
         if not self.windows:
             return rows
-        return [
-            r._replace(
-                estimated=True,
-                energy_se=self.energy_se.get((r.stage, r.instruction), {}).get(
-                    r.frequency, math.inf
-                ),
-            )
-            for r in rows
-        ]
+        top = {(r.stage, r.instruction): r.frequency for r in rows}
+        for r in rows:
+            top[r.stage, r.instruction] = max(top[r.stage, r.instruction], r.frequency)
+        out = []
+        for r in rows:
+            if r.energy <= 0 and r.frequency < top[r.stage, r.instruction]:
+                # The windows could not tell this option's energy apart (a fit at its bound):
+                # the plan does without the clock rather than trust a zero.
+                logger.info(
+                    "Job %s: stage %d %s at %d MHz left out of the profile: its energy could "
+                    "not be estimated from the counter's refreshes",
+                    self.scheduler.job_info.job_id,
+                    r.stage,
+                    r.instruction,
+                    r.frequency,
+                )
+                continue
+            se = self.energy_se.get((r.stage, r.instruction), {}).get(r.frequency, math.inf)
+            out.append(r._replace(estimated=True, energy_se=se))
+        return out
 
     def profile(self) -> InstructionProfile:
         """The sweep's numbers as the solver's `InstructionProfile`."""
+        # Measured in s and J by construction: no unit check. A zero or negative energy left
+        # at the max clock is for the scheduler's checks to refuse, saying why.
         return InstructionProfile.from_rows(
-            self.rows(), source=f"job {self.scheduler.job_info.job_id}"
+            self.rows(), source=f"job {self.scheduler.job_info.job_id}", check_power=False
         )
 
     def report(self, plan_time_s: float | None = None, plan_energy_j: float | None = None) -> dict:
