@@ -115,18 +115,29 @@ class SweepEstimates:
         return statistics.median(values) if values else None
 
     def annotate(self, rows: list[ProfileRow]) -> list[ProfileRow]:
-        """'windows': `rows` marked as estimated, with their standard error."""
+        """'windows': `rows` marked as estimated, with their standard error; an option below
+        the max clock whose energy the windows could not tell apart (a fit at its bound,
+        zero) is left out: the plan does without the clock rather than trust a zero."""
         if not self.windows:
             return rows
-        return [
-            r._replace(
-                estimated=True,
-                energy_se=self.energy_se.get((r.stage, r.instruction), {}).get(
-                    r.frequency, math.inf
-                ),
-            )
-            for r in rows
-        ]
+        top = {(r.stage, r.instruction): r.frequency for r in rows}
+        for r in rows:
+            top[r.stage, r.instruction] = max(top[r.stage, r.instruction], r.frequency)
+        out = []
+        for r in rows:
+            if r.energy <= 0 and r.frequency < top[r.stage, r.instruction]:
+                logger.info(
+                    "Job %s: stage %d %s at %d MHz left out of the profile: its energy could "
+                    "not be estimated from the counter's refreshes",
+                    self._scheduler.job_info.job_id,
+                    r.stage,
+                    r.instruction,
+                    r.frequency,
+                )
+                continue
+            se = self.energy_se.get((r.stage, r.instruction), {}).get(r.frequency, math.inf)
+            out.append(r._replace(estimated=True, energy_se=se))
+        return out
 
     def report(self, energy_j: dict[tuple[int, str], dict[int, float]]) -> dict[str, Any]:
         """'windows': the fit's figures for ``profiling.json`` (nothing without windows)."""
