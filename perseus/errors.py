@@ -12,8 +12,10 @@ PerseusError                       400  bad input (the root's default)
 ├── ScheduleError                  400  bad pipeline schedule parameters, plans unfit for a DAG
 │   └── PlanError                  400  a plan file that is invalid for a profile/schedule
 ├── SolverError                    400  the frontier solver could not run
-├── CoordinatorError               400  the coordinator could not be reached or answered an
-│   │                                   error (`status_code`: the status it answered with)
+├── CoordinatorError               400  a coordinator failure (`status_code`: the status it
+│   │                                   answers with on the server, answered on the client)
+│   ├── CoordinatorRequestError    ---  client side: a rank's request failed or was refused
+│   │   └── CoordinatorUnreachableError  client side, retryable: refused, reset, proxy 502/503/504
 │   ├── JobNotFoundError           404  an unknown (or evicted) job id
 │   ├── JobFailedError             409  the job failed earlier (status_code: its failure's)
 │   ├── JobFinishedError           409  the job has finished (its ranks closed normally)
@@ -27,7 +29,10 @@ PerseusError                       400  bad input (the root's default)
     └── RankConflictError          409  the same rank registered twice, result reported twice
 ```
 
-Every message names the offending value and, where there is one, the fix.
+Every message names the offending value and, where there is one, the fix. Whether a
+later attempt may cure an error is a property of its class (`CoordinatorError.retryable`):
+only `CoordinatorUnreachableError` is, and `JobNotFoundError` once an outage was seen
+(`perseus.client.coordinator`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from typing import ClassVar
 __all__ = [
     "ConfigurationError",
     "CoordinatorError",
+    "CoordinatorRequestError",
+    "CoordinatorUnreachableError",
     "InvalidJobError",
     "InvalidRankError",
     "InvalidResultError",
@@ -106,9 +113,25 @@ class CoordinatorError(PerseusError):
         self.url = url
         self.status_code = status_code
 
+    retryable: ClassVar[bool] = False
+    """Whether sending the request again may cure it (the coordinator went away)."""
+
     @property
     def status(self) -> int:
         return self.status_code if self.status_code is not None else self.http_status
+
+
+class CoordinatorRequestError(CoordinatorError):
+    """Client side: a rank's request to the coordinator failed (a timeout, a transport
+    error, an answer that is not what the route promises) or was refused (`status_code`:
+    the status the coordinator answered with; `url`: the request's)."""
+
+
+class CoordinatorUnreachableError(CoordinatorRequestError):
+    """Client side: the coordinator went away (connection refused or reset, a connect
+    timeout, a proxy's 502/503/504); the client retries it for ``PERSEUS_RECONNECT_S``."""
+
+    retryable = True
 
 
 class JobNotFoundError(CoordinatorError):
