@@ -40,7 +40,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from perseus.client.leaders import GroupFold
+from perseus.client.fold import GroupFold
 from perseus.demo.virtual import VirtualCluster
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule, make_schedule

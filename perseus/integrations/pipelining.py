@@ -70,7 +70,7 @@ from types import TracebackType
 from typing import Any
 
 from perseus.client.hook import PerseusOptimizer
-from perseus.client.leaders import mesh_place
+from perseus.client.place import mesh_place
 from perseus.errors import ConfigurationError, ScheduleError
 from perseus.integrations._torch_internals import TorchSchedule
 from perseus.protocol import PipelineSpec
