@@ -6,6 +6,13 @@ its group; the others receive it (`perseus.client.leaders`). `RoundExchange.star
 on a daemon thread (`Background`) so that training never waits for it until the next
 round's first step needs the schedule. A leader that gets no schedule tells its group why,
 so that no rank waits for one that will not come.
+
+While the coordinator is away (killed, restarting), the exchange retries for
+``PERSEUS_RECONNECT_S`` (`perseus.client.coordinator`) and every rank waits where it waits
+every round: in its next `on_step_begin`, between two steps, its GPU at the clock of its
+last instruction. All ranks of a job stop at the same step boundary (the round barrier), so
+no rank runs a step its pipeline peers do not run; when the restarted coordinator answers,
+training carries on; when the window ends first, `on_step_begin` raises the error.
 """
 
 from __future__ import annotations
@@ -119,6 +126,23 @@ class RoundExchange:
         return Background(
             self._report_and_get, result, round_, name=f"perseus-round-rank{self._rank}"
         )
+
+    def wait_reported(self, pending: Background | None, timeout_s: float) -> None:
+        """At close: give the last round's report `timeout_s` to reach the coordinator."""
+        if pending is not None and not self.reported.wait(timeout_s):
+            logger.warning(
+                "Rank %d: the last round's report did not reach the coordinator", self._rank
+            )
+
+    def wait_ended(self, pending: Background | None, timeout_s: float) -> None:
+        """After the job's finish: the next round's exchange is still running; a leader's
+        long-poll ends now that the job has finished, and it tells its group, whose ranks
+        wait for it in a collective that must end before their process group goes."""
+        if pending is not None and not pending.wait(timeout_s):
+            logger.warning(
+                "Rank %d: the next round's exchange did not end after the job's finish",
+                self._rank,
+            )
 
     def collect(
         self, pending: Background | None, round_: int, *, dp_rank: int

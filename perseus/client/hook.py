@@ -17,17 +17,10 @@ with PerseusOptimizer(rank=..., dp_rank=..., pp_rank=..., tp_rank=0, device_id=l
 device_id=..., server_url=...)``, or ``from_layout(device_mesh, ...)``).
 
 A round: the rank runs its `FrequencySchedule` for `steps_per_round` iterations (or the
-schedule's `steps`, if more: long profiling rounds), then a background thread reports the
-round and asks for the next schedule (`perseus.client.exchange`: a long-poll barrier over
-the job's leaders, each handing its group the schedule: `perseus.client.leaders`); the next
-`on_step_begin` collects it, and any error the exchange met. The first schedule is fetched
-in-band. While the coordinator is away the exchange retries for ``PERSEUS_RECONNECT_S``
-(`perseus.client.coordinator`) and every rank waits in its next `on_step_begin`, between two
-steps: no rank runs a step its pipeline peers do not run; when the window ends first,
-`on_step_begin` raises the `CoordinatorError`.
-
-This module is the state machine; its parts are its siblings (`perseus.client`): the GPU
-side (`rank_gpu`: timing, meter, clocks), registration, the round's exchange, settings.
+schedule's `steps`, if more), then reports it and gets the next schedule off the training
+thread (`perseus.client.exchange`); the next `on_step_begin` collects it (and raises any
+error the exchange met). The parts are sibling modules: `rank_gpu` (timing, energy, clocks),
+`registration`, `exchange`, `finish`, `settings`, `lifecycle` (the ``with`` rule).
 
 States (`_HookState`), and the calls that move between them (anything else is a `RankError`):
 
@@ -41,11 +34,8 @@ IN_STEP, IN_INSTRUCTION --abort_step (the training step failed)--> BETWEEN_STEPS
 any --close--> CLOSED
 ```
 
-`close()` is the job's normal end: every rank waits there for the others and the job's
-first leader then tells the coordinator that the job finished (``POST /finish``), so it is
-listed as ``finished``. ``close(finish=False)``, and leaving the ``with`` block on an
-exception, tell it nothing: a job whose ranks fail ends as ``failed`` at the coordinator's
-round timeout.
+`close()` is the job's normal end (the coordinator lists the job ``finished``);
+``close(finish=False)`` tells the coordinator nothing (the job fails at its round timeout).
 """
 
 from __future__ import annotations
@@ -103,11 +93,8 @@ class PerseusOptimizer(ClosesOnExit):
         dp_degree, pp_degree, tp_degree, world_size: The job's parallel layout.
         server_url: The coordinator, e.g. ``http://127.0.0.1:7787``.
         job_metadata: Free text appended to the job id.
-        **options: Keyword-only options, each documented in `HookOptions`
-            (`perseus.client.options`): ``steps_per_round``, ``timeout_s``,
-            ``round_timeout_s``, ``gpu``, ``emulation``, ``nominal_time_s``,
-            ``expected_instructions``, ``pipeline``, ``trace_dir``, ``sync``, ``timing``,
-            ``token``, ``leaders_per_stage``, ``device_mesh``, ``settings``, ``connect``.
+        **options: Keyword-only, each documented in `perseus.client.options.HookOptions`
+            (``steps_per_round``, ``pipeline``, ``gpu``, ``timing``, ``trace_dir``, ...).
     """
 
     def __init__(
@@ -137,14 +124,11 @@ class PerseusOptimizer(ClosesOnExit):
         self.place = place
         self.server_url = check_server_url(server_url)
         self.rank, self.dp_rank, self.pp_rank, self.tp_rank = rank, dp_rank, pp_rank, tp_rank
-        self.device_id = device_id
         self.dp_degree, self.pp_degree, self.tp_degree = dp_degree, pp_degree, tp_degree
-        self.world_size = world_size
-        self.job_metadata = job_metadata
-        self.steps_per_round = opts.steps_per_round
+        self.device_id, self.world_size = device_id, world_size
+        self.job_metadata, self.steps_per_round = job_metadata, opts.steps_per_round
         self.timeout_s, self.round_timeout_s = opts.timeout_s, opts.round_timeout_s
-        self.leaders_per_stage = opts.leaders_per_stage
-        self.pipeline = opts.pipeline
+        self.leaders_per_stage, self.pipeline = opts.leaders_per_stage, opts.pipeline
         self.expected_instructions = opts.expected_for(pp_rank, pp_degree)
         self._dist = process_group(rank, world_size)
         self.finish_report: JobOutcome | None = None
@@ -152,21 +136,8 @@ class PerseusOptimizer(ClosesOnExit):
         job's finish (rounds, iterations and energy measured, the energy report)."""
         self.status: RoundStatus | None = None
         """The job's status as the coordinator last sent it (leaders only)."""
-        self._gpu = RankGPU(
-            rank=rank,
-            pp_rank=pp_rank,
-            device_id=device_id,
-            gpu=opts.gpu,
-            timing=settings.timing,
-            emulation=settings.emulation,
-            nominal_time_s=opts.nominal_time_s,
-            sync=opts.sync,
-        )
-        self.gpu, self.emulated, self.emulator = (
-            self._gpu.gpu,
-            self._gpu.emulated,
-            self._gpu.emulator,
-        )
+        side = self._gpu = RankGPU(rank, pp_rank, device_id, opts, settings)
+        self.gpu, self.emulated, self.emulator = side.gpu, side.emulated, side.emulator
         self.timing = self._gpu.timing
         """The timing in use, ``sync`` or ``events`` (`perseus.client.timing`)."""
         self.available_frequencies = self._gpu.frequencies
@@ -189,9 +160,7 @@ class PerseusOptimizer(ClosesOnExit):
         self._timing: Timing | None = None
         self._pending: Background | None = None
         self._savings = SavingsLog(rank, max(self.available_frequencies, default=0), logger)
-        self.round = -1
-        self.step = 0
-        self._step_in_round = 0
+        self.round, self.step, self._step_in_round = -1, 0, 0
         self._round_steps = self.steps_per_round
         """Iterations of the current round: max(steps_per_round, the schedule's steps)."""
         self._record = RoundRecord(-1, self._write_trace)
@@ -212,10 +181,8 @@ class PerseusOptimizer(ClosesOnExit):
         tp_rank: int = 0,
         **options: Any,
     ) -> PerseusOptimizer:
-        """The hook of `rank` in a validated `ParallelLayout` (its coordinates given), or in a
-        ``torch.distributed.DeviceMesh`` (its coordinates and degrees read from the mesh's
-        named dimensions, `perseus.client.place.mesh_place`). `options`: as the
-        constructor's (``job_metadata`` and the keyword options)."""
+        """The hook of `rank` in a `ParallelLayout` (its coordinates given) or a ``DeviceMesh``
+        (read from its named dimensions); `options` as the constructor's keywords."""
         place = RankPlace.of(layout, rank=rank, dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank)
         if place.layout is not layout:  # a DeviceMesh: the job's table is checked against it
             options.setdefault("device_mesh", layout)
@@ -227,6 +194,8 @@ class PerseusOptimizer(ClosesOnExit):
         calls it once; the constructor does unless given ``connect=False``). On failure
         everything the hook opened is closed and the error raised."""
         self._expect(_HookState.NOT_CONNECTED, call="connect")
+        # A follower waits in the fan-out for its leader's whole exchange with the coordinator.
+        fanout_timeout_s = self.round_timeout_s + self._coordinator.reconnect_s + 4 * self.timeout_s
         try:
             registration = register(
                 self._coordinator,
@@ -237,9 +206,7 @@ class PerseusOptimizer(ClosesOnExit):
                 pipeline=self.pipeline,
                 leaders_per_stage=self.leaders_per_stage,
                 steps_per_round=self.steps_per_round,
-                fanout_timeout_s=self.round_timeout_s
-                + self._coordinator.reconnect_s
-                + 4 * self.timeout_s,
+                fanout_timeout_s=fanout_timeout_s,
             )
             self.job_id = registration.job_id
             self._fanout: JobFanOut = registration.fanout
@@ -251,13 +218,8 @@ class PerseusOptimizer(ClosesOnExit):
                 round_timeout_s=self.round_timeout_s,
             )
             self._trace = Trace.open(self._trace_dir, self.rank)
-            place = (self.dp_rank, self.pp_rank, self.tp_rank)
-            leader, emulated = self._fanout.leader, self.emulated
-            self._write_trace(
-                job_record(
-                    self.job_id, rank=self.rank, leader=leader, place=place, emulated=emulated
-                )
-            )
+            leader = self._fanout.leader
+            self._write_trace(job_record(self.job_id, self.place, leader, self.emulated))
             self._timing = self._gpu.start_timing()
         except BaseException:
             self._state = _HookState.CLOSED
@@ -397,11 +359,11 @@ class PerseusOptimizer(ClosesOnExit):
     def close(self, *, finish: bool = True) -> None:
         """Stop the hook's threads, restore the GPU's clocks, close the HTTP client.
 
-        `finish` (the default: a normal end of training): the job is over; every rank waits
-        here for the others (at most twice `timeout_s`), then the job's first leader tells
-        the coordinator (``POST /finish``), which lists the job as ``finished``. A finish that
-        cannot be told is a warning, never an error. ``finish=False`` (training failed)
-        tells the coordinator nothing: the job fails at its round timeout. Idempotent.
+        `finish` (a normal end of training): every rank waits here for the others (at most
+        twice `timeout_s`), then the job's first leader tells the coordinator (``POST
+        /finish``), which lists the job as ``finished``; a finish that cannot be told is a
+        warning, never an error. ``finish=False`` (training failed) tells the coordinator
+        nothing: the job fails at its round timeout. Idempotent.
         """
         if self._state is _HookState.CLOSED:
             return
@@ -409,13 +371,10 @@ class PerseusOptimizer(ClosesOnExit):
         self._state = _HookState.CLOSED
         self._savings.log_saving()
         pending, self._pending = self._pending, None
-        if pending is not None and not self._exchange.reported.wait(self.timeout_s):
-            logger.warning(
-                "Rank %d: the last round's report did not reach the coordinator", self.rank
-            )
         try:
+            if connected:
+                self._exchange.wait_reported(pending, self.timeout_s)
             self._gpu.stop()
-            self._timing = None
             if finish and connected:
                 self.finish_report = finish_job(
                     self._dist,
@@ -427,14 +386,7 @@ class PerseusOptimizer(ClosesOnExit):
                     timeout_s=2 * self.timeout_s,
                     status=self.status,
                 )
-                # The next round's exchange is still running: a leader's long-poll ends now
-                # that the job has finished, and it tells its group, whose ranks wait for
-                # it in a collective that must end before their process group goes.
-                if pending is not None and not pending.wait(2 * self.timeout_s):
-                    logger.warning(
-                        "Rank %d: the next round's exchange did not end after the job's finish",
-                        self.rank,
-                    )
+                self._exchange.wait_ended(pending, 2 * self.timeout_s)
         finally:
             self._release()
 

@@ -12,17 +12,17 @@ watcher) starts when the hook connects, and `stop` ends all of it, whatever was 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from perseus.client.bootstrap import device_sync
-from perseus.client.emulation import EmulationSettings, InstructionEmulator
+from perseus.client.emulation import InstructionEmulator
 from perseus.client.frequency import FrequencyController, measure_switch_latency
 from perseus.client.meter import EnergyMeter
+from perseus.client.options import HookOptions
 from perseus.client.registration import GpuFacts
 from perseus.client.rounds import RoundRecord
+from perseus.client.settings import ClientSettings
 from perseus.client.timing import EmulatedTiming, EventsTiming, SyncTiming, Timing, choose_timing
 from perseus.protocol import EnergyWindow
-from zeus_power.device.base import GPU
 
 __all__ = ["RankGPU"]
 
@@ -34,16 +34,13 @@ class RankGPU:
 
     def __init__(
         self,
-        *,
         rank: int,
         pp_rank: int,
         device_id: int,
-        gpu: GPU | None,
-        timing: str,
-        emulation: EmulationSettings,
-        nominal_time_s: dict[str, float] | None = None,
-        sync: Callable[[], None] | None = None,
+        options: HookOptions,
+        settings: ClientSettings,
     ) -> None:
+        gpu = options.gpu
         if gpu is None:
             from zeus_power.device import open_gpus
 
@@ -57,13 +54,18 @@ class RankGPU:
         """This rank's GPU is emulated; the rank registers so, and its profile and plan say so."""
         if self.emulated:
             logger.info("Rank %d: GPU %d is emulated (%s)", rank, device_id, gpu.name())
-        self._sync = sync if sync is not None else device_sync(device_id)
+        self._sync = options.sync if options.sync is not None else device_sync(device_id)
         self.emulator: InstructionEmulator | None = None
         if gpu.stand_in is not None:
             self.emulator = InstructionEmulator(
-                gpu.stand_in, emulation, nominal_time_s=nominal_time_s, rank=rank, stage=pp_rank
+                gpu.stand_in,
+                settings.emulation,
+                nominal_time_s=options.nominal_time_s,
+                rank=rank,
+                stage=pp_rank,
             )
-        self.timing = choose_timing(timing, gpu, has_counter=gpu.supports_energy_counter())
+        has_counter = gpu.supports_energy_counter()
+        self.timing = choose_timing(settings.timing, gpu, has_counter=has_counter)
         self.frequencies = sorted(gpu.supported_sm_clocks_mhz(), reverse=True)
         self.switch_latency_s = measure_switch_latency(gpu, self.frequencies)
         if self.switch_latency_s is not None:

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from perseus.client.place import RankPlace
 from perseus.protocol import FrequencySchedule
 
 __all__ = ["TRACE_DIR_ENV", "Trace", "job_record", "schedule_record"]
@@ -46,13 +47,11 @@ class Trace:
         self._file.close()
 
 
-def job_record(
-    job_id: str, *, rank: int, leader: int, place: tuple[int, int, int], emulated: bool
-) -> dict[str, Any]:
-    """The trace's first record: the job and where this rank sits (`place`: dp, pp, tp)."""
-    dp_rank, pp_rank, tp_rank = place
-    record: dict[str, Any] = {"kind": "job", "job_id": job_id, "rank": rank, "leader": leader}
-    record.update(dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank)
+def job_record(job_id: str, place: RankPlace, leader: int, emulated: bool) -> dict[str, Any]:
+    """The trace's first record: the job, where this rank sits, and its leader."""
+    record: dict[str, Any] = {"kind": "job", "job_id": job_id, "rank": place.rank}
+    record.update(leader=leader, dp_rank=place.dp_rank, pp_rank=place.pp_rank)
+    record["tp_rank"] = place.tp_rank
     if emulated:
         record["emulated"] = True  # the trace's times and energies are a model's
     return record
