@@ -80,6 +80,7 @@ def main() -> int:
 
     from perseus.client import EmulationSettings, PerseusOptimizer
     from perseus.demo import Coordinator, free_port
+    from perseus.protocol import ParallelLayout
     from perseus.train.layout import Topology
     from perseus.train.manual import NullHook, PipelineTrainer
     from perseus.train.model import GPTConfig
@@ -109,16 +110,10 @@ def main() -> int:
         ) as coordinator,
     ):
         gpu = EmulatedGPU(0)
-        hook = PerseusOptimizer(
+        hook = PerseusOptimizer.from_layout(
+            ParallelLayout(dp_degree=1, pp_degree=1, tp_degree=1),
             rank=0,
-            dp_rank=0,
-            pp_rank=0,
-            tp_rank=0,
             device_id=0,
-            dp_degree=1,
-            pp_degree=1,
-            tp_degree=1,
-            world_size=1,
             server_url=coordinator.url,
             steps_per_round=args.steps_per_round,
             gpu=gpu,

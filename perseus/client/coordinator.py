@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from perseus.client.lifecycle import close_on_exit
 from perseus.client.settings import DEFAULT_RECONNECT_S, ClientSettings
 from perseus.client.translate import answer_error, decode_answer, transport_error
 from perseus.errors import (
@@ -366,4 +367,4 @@ class CoordinatorClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        close_on_exit(type(self).__name__, exc, lambda finish: self.close())
