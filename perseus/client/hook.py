@@ -50,7 +50,6 @@ from perseus.client.console import setup_job_logging
 from perseus.client.coordinator import CoordinatorClient, check_server_url
 from perseus.client.exchange import Background, RoundExchange
 from perseus.client.finish import finish_job
-from perseus.client.leaders import JobFanOut
 from perseus.client.lifecycle import ClosesOnExit
 from perseus.client.options import HookOptions
 from perseus.client.place import RankPlace, check_layout
@@ -208,8 +207,7 @@ class PerseusOptimizer(ClosesOnExit):
                 steps_per_round=self.steps_per_round,
                 fanout_timeout_s=fanout_timeout_s,
             )
-            self.job_id = registration.job_id
-            self._fanout: JobFanOut = registration.fanout
+            self.job_id, self._fanout = registration.job_id, registration.fanout
             self._exchange = RoundExchange(
                 self._coordinator,
                 self._fanout,
@@ -311,8 +309,9 @@ class PerseusOptimizer(ClosesOnExit):
             return
         record = self._record
         timing.round_end(record)
+        reads = record.reads()  # reported as read; the savings log gets the mean power's
         windows = self._gpu.close_round(record, len(self._schedule.frequencies))
-        result = record.result(self.rank, windows)
+        result = record.result(self.rank, windows, energies=reads)
         self._savings.measured(record.iter_time, record.iter_energy)
         self._state = _HookState.NEED_SCHEDULE
         # Reporting and the next schedule's long-poll run off the training thread; the

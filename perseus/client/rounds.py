@@ -114,13 +114,25 @@ class RoundRecord:
             for name, steps in self.time_breakdown.items()
         }
 
-    def result(self, rank: int, windows: list[EnergyWindow] | None) -> ProfilingResult:
-        """The round as the rank reports it."""
+    def reads(self) -> tuple[list[float], dict[str, list[list[float]]]]:
+        """The step and instruction energies as measured so far (before any `spread`)."""
+        return self.iter_energy, self.energy_breakdown
+
+    def result(
+        self,
+        rank: int,
+        windows: list[EnergyWindow] | None,
+        *,
+        energies: tuple[list[float], dict[str, list[list[float]]]] | None = None,
+    ) -> ProfilingResult:
+        """The round as the rank reports it (`energies`: these instead of the current
+        step and instruction energies, e.g. `reads` taken before a `spread`)."""
+        iter_energy, energy_breakdown = energies if energies is not None else self.reads()
         return ProfilingResult(
             rank=rank,
             iter_time=self.iter_time,
-            iter_energy=self.iter_energy,
+            iter_energy=iter_energy,
             time_breakdown=self.time_breakdown,
-            energy_breakdown=self.energy_breakdown,
+            energy_breakdown=energy_breakdown,
             energy_windows=windows,
         )
