@@ -63,7 +63,7 @@ class ClientSettings(BaseSettings):
 
     model_config = SettingsConfigDict(
         env_prefix="PERSEUS_",
-        extra="ignore",  # the coordinator's PERSEUS_* variables share the prefix
+        extra="forbid",  # unknown keywords; other PERSEUS_* variables (the coordinator's) are not read
         frozen=True,
         env_ignore_empty=True,
         hide_input_in_errors=True,

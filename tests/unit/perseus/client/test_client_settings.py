@@ -58,3 +58,8 @@ def test_a_bad_value_names_its_variable(monkeypatch, name, value, message) -> No
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigurationError, match=message):
         ClientSettings.load()
+
+
+def test_an_unknown_keyword_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="timng"):
+        ClientSettings.load(timng="sync")
