@@ -43,7 +43,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perseus.client.bootstrap import process_group
 from perseus.client.console import setup_job_logging
@@ -51,7 +51,7 @@ from perseus.client.coordinator import CoordinatorClient, check_server_url
 from perseus.client.exchange import Background, RoundExchange
 from perseus.client.finish import finish_job
 from perseus.client.lifecycle import ClosesOnExit
-from perseus.client.options import HookOptions
+from perseus.client.options import HookKeywords, HookOptions
 from perseus.client.place import RankPlace, check_layout
 from perseus.client.rank_gpu import RankGPU
 from perseus.client.registration import register
@@ -62,6 +62,9 @@ from perseus.client.timing import Timing
 from perseus.client.trace import Trace, job_record, schedule_record
 from perseus.errors import ConfigurationError, RankError
 from perseus.protocol import JobOutcome, ParallelLayout, RoundStatus
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["PerseusOptimizer"]
 
@@ -109,7 +112,7 @@ class PerseusOptimizer(ClosesOnExit):
         world_size: int,
         server_url: str,
         job_metadata: str | None = None,
-        **options: Any,
+        **options: Unpack[HookKeywords],
     ) -> None:
         self._state = _HookState.CLOSED  # until construction succeeds
         opts = HookOptions(**options)
@@ -357,13 +360,10 @@ class PerseusOptimizer(ClosesOnExit):
     # ------------------------------------------------------------------ lifecycle
     def close(self, *, finish: bool = True) -> None:
         """Stop the hook's threads, restore the GPU's clocks, close the HTTP client.
-
-        `finish` (a normal end of training): every rank waits here for the others (at most
-        twice `timeout_s`), then the job's first leader tells the coordinator (``POST
-        /finish``), which lists the job as ``finished``; a finish that cannot be told is a
-        warning, never an error. ``finish=False`` (training failed) tells the coordinator
-        nothing: the job fails at its round timeout. Idempotent.
-        """
+        `finish` (a normal end): every rank waits for the others (at most twice `timeout_s`),
+        then the first leader tells the coordinator (`perseus.client.finish`); a finish that
+        cannot be told is a warning. ``finish=False`` (training failed) tells the coordinator
+        nothing: the job fails at its round timeout. Idempotent."""
         if self._state is _HookState.CLOSED:
             return
         connected = self._timing is not None

@@ -12,7 +12,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from perseus.client.emulation import EmulationSettings
 from perseus.client.settings import ClientSettings
@@ -20,7 +20,29 @@ from perseus.errors import ConfigurationError
 from perseus.protocol import PipelineSpec
 from zeus_power.device.base import GPU
 
-__all__ = ["HookOptions"]
+__all__ = ["HookKeywords", "HookOptions"]
+
+
+class HookKeywords(TypedDict, total=False):
+    """The hook's keyword options as a type checker sees ``**options`` (each field is
+    documented in `HookOptions`; a test keeps the two lists equal)."""
+
+    steps_per_round: int
+    timeout_s: float
+    round_timeout_s: float
+    gpu: GPU | None
+    emulation: EmulationSettings | None
+    nominal_time_s: dict[str, float] | None
+    expected_instructions: Sequence[str] | None
+    pipeline: PipelineSpec | None
+    trace_dir: str | os.PathLike[str] | None
+    sync: Callable[[], None] | None
+    timing: str | None
+    token: str | None
+    leaders_per_stage: int
+    device_mesh: Any
+    settings: ClientSettings | None
+    connect: bool
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -63,3 +63,11 @@ def test_a_bad_value_names_its_variable(monkeypatch, name, value, message) -> No
 def test_an_unknown_keyword_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="timng"):
         ClientSettings.load(timng="sync")
+
+
+def test_the_hooks_keyword_types_list_exactly_its_options() -> None:
+    import dataclasses
+
+    from perseus.client.options import HookKeywords, HookOptions
+
+    assert set(HookKeywords.__annotations__) == {f.name for f in dataclasses.fields(HookOptions)}
