@@ -39,9 +39,9 @@ class _TimedHook:
         self._round = 0.0
         self._inband = 0.0
 
-    def _timed(self, name: str, *args: str) -> float:
+    def _timed(self, name: str, *args: str, **kwargs: int | None) -> float:
         t0 = time.perf_counter()
-        getattr(self.hook, name)(*args)
+        getattr(self.hook, name)(*args, **kwargs)
         took = time.perf_counter() - t0
         self._inband += took
         return took
@@ -55,11 +55,11 @@ class _TimedHook:
         self.round_s.append(self._round)
         self.inband_s.append(self._inband)
 
-    def on_instruction_begin(self, name: str) -> None:
-        self._timed("on_instruction_begin", name)
+    def on_instruction_begin(self, name: str, **where: int | None) -> None:
+        self._timed("on_instruction_begin", name, **where)  # where: stage, microbatch
 
-    def on_instruction_end(self, name: str) -> None:
-        self._timed("on_instruction_end", name)
+    def on_instruction_end(self, name: str, **where: int | None) -> None:
+        self._timed("on_instruction_end", name, **where)
 
 
 def main() -> int:
