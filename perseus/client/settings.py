@@ -39,15 +39,6 @@ TIMINGS = ("auto", "sync", "events")
 DEFAULT_RECONNECT_S = 120.0
 MAX_RECONNECT_S = 7 * 24 * 3600.0
 
-_ENV = {
-    "timing": "PERSEUS_TIMING",
-    "token": "PERSEUS_TOKEN",
-    "reconnect_s": "PERSEUS_RECONNECT_S",
-    "log_level": "PERSEUS_LOG_LEVEL",
-    "trace_dir": "PERSEUS_TRACE_DIR",
-}
-
-
 class ClientSettings(BaseSettings):
     """A training rank's settings (env prefix ``PERSEUS_``; table in the module docstring).
 
@@ -131,11 +122,12 @@ class ClientSettings(BaseSettings):
 
 def _describe(exc: ValidationError) -> str:
     """One line per bad setting, naming its variable; a token's value is never shown."""
+    prefix = "PERSEUS_EMULATE_" if exc.title == EmulationSettings.__name__ else "PERSEUS_"
     lines = []
     for error in exc.errors(include_input=False):
         field = str(error["loc"][0]) if error["loc"] else "?"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] != "value_error":
-            message = f"{_ENV.get(field, field)}: {message}"
+            message = f"{prefix}{field.upper()}: {message}"
         lines.append(message)
     return "; ".join(lines)

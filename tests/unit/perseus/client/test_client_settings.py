@@ -52,6 +52,8 @@ def test_an_empty_variable_counts_as_unset(monkeypatch) -> None:
         ("PERSEUS_RECONNECT_S", "-1", "PERSEUS_RECONNECT_S='-1' must be a number of seconds"),
         ("PERSEUS_RECONNECT_S", "nan", "PERSEUS_RECONNECT_S='nan'"),
         ("PERSEUS_LOG_LEVEL", "loud", "PERSEUS_LOG_LEVEL='loud' is not one of"),
+        ("PERSEUS_EMULATE_NOMINAL_MS", '{"forward": -5}', "PERSEUS_EMULATE_NOMINAL_MS: .*than 0"),
+        ("PERSEUS_EMULATE_KINDS", "gpt4", "PERSEUS_EMULATE_KINDS: Input should be"),
     ],
 )
 def test_a_bad_value_names_its_variable(monkeypatch, name, value, message) -> None:
@@ -61,7 +63,7 @@ def test_a_bad_value_names_its_variable(monkeypatch, name, value, message) -> No
 
 
 def test_an_unknown_keyword_is_refused() -> None:
-    with pytest.raises(ConfigurationError, match="timng"):
+    with pytest.raises(ConfigurationError, match="PERSEUS_TIMNG: Extra inputs"):
         ClientSettings.load(timng="sync")
 
 
