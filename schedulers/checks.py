@@ -32,6 +32,7 @@ __all__ = [
     "MIN_INSTRUCTION_S",
     "plan_problems",
     "profile_problems",
+    "short_instructions",
 ]
 
 MIN_INSTRUCTION_S = 1e-3
@@ -42,6 +43,28 @@ _FIX = (
     "profile with longer instructions (larger microbatches or more layers per stage) or "
     "more steps per round"
 )
+
+
+def short_instructions(times_at_max_s: Sequence[float], *, switch_latency_s: float) -> str | None:
+    """Why instructions whose times at the max clock are `times_at_max_s` are too short to
+    plan clocks for (None: they are long enough). The all-max rounds tell it before any
+    clock is swept."""
+    if not times_at_max_s:
+        return None
+    median_s = statistics.median(times_at_max_s)
+    floor_s = max(MIN_INSTRUCTION_S, _SWITCH_SHARE * switch_latency_s)
+    if median_s >= floor_s:
+        return None
+    why = (
+        "the timer and the host's wake-ups"
+        if floor_s == MIN_INSTRUCTION_S
+        else f"a clock switch ({switch_latency_s * 1000:.1f} ms)"
+    )
+    return (
+        f"instructions are too short to plan clocks for: their median at the max clock is "
+        f"{median_s * 1000:.3f} ms, under the {floor_s * 1000:.1f} ms that {why} can "
+        f"resolve; {_FIX}"
+    )
 
 
 def profile_problems(profile: InstructionProfile, *, switch_latency_s: float) -> list[str]:
@@ -69,20 +92,9 @@ def profile_problems(profile: InstructionProfile, *, switch_latency_s: float) ->
         problems.append(
             "the profile has non-positive times or energies for " + ", ".join(bad_values[:4])
         )
-    if at_max:
-        median_s = statistics.median(at_max)
-        floor_s = max(MIN_INSTRUCTION_S, _SWITCH_SHARE * switch_latency_s)
-        if median_s < floor_s:
-            why = (
-                "the timer and the host's wake-ups"
-                if floor_s == MIN_INSTRUCTION_S
-                else f"a clock switch ({switch_latency_s * 1000:.1f} ms)"
-            )
-            problems.append(
-                f"instructions are too short to plan clocks for: their median at the max clock "
-                f"is {median_s * 1000:.3f} ms, under the {floor_s * 1000:.1f} ms that {why} can "
-                f"resolve; {_FIX}"
-            )
+    short = short_instructions(at_max, switch_latency_s=switch_latency_s)
+    if short is not None:
+        problems.append(short)
     if fast:
         problems.append(
             "the profile says lower clocks run much faster than the max clock, which no GPU "

@@ -11,13 +11,14 @@ from pydantic import Field, field_validator
 
 from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
+from perseus.domain.rows import ProfileRow
 from perseus.domain.units import max_slowdown_problem
 from perseus.errors import PlanError
 from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.settings import PerseusSettings
 from schedulers.args import SchedulerArgs
-from schedulers.checks import plan_problems, profile_problems
+from schedulers.checks import plan_problems, profile_problems, short_instructions
 from schedulers.costs import (
     CostModel,
     calibrate_costs,
@@ -191,6 +192,9 @@ class Perseus(PlanningScheduler):
         self._estimator = args.estimator
         self._round_ticks = args.round_ticks
         self._last_iteration_s: float | None = None
+        self._baseline_times: list[float] = []
+        self._baseline_round: RoundMeasurement | None = None
+        """The instruction times (per stage and kind) of the last all-max profiling round."""
         self.reference_every = args.reference_every
         self.guarded = args.guard and args.baseline_rounds > 0
         self.guard = PromiseGuard(
@@ -263,13 +267,17 @@ class Perseus(PlanningScheduler):
         return self._round if self._issuing else self._round + 1
 
     def round_steps(self) -> int | None:
-        """While profiling, rounds long enough for the GPUs' energy counters: the sweep's
-        energy windows, and the all-max baseline rounds every measured saving is taken
-        against (a round of one 40 ms iteration on a counter that refreshes every 100 ms
-        reads 0 or a whole refresh). The deployed plan's rounds are the ranks' own."""
-        if self.phase is not PerseusPhase.PROFILING or self._estimator != "windows":
+        """Rounds long enough for the GPUs' energy counters: the sweep's energy windows, and
+        every round measured against another (the all-max baseline and reference rounds,
+        the deployed plan's rounds the guard compares with them: a round of one 0.5 s
+        iteration on a counter that refreshes every 100 ms reads its energy within ±10 %)."""
+        if self._estimator != "windows":
             return None
-        if self._ran.startswith("sweep") and self.sweep is not None:
+        if (
+            self.phase is PerseusPhase.PROFILING
+            and self._ran.startswith("sweep")
+            and self.sweep is not None
+        ):
             return self.sweep.round_steps()
         refresh = [r.energy_refresh_s for r in self.rank_infos]
         return counter_round_steps(refresh, self._last_iteration_s, self._round_ticks)
@@ -278,9 +286,45 @@ class Perseus(PlanningScheduler):
         """Whether the sweep still has rounds to run. With a given profile the sweep only
         measures the blocking power, which the all-max baseline rounds measured already."""
         sweep = self.sweep
-        if sweep is None or sweep.done:
+        if sweep is None or sweep.done or self._too_short():
             return False
         return not (self.profile is not None and sweep.p2p_samples)
+
+    def _too_short(self) -> bool:
+        """Whether the all-max rounds already showed instructions too short to plan clocks
+        for (`schedulers.checks.short_instructions`): then no clock is swept, the profile
+        holds the max clock only, and `_deploy` keeps all-max saying why."""
+        if not self._baseline_times:
+            return False
+        switch = self.perseus_args.switch_latency_ms
+        switch_s = (
+            switch / 1000.0
+            if switch is not None
+            else measured_switch_latency_s(self.rank_infos) or 0.0
+        )
+        return short_instructions(self._baseline_times, switch_latency_s=switch_s) is not None
+
+    def _max_clock_profile(self, m: RoundMeasurement) -> InstructionProfile:
+        """The profile an all-max round gives: every (stage, kind) at the max clock only."""
+        rows = [
+            ProfileRow(
+                rank=vs.rank,
+                dp_rank=0,
+                pp_rank=vs.rank,
+                tp_rank=0,
+                stage=stage,
+                instruction=kind,
+                frequency=self.max_freq_mhz,
+                time=vs.time_s[kind],
+                energy=vs.energy_j.get(kind, 0.0),
+                emulated=any(r.emulated for r in self.rank_infos),
+            )
+            for stage, vs in enumerate(m.virtual_stages)
+            for kind in vs.time_s
+        ]
+        return InstructionProfile.from_rows(
+            rows, source=f"job {self.job_info.job_id} (all-max rounds)", check_power=False
+        )
 
     def _reference_due(self) -> bool:
         """Whether this round is one of the deployed plan's all-max reference rounds."""
@@ -305,6 +349,11 @@ class Perseus(PlanningScheduler):
         self._last_iteration_s = measurement.iteration_time_s
         if issued == "baseline" and self.sweep is not None and not self.sweep.done:
             self.sweep.absorb(measurement)  # all-max windows: the blocking power, the top clock
+            if self.phase is PerseusPhase.PROFILING and self._round > 0:
+                self._baseline_round = measurement
+                self._baseline_times = [
+                    t for stage in measurement.virtual_stages for t in stage.time_s.values()
+                ]
         if issued in ("baseline", "sweep-max") and self._round > 0:
             self.baseline.append(figures)
             self.guard.add_baseline(figures)
@@ -385,6 +434,8 @@ class Perseus(PlanningScheduler):
     def _deploy(self) -> None:
         from perseus.planning import solve_frontier
 
+        if self.profile is None and self._baseline_round is not None and self._too_short():
+            self.profile = self._max_clock_profile(self._baseline_round)
         self.complete_profile()
         profile, p2p = self._inputs()
         self.costs = costs = self._cost_model()

@@ -20,7 +20,9 @@ from perseus.io.plan_file import load_plan
 
 require_torch()
 
-QUICK_SWEEP = {"freq_step": 40, "min_frequency": 800, "max_slowdown": 0.01}
+# A 5 % budget: a two-clock sweep's plan then saves several times the spread of the all-max
+# rounds' energy on a busy host, which the scheduler asks of a saving it promises.
+QUICK_SWEEP = {"freq_step": 40, "min_frequency": 800, "max_slowdown": 0.05}
 # These tests check that jobs register, profile and get their own plans, not measurement:
 # ideal sensors and one compute-bound workload for every kind, so that the two-clock sweep
 # finds the saving it always found and no noise of a counter refreshing every 100 ms holds

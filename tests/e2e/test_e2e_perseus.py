@@ -31,7 +31,7 @@ from perseus.planning.dump import read_dump
 require_torch()
 
 M = 4
-STEPS = 150
+STEPS = 200
 BUDGET = 0.01
 SLOWDOWN_TOLERANCE = 0.02
 SAVING_TOLERANCE = 0.02

@@ -133,3 +133,20 @@ def test_the_plan_runs_from_the_round_it_is_deployed_in(tmp_path):
     assert any(f < top for x in ran for _, f in x.frequencies)
     assert s._plan_since == deployed["round"]
     assert s.p2p_power_w == pytest.approx(c.gpus[0].p2p_block_power_w, rel=0.01)
+
+
+def test_instructions_too_short_keep_all_max_from_the_baseline_without_a_sweep(tmp_path):
+    pipeline = make_schedule("1f1b", S, M)
+    pairs = stage_workloads(GPU, WORK, base_forward_ms=0.4)  # sub-ms, as a tiny model's
+    workloads = {}
+    for stage, (fwd, bwd) in enumerate(pairs):
+        workloads[stage, "forward"] = fwd
+        workloads[stage, "backward"] = bwd
+    c = VirtualCluster(pipeline, workloads, gpu_type=GPU, hop_latency_s=0.001)
+    s = scheduler(c, tmp_path)
+    history = run_rounds(s, c, 2 + s.baseline_rounds)
+    assert s.phase is PerseusPhase.ALL_MAX
+    (held,) = [e for e in s.promise_events() if e["event"] == "held"]
+    assert "too short" in held["reason"] and held["round"] == 1 + s.baseline_rounds
+    top = c.gpus[0].supported_sm_clocks_mhz()[0]
+    assert all(f == top for round_ in history for x in round_ for _, f in x.frequencies)
