@@ -1,6 +1,6 @@
 """A rank's energy readings: the GPU's energy counter, read cheaply, and a round's windows.
 
-`EnergyMeter` is what the hook's timings read energy through (`perseus.client.timing`).
+`EnergyReader` is what the hook's timings read energy through (`perseus.client.timing`).
 On a GPU with an energy counter, a `CounterPoller` (`perseus.client.sensing`) watches the
 counter's refreshes off the training thread: a reading is the poller's last value (the
 counter only moves at its refreshes, so this is the counter's now, without another read
@@ -18,12 +18,12 @@ from perseus.client.sensing import CounterPoller, energy_windows, mean_power_w
 from perseus.protocol import EnergyWindow
 from zeus_power.device.base import GPU
 
-__all__ = ["EnergyMeter"]
+__all__ = ["EnergyReader"]
 
 logger = logging.getLogger(__name__)
 
 
-class EnergyMeter:
+class EnergyReader:
     """Energy readings of one rank's GPU (see the module docstring).
 
     Starts the counter's watcher (when the GPU has a counter) and waits for it to measure

@@ -16,7 +16,7 @@ import logging
 from perseus.client.bootstrap import device_sync
 from perseus.client.emulation import InstructionEmulator
 from perseus.client.frequency import FrequencyController, measure_switch_latency
-from perseus.client.meter import EnergyMeter
+from perseus.client.meter import EnergyReader
 from perseus.client.options import HookOptions
 from perseus.client.registration import GpuFacts
 from perseus.client.rounds import RoundRecord
@@ -75,14 +75,14 @@ class RankGPU:
                 device_id,
                 self.switch_latency_s * 1000,
             )
-        self._meter: EnergyMeter | None = None
+        self._meter: EnergyReader | None = None
         self._freq: FrequencyController | None = None
         self._timing: Timing | None = None
 
-    def open_meter(self) -> EnergyMeter:
+    def open_meter(self) -> EnergyReader:
         """Start watching the energy counter (measures its refresh period)."""
         if self._meter is None:
-            self._meter = EnergyMeter(self.gpu, rank=self._rank)
+            self._meter = EnergyReader(self.gpu, rank=self._rank)
         return self._meter
 
     def facts(self) -> GpuFacts:
@@ -116,7 +116,7 @@ class RankGPU:
         return timing
 
     def close_round(self, record: RoundRecord, num_indices: int) -> list[EnergyWindow] | None:
-        """The round's energy windows (`EnergyMeter.close_round`)."""
+        """The round's energy windows (`EnergyReader.close_round`)."""
         return self._meter.close_round(record, num_indices) if self._meter is not None else None
 
     def stop(self) -> None:

@@ -39,6 +39,7 @@ TIMINGS = ("auto", "sync", "events")
 DEFAULT_RECONNECT_S = 120.0
 MAX_RECONNECT_S = 7 * 24 * 3600.0
 
+
 class ClientSettings(BaseSettings):
     """A training rank's settings (env prefix ``PERSEUS_``; table in the module docstring).
 

@@ -13,7 +13,7 @@
 On an H100, sync timing cost +149 % per iteration and events +0.8 % (10 iterations a
 round; ``docs/measurements/h100-2026-11-24``). `choose_timing` resolves ``auto``: events
 where they can run, else sync. Whatever the timing, the round's energy windows and mean
-power come from the `EnergyMeter` (`perseus.client.meter`) at the round's end.
+power come from the `EnergyReader` (`perseus.client.meter`) at the round's end.
 
 The hook calls, per round: ``step_begin``, then per instruction ``instruction_begin`` /
 ``instruction_end``, ``step_end``; after the round's last step ``round_end``; ``discard``
@@ -30,7 +30,7 @@ from typing import ClassVar
 from perseus.client.emulation import InstructionEmulator
 from perseus.client.events import EventTimer, InstructionTiming
 from perseus.client.frequency import FrequencyController
-from perseus.client.meter import EnergyMeter
+from perseus.client.meter import EnergyReader
 from perseus.client.rounds import RoundRecord
 from perseus.errors import ConfigurationError
 from zeus_power.device.base import GPU, StandIn
@@ -113,7 +113,7 @@ class SyncTiming(Timing):
     name = "sync"
 
     def __init__(
-        self, meter: EnergyMeter, freq: FrequencyController, sync: Callable[[], None]
+        self, meter: EnergyReader, freq: FrequencyController, sync: Callable[[], None]
     ) -> None:
         self._meter = meter
         self._freq = freq
@@ -206,7 +206,7 @@ class EmulatedTiming(SyncTiming):
 
     def __init__(
         self,
-        meter: EnergyMeter,
+        meter: EnergyReader,
         freq: FrequencyController,
         sync: Callable[[], None],
         *,
@@ -238,7 +238,7 @@ class EventsTiming(Timing):
 
     name = "events"
 
-    def __init__(self, meter: EnergyMeter, freq: FrequencyController, device_id: int) -> None:
+    def __init__(self, meter: EnergyReader, freq: FrequencyController, device_id: int) -> None:
         # The watcher asks for each instruction's clock when the GPU gets there.
         self._events = EventTimer(device_id, meter.read_mj, freq.request)
         self._steps: list[tuple[int, int, float, list[InstructionTiming]]] = []
