@@ -1,38 +1,40 @@
 """The Perseus exception tree, the only one in `perseus` and `schedulers`.
 
-Every class knows the HTTP status the coordinator answers with when it escapes a request
-(`http_status`; `PerseusError.status` is the instance's, which a `CoordinatorError`
-carrying a `status_code` overrides). `perseus.server.errors` reads it in one place.
-
 ```
-PerseusError                       400  bad input (the root's default)
-├── ConfigurationError             400  bad settings, unknown scheduler, bad scheduler args
-│   └── InvalidJobError            422  a job description the coordinator cannot accept
-├── ProfileError                   400  a malformed instruction profile (CSV)
-├── ScheduleError                  400  bad pipeline schedule parameters, plans unfit for a DAG
-│   └── PlanError                  400  a plan file that is invalid for a profile/schedule
-├── SolverError                    400  the frontier solver could not run
-├── CoordinatorError               400  a coordinator failure (`status_code`: the status it
-│   │                                   answers with on the server, answered on the client)
-│   ├── CoordinatorRequestError    ---  client side: a rank's request failed or was refused
-│   │   └── CoordinatorUnreachableError  client side, retryable: refused, reset, proxy 502/503/504
-│   ├── JobNotFoundError           404  an unknown (or evicted) job id
-│   ├── JobFailedError             409  the job failed earlier (status_code: its failure's)
-│   ├── JobFinishedError           409  the job has finished (its ranks closed normally)
-│   ├── RoundTimeoutError          504  not every rank asked for its schedule in time
-│   └── SchedulerFailedError       500  the job's scheduler crashed (status_code 400 when it
-│                                       rejected its input: a PerseusError or ValueError)
-└── RankError                      400  a rank misbehaved (died mid-round, wrong order)
-    ├── InvalidRankError           422  rank/dp/pp/tp out of range, duplicate coordinates
-    │   └── NotALeaderError        422  a rank that is not a leader acted as one (protocol 2)
-    ├── InvalidResultError         422  a result whose shapes do not fit the rank's schedule
-    └── RankConflictError          409  the same rank registered twice, result reported twice
+PerseusError                          every error Perseus raises on purpose
+├── ConfigurationError                bad settings, unknown scheduler, bad scheduler arguments
+├── ProfileError                      a malformed or incomplete instruction profile (CSV)
+├── ScheduleError                     bad pipeline schedule parameters; execution off schedule
+│   └── PlanError                     a plan that does not fit its profile or schedule
+├── SolverError                       the frontier solver could not produce a result
+├── CoordinatorError                  CLIENT side: a request to the coordinator failed
+│   │                                 (`url`; `status_code`: the status it answered, if any)
+│   ├── CoordinatorRequestError       it failed or was refused: a read timeout, a transport
+│   │   │                             error, an error answer, an answer that is not JSON
+│   │   └── CoordinatorUnreachableError  it went away: refused, reset, a connect timeout,
+│   │                                 a proxy's 502/503/504 (`retryable`)
+│   └── JobNotFoundError              it answered 404: it does not know (or evicted) the job
+├── JobError                          SERVER side: the coordinator refuses a call (`job_id`)
+│   ├── InvalidJobError               a job description it cannot accept
+│   ├── UnknownJobError               an unknown or evicted job id
+│   ├── JobStateError                 the job cannot take the call now: not started yet,
+│   │                                 failed earlier (`cause`: that failure), or finished
+│   ├── CoordinatorBusyError          it holds its limit of live jobs, or is shutting down
+│   ├── RoundTimeoutError             not every talking rank asked for its schedule in time
+│   └── SchedulerFailedError          the job's scheduler refused its input or crashed (`cause`)
+└── RankError                         a rank misbehaved (`rank`): registered wrongly, died
+    │                                 mid-round, called the hook out of order
+    ├── InvalidRankError              rank or dp/pp/tp coordinates out of range or taken; a
+    │                                 rank that is not a leader acting as one (protocol 2)
+    ├── InvalidResultError            a result whose shapes do not fit the rank's schedule
+    └── RankConflictError             something done twice that may happen once (register,
+                                      report a round)
 ```
 
-Every message names the offending value and, where there is one, the fix. Whether a
-later attempt may cure an error is a property of its class (`CoordinatorError.retryable`):
-only `CoordinatorUnreachableError` is, and `JobNotFoundError` once an outage was seen
-(`perseus.client.coordinator`).
+These classes know nothing of HTTP: the coordinator maps them to statuses in one place,
+`perseus.server.errors`. Whether a retry may cure an error is a property of its class
+(`PerseusError.retryable`). Every message names the offending value and, where there is
+one, the fix.
 """
 
 from __future__ import annotations
@@ -41,16 +43,16 @@ from typing import ClassVar
 
 __all__ = [
     "ConfigurationError",
+    "CoordinatorBusyError",
     "CoordinatorError",
     "CoordinatorRequestError",
     "CoordinatorUnreachableError",
     "InvalidJobError",
     "InvalidRankError",
     "InvalidResultError",
-    "JobFailedError",
-    "JobFinishedError",
+    "JobError",
     "JobNotFoundError",
-    "NotALeaderError",
+    "JobStateError",
     "PerseusError",
     "PlanError",
     "ProfileError",
@@ -60,29 +62,19 @@ __all__ = [
     "ScheduleError",
     "SchedulerFailedError",
     "SolverError",
+    "UnknownJobError",
 ]
 
 
 class PerseusError(Exception):
     """Root of every error Perseus raises on purpose."""
 
-    http_status: ClassVar[int] = 400
-    """The coordinator's answer when this error escapes a request."""
-
-    @property
-    def status(self) -> int:
-        """This error's HTTP status (the class's `http_status` unless the instance has one)."""
-        return self.http_status
+    retryable: ClassVar[bool] = False
+    """Whether the same call, made again later, may succeed (the cause may go away)."""
 
 
 class ConfigurationError(PerseusError):
     """Invalid settings, scheduler name, or scheduler arguments."""
-
-
-class InvalidJobError(ConfigurationError):
-    """A job description the coordinator cannot accept (beyond the model's validation)."""
-
-    http_status = 422
 
 
 class ProfileError(PerseusError):
@@ -101,24 +93,20 @@ class SolverError(PerseusError):
     """The frontier solver could not produce a result."""
 
 
+# ---------------------------------------------------------------------- client side
 class CoordinatorError(PerseusError):
-    """The coordinator could not be reached, or answered with an error.
+    """Client side: a request to the coordinator failed.
 
-    `status_code` is the HTTP status involved: the one a coordinator answered with (client
-    side), or the one to answer with (server side); None falls back to `http_status`.
+    Attributes:
+        url: The URL of the request, when known.
+        status_code: The HTTP status the coordinator answered with; None when it did not
+            answer (unreachable, timed out, transport error).
     """
 
     def __init__(self, message: str, *, url: str | None = None, status_code: int | None = None):
         super().__init__(message)
         self.url = url
         self.status_code = status_code
-
-    retryable: ClassVar[bool] = False
-    """Whether sending the request again may cure it (the coordinator went away)."""
-
-    @property
-    def status(self) -> int:
-        return self.status_code if self.status_code is not None else self.http_status
 
 
 class CoordinatorRequestError(CoordinatorError):
@@ -129,63 +117,99 @@ class CoordinatorRequestError(CoordinatorError):
 
 class CoordinatorUnreachableError(CoordinatorRequestError):
     """Client side: the coordinator went away (connection refused or reset, a connect
-    timeout, a proxy's 502/503/504); the client retries it for ``PERSEUS_RECONNECT_S``."""
+    timeout, a proxy's 502/503/504): it may be restarting, so a later attempt may succeed
+    (the client retries for ``PERSEUS_RECONNECT_S``)."""
 
     retryable = True
 
 
 class JobNotFoundError(CoordinatorError):
-    """The coordinator does not know the job id."""
-
-    http_status = 404
-
-
-class JobFailedError(CoordinatorError):
-    """The job failed earlier; every later call gets the failure's message."""
-
-    http_status = 409
+    """Client side: the coordinator answered 404, it does not know the job (never
+    registered, evicted, or not restored after a restart)."""
 
 
-class JobFinishedError(CoordinatorError):
-    """The job has finished (``POST /finish``): it runs no more rounds."""
+# ---------------------------------------------------------------------- server side
+class JobError(PerseusError):
+    """Server side: the coordinator refuses a call about a job.
 
-    http_status = 409
+    Attributes:
+        job_id: The job's id, when the call named one.
+    """
 
-
-class RoundTimeoutError(CoordinatorError):
-    """The round's barrier did not complete within the round timeout."""
-
-    http_status = 504
-
-
-class SchedulerFailedError(CoordinatorError):
-    """The job's scheduler raised; `status_code` is 400 (bad input) or 500 (crash)."""
-
-    http_status = 500
+    def __init__(self, message: str, *, job_id: str | None = None):
+        super().__init__(message)
+        self.job_id = job_id
 
 
+class InvalidJobError(JobError):
+    """A job description the coordinator cannot accept (beyond the model's validation)."""
+
+
+class UnknownJobError(JobError):
+    """The coordinator does not know the job id (never registered, or evicted)."""
+
+
+class JobStateError(JobError):
+    """The job cannot take this call now: it has not started (not every rank registered),
+    it failed earlier, or it has finished.
+
+    Attributes:
+        cause: The job's failure when it failed earlier (every later call carries its
+            message); None otherwise.
+    """
+
+    def __init__(
+        self, message: str, *, job_id: str | None = None, cause: PerseusError | None = None
+    ):
+        super().__init__(message, job_id=job_id)
+        self.cause = cause
+
+
+class CoordinatorBusyError(JobError):
+    """The coordinator holds its limit of live jobs, or is shutting down."""
+
+    retryable = True
+
+
+class RoundTimeoutError(JobError):
+    """The round's barrier did not complete within the round timeout (the job fails)."""
+
+
+class SchedulerFailedError(JobError):
+    """The job's scheduler raised: it refused its input, or crashed (the job fails).
+
+    Attributes:
+        cause: What the scheduler raised.
+    """
+
+    def __init__(
+        self, message: str, *, job_id: str | None = None, cause: BaseException | None = None
+    ):
+        super().__init__(message, job_id=job_id)
+        self.cause = cause
+
+
+# ---------------------------------------------------------------------- ranks
 class RankError(PerseusError):
-    """A rank registered wrongly, died mid-round, or executed instructions out of schedule."""
+    """A rank registered wrongly, died mid-round, or executed instructions out of schedule.
+
+    Attributes:
+        rank: The rank at fault, when one is known.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
 
 
 class InvalidRankError(RankError):
-    """A rank (or its dp/pp/tp coordinates) does not fit the job."""
-
-    http_status = 422
-
-
-class NotALeaderError(InvalidRankError):
-    """In a job with leaders (protocol 2), a rank that is not one registered, reported or
-    asked for a schedule: the message names the rule (`perseus.domain.layout.Leaders`)."""
+    """A rank (or its dp/pp/tp coordinates) does not fit the job, or a rank that is not a
+    leader of a protocol-2 job acted as one (the message names the rule)."""
 
 
 class InvalidResultError(RankError):
     """A rank's result that cannot be its schedule's (refused; the rank may send it again)."""
 
-    http_status = 422
-
 
 class RankConflictError(RankError):
     """A rank did something twice that may happen once (register, report a round)."""
-
-    http_status = 409

@@ -338,15 +338,12 @@ class Parallel3D:
                 if b > 0:
                     tail[unit] = tail.get(unit, 0.0) + b
             rows.append(WindowRow(w.energy_j, w.time_s, busy, w.tail_s, tail))
-        times: dict[Unit, list[float]] = {}
-        where = self._occurrence_index[info.pp_rank]
-        for kind, iters in res.time_breakdown.items():
-            for ts in iters:
-                for index, t in zip(where.get(kind, ()), ts, strict=False):
-                    acc = times.setdefault(units[index], [0.0, 0])
-                    acc[0] += t
-                    acc[1] += 1
-        return rows, {u: (total, int(n)) for u, (total, n) in times.items()}
+        return rows, _unit_times(
+            units,
+            self._occurrence_index[info.pp_rank],
+            res.time_breakdown,
+            info.switch_latency_s or 0.0,
+        )
 
     def measure(
         self,
@@ -459,3 +456,45 @@ class _RankNumbers:
     stage_energy_j: dict[tuple[int, str], float] = field(default_factory=dict)
     busy_s: float = 0.0
     energy: float = 0.0
+
+
+def _unit_times(
+    units: list[Unit],
+    where: dict[str, list[int]],
+    time_breakdown: dict[str, list[list[float]]],
+    lag_s: float,
+) -> dict[Unit, tuple[float, int]]:
+    """Per unit, its instructions' total time and count over a round's iterations, leaving
+    out those that ran while a clock change was being applied.
+
+    A GPU takes `lag_s` (the rank's measured switch latency) to apply a new clock; an
+    instruction that starts within that of a change (its own, a predecessor's, or the
+    round's start, when the clocks may have changed since the last round) runs partly at the
+    old clock, and its time is not its clock's. Such instructions count only for a unit
+    that has no other instruction in the round."""
+    n = len(units)
+    clean: dict[Unit, list[float]] = {}
+    every: dict[Unit, list[float]] = {}
+    iterations = max((len(v) for v in time_breakdown.values()), default=0)
+    since = 0.0  # seconds of instructions since the last clock change began
+    for it in range(iterations):
+        durations: list[float | None] = [None] * n
+        for kind, iters in time_breakdown.items():
+            if it < len(iters):
+                for index, t in zip(where.get(kind, ()), iters[it], strict=False):
+                    durations[index] = t
+        for index, t in enumerate(durations):
+            if t is None:
+                continue
+            if (it == 0 and index == 0) or units[index][2] != units[index - 1][2]:
+                since = 0.0  # a change starts (the round's first, or the clock differs)
+            unit = units[index]
+            for acc in (every, clean) if since >= lag_s else (every,):
+                total = acc.setdefault(unit, [0.0, 0.0])
+                total[0] += t
+                total[1] += 1
+            since += t
+    return {
+        u: (total, int(count))
+        for u, (total, count) in ((u, clean.get(u, every[u])) for u in every)
+    }

@@ -430,7 +430,9 @@ class InstructionSweep:
         for g in list(self.active):
             for stage, name in self.groups[g]:
                 vs = m.virtual_stages[stage]
-                self.time_s.setdefault((stage, name), {})[freq] = vs.time_s[name]
+                self.time_s.setdefault((stage, name), {})[freq] = _unit_time(
+                    m, stage, name, freq, vs.time_s[name]
+                )
                 self.energy_j.setdefault((stage, name), {})[freq] = self._energy(
                     stage, name, freq, vs.energy_j[name]
                 )
@@ -488,7 +490,7 @@ class InstructionSweep:
             stage, name = unit
             freq = left.pop(0)
             vs = m.virtual_stages[stage]
-            self.time_s[unit][freq] = vs.time_s[name]
+            self.time_s[unit][freq] = _unit_time(m, stage, name, freq, vs.time_s[name])
             self.energy_j[unit][freq] = self._energy(stage, name, freq, vs.energy_j[name])
             if not left:
                 more = self._refine_next(unit)
@@ -513,7 +515,8 @@ class InstructionSweep:
             vs = m.virtual_stages[stage]
             n = self.repeats.get((stage, name, level), 0)
             times = self.time_s.setdefault(unit, {})
-            times[level] = (times.get(level, vs.time_s[name]) * n + vs.time_s[name]) / (n + 1)
+            t = _unit_time(m, stage, name, level, vs.time_s[name])
+            times[level] = (times.get(level, t) * n + t) / (n + 1)
             self.repeats[stage, name, level] = n + 1
             self.energy_j.setdefault(unit, {})[level] = self._energy(
                 stage, name, level, vs.energy_j[name]
@@ -677,20 +680,33 @@ class InstructionSweep:
         rows = self.result().rows()
         if not self.windows:
             return rows
-        return [
-            r._replace(
-                estimated=True,
-                energy_se=self.energy_se.get((r.stage, r.instruction), {}).get(
-                    r.frequency, math.inf
-                ),
-            )
-            for r in rows
-        ]
+        top = {(r.stage, r.instruction): r.frequency for r in rows}
+        for r in rows:
+            top[r.stage, r.instruction] = max(top[r.stage, r.instruction], r.frequency)
+        out = []
+        for r in rows:
+            if r.energy <= 0 and r.frequency < top[r.stage, r.instruction]:
+                # The windows could not tell this option's energy apart (a fit at its bound):
+                # the plan does without the clock rather than trust a zero.
+                logger.info(
+                    "Job %s: stage %d %s at %d MHz left out of the profile: its energy could "
+                    "not be estimated from the counter's refreshes",
+                    self.scheduler.job_info.job_id,
+                    r.stage,
+                    r.instruction,
+                    r.frequency,
+                )
+                continue
+            se = self.energy_se.get((r.stage, r.instruction), {}).get(r.frequency, math.inf)
+            out.append(r._replace(estimated=True, energy_se=se))
+        return out
 
     def profile(self) -> InstructionProfile:
         """The sweep's numbers as the solver's `InstructionProfile`."""
+        # Measured in s and J by construction: no unit check. A zero or negative energy left
+        # at the max clock is for the scheduler's checks to refuse, saying why.
         return InstructionProfile.from_rows(
-            self.rows(), source=f"job {self.scheduler.job_info.job_id}"
+            self.rows(), source=f"job {self.scheduler.job_info.job_id}", check_power=False
         )
 
     def report(self, plan_time_s: float | None = None, plan_energy_j: float | None = None) -> dict:
@@ -742,3 +758,18 @@ class InstructionSweep:
             "Job %s: instruction profile written to %s", self.scheduler.job_info.job_id, path
         )
         return path
+
+
+def _unit_time(m: RoundMeasurement, stage: int, kind: str, freq: int, fallback_s: float) -> float:
+    """The round's time of (stage, kind) at `freq`: the slowest rank's mean over the
+    instructions that ran clear of a clock change (`RoundMeasurement.unit_time`; an
+    instruction that starts while a change lands runs partly at the old clock), else
+    `fallback_s`, the stage's mean over all its instructions."""
+    means = [
+        total / count
+        for times in m.unit_time.values()
+        if (acc := times.get((stage, kind, freq))) is not None
+        for total, count in (acc,)
+        if count > 0
+    ]
+    return max(means) if means else fallback_s

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
         ZeusMonitorError,
         ZeusProfileError,
     )
-    from zeus_power.master import HistoryEntry, Job, ZeusMaster
+    from zeus_power.job import HistoryEntry, Job
+    from zeus_power.master import ZeusMaster
     from zeus_power.metric import zeus_cost
     from zeus_power.monitor import Measurement, ZeusMonitor
     from zeus_power.power_limit import (
@@ -125,8 +126,8 @@ _EXPORTS: dict[str, str] = {
     "Energy": "zeus_power.power_limit_selectors",
     "GPUError": "zeus_power.device",
     "GlobalPowerLimitOptimizer": "zeus_power.power_limit",
-    "HistoryEntry": "zeus_power.master",
-    "Job": "zeus_power.master",
+    "HistoryEntry": "zeus_power.job",
+    "Job": "zeus_power.job",
     "JobSpec": "zeus_power.bso.models",
     "LocalBatchSizeOptimizer": "zeus_power.bso.local",
     "MaxSlowdownConstraint": "zeus_power.power_limit_selectors",

@@ -25,9 +25,14 @@ ZeusError
 │   ├── GPUNotSupportedError          not supported by this GPU / backend
 │   ├── GPUPermissionError            needs root or SYS_ADMIN
 │   ├── GPUValueError                 a clock or power value out of range (also a ValueError)
-│   └── GPUInitError                  the backend could not be initialised
+│   ├── GPUInitError                  the backend could not be initialised
+│   └── StoppingError                 the GPU daemon is stopping (zeus_power.gpud.state)
+├── RequestError                      a request the GPU daemon refuses, with its HTTP status
+│                                     (zeus_power.gpud.routes: the daemon's own HTTP layer)
+├── BodyTooLargeError                 a request body over the server's limit (413); also
+│                                     FastAPI's HTTPException (zeus_power.serving)
 └── ShortEpochWarning                 epochs too short to finish a profiling window; issued,
-                                      not raised (zeus_power.power_limit); also a
+                                      not raised (zeus_power.power_limit_states); also a
                                       RuntimeWarning, so warning filters treat it as one
 ```
 

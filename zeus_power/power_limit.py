@@ -4,13 +4,14 @@ Pieces:
 
 - `GlobalPowerLimitOptimizer`, the state machine that profiles each power limit for a
   number of training steps and then applies the optimum;
-- the states `Ready`, `Warmup`, `Profiling`, `Done`, and `PowerLimitProfile`, the file
-  the measurements are saved to and loaded from;
+- re-exported from `zeus_power.power_limit_states`: the states `Ready`, `Warmup`,
+  `Profiling`, `Done`, `PowerLimitProfile` (the file the measurements are saved to and
+  loaded from) and `ShortEpochWarning`;
 - re-exported from `zeus_power.power_limit_selectors`: `PowerLimitMeasurement`, and
   `OptimumSelector` with its strategies `Energy`, `Time`, `ZeusCost`,
   `MaxSlowdownConstraint`;
 - `HFGlobalPowerLimitOptimizer`, a Hugging Face `TrainerCallback` wrapper (built on first
-  access; needs `transformers`).
+  access by `zeus_power.power_limit_hf`; needs `transformers`).
 
 Power limits are in watts throughout; the device's milliwatts appear only at the device
 call. Compared with Zeus: `warmup_steps=0` works, the minimum power limit is always
@@ -21,7 +22,6 @@ energy (sum) are all-reduced over the default process group.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import sys
@@ -29,9 +29,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from zeus_power.errors import ZeusConfigError, ZeusError, ZeusProfileError
+from zeus_power.errors import ZeusConfigError, ZeusProfileError
 from zeus_power.monitor import ZeusMonitor, aggregate_over_ranks
 from zeus_power.power_limit_selectors import (
     Energy,
@@ -40,6 +40,16 @@ from zeus_power.power_limit_selectors import (
     PowerLimitMeasurement,
     Time,
     ZeusCost,
+)
+from zeus_power.power_limit_states import (
+    PROFILE_VERSION,
+    Done,
+    PowerLimitProfile,
+    Profiling,
+    Ready,
+    ShortEpochWarning,
+    State,
+    Warmup,
 )
 
 __all__ = [
@@ -59,82 +69,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-PROFILE_VERSION = 1
-
-
-class ShortEpochWarning(ZeusError, RuntimeWarning):  # noqa: N818 (a warning; public name)
-    """Epochs are too short for a warmup + profiling window to ever finish.
-
-    A `RuntimeWarning` for the warning machinery, and a `ZeusError` like every exception
-    class of the package (so `except ZeusError` also catches it when warnings are errors).
-    """
-
-
-class PowerLimitProfile(BaseModel):
-    """The JSON profile file: the measurements and the optimum chosen from them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    version: int = PROFILE_VERSION
-    measurements: list[PowerLimitMeasurement] = Field(min_length=1)
-    optimal_power_limit_w: int | None = None
-    """The optimum when saved (informational: loading re-selects with the current selector)."""
-    selector: str | None = None
-    emulated: bool = Field(default=False, exclude_if=lambda emulated: not emulated)
-    """Measured on emulated GPUs (the emulator's model); absent from files of real GPUs."""
-
-
-# --------------------------------------------------------------------------- states
-
-
-class _PowerLimitState(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Ready(_PowerLimitState):
-    """Ready to start measuring the next power limit.
-
-    Initial state when there is no profile to load.
-
-    Ready -> Warmup after the `steps`'th `on_step_begin` (-> Profiling if warmup_steps=0).
-    """
-
-    next_power_limit_w: int
-    steps: int
-
-
-class Warmup(_PowerLimitState):
-    """Warming up at a power limit.
-
-    Warmup -> Profiling on the `steps`'th `on_step_begin`.
-    Warmup -> Ready on `on_epoch_end` before that (window cancelled, max limit restored).
-    """
-
-    current_power_limit_w: int
-    steps: int
-
-
-class Profiling(_PowerLimitState):
-    """Profiling a power limit.
-
-    Profiling -> Warmup after the `steps`'th `on_step_begin` when limits remain.
-    Profiling -> Done after the `steps`'th `on_step_begin` when none remain.
-    Profiling -> Ready on `on_epoch_end` before that (window cancelled, max limit restored).
-    """
-
-    current_power_limit_w: int
-    steps: int
-
-
-class Done(_PowerLimitState):
-    """All power limits profiled (or a profile loaded); the optimum is applied. Final."""
-
-    optimal_power_limit_w: int
-
-
-State = Ready | Warmup | Profiling | Done
-
 
 # --------------------------------------------------------------------------- optimizer
 
@@ -298,7 +232,7 @@ class GlobalPowerLimitOptimizer:
             optimal = self._compute_optimal_power_limit()
             self.state = Done(optimal_power_limit_w=optimal)
             self._set_power_limit(optimal)
-            self._save_profile()
+            self._save_profile(optimal)
         else:
             self._start(self.power_limits[index + 1])
 
@@ -356,14 +290,13 @@ class GlobalPowerLimitOptimizer:
         logger.info("Loaded power-limit profile %s (%d limits)", path, len(profile.measurements))
         return profile.measurements
 
-    def _save_profile(self) -> None:
+    def _save_profile(self, optimal_power_limit_w: int) -> None:
         """Save the measurements and the optimum to `profile_path` (rank 0 only)."""
         if self.profile_path is None or _rank() != 0:
             return
-        assert isinstance(self.state, Done)
         profile = PowerLimitProfile(
             measurements=self.measurements,
-            optimal_power_limit_w=self.state.optimal_power_limit_w,
+            optimal_power_limit_w=optimal_power_limit_w,
             selector=repr(self.optimum_selector),
             emulated=self.monitor.emulated,
         )
@@ -372,64 +305,12 @@ class GlobalPowerLimitOptimizer:
         logger.info("Saved power-limit profile to %s", self.profile_path)
 
 
-# --------------------------------------------------------------------------- Hugging Face
-
-
-@functools.cache
-def _build_hf_class() -> type:
-    try:
-        from transformers import TrainerCallback
-    except ImportError as exc:
-        raise ImportError(
-            "HFGlobalPowerLimitOptimizer needs Hugging Face transformers: "
-            "pip install 'perseus-energy[hf]'."
-        ) from exc
-
-    class HFGlobalPowerLimitOptimizer(TrainerCallback):  # type: ignore[misc,valid-type]
-        """[Hugging Face `TrainerCallback`] Optimizer for the power limit knob.
-
-        Takes the arguments of `GlobalPowerLimitOptimizer`, which does the work.
-        """
-
-        def __init__(
-            self,
-            monitor: ZeusMonitor,
-            optimum_selector: OptimumSelector | None = None,
-            wait_steps: int = 1,
-            warmup_steps: int = 10,
-            profile_steps: int = 40,
-            pl_step: int = 25,
-            profile_path: str | Path | None = None,
-        ) -> None:
-            self.optimizer = GlobalPowerLimitOptimizer(
-                monitor,
-                optimum_selector=optimum_selector,
-                wait_steps=wait_steps,
-                warmup_steps=warmup_steps,
-                profile_steps=profile_steps,
-                pl_step=pl_step,
-                profile_path=profile_path,
-            )
-
-        def on_epoch_end(
-            self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any
-        ) -> None:
-            """Mark the end of a training epoch."""
-            self.optimizer.on_epoch_end()
-
-        def on_step_begin(
-            self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any
-        ) -> None:
-            """Mark the beginning of a training step."""
-            self.optimizer.on_step_begin()
-
-    return HFGlobalPowerLimitOptimizer
-
-
 def __getattr__(name: str) -> Any:
     # `HFGlobalPowerLimitOptimizer` subclasses transformers' TrainerCallback, so it is built
     # on first access (and cached): importing this module must not need transformers. It
     # is left out of `__all__` so that `import *` does not need it either.
     if name == "HFGlobalPowerLimitOptimizer":
-        return _build_hf_class()
+        from zeus_power.power_limit_hf import build_hf_class
+
+        return build_hf_class(GlobalPowerLimitOptimizer)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

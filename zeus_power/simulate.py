@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from zeus_power.bso.local import LocalBatchSizeOptimizer
 from zeus_power.bso.models import JobConfig, TrialResult
 from zeus_power.errors import ZeusConfigError
-from zeus_power.master import HistoryEntry
+from zeus_power.job import HistoryEntry
 from zeus_power.metric import check_eta_knob, zeus_cost
 from zeus_power.power_limit_selectors import PowerLimitMeasurement, ZeusCost
 
@@ -291,7 +291,6 @@ def simulate(
                 trial.trial_number,
                 TrialResult(energy_j=energy_j, time_s=time_s, converged=reached, epochs=epochs),
             )
-            assert record.cost is not None
             history.append(
                 HistoryEntry(
                     rec_i=rec_i,
@@ -300,7 +299,9 @@ def simulate(
                     energy_j=energy_j,
                     time_s=time_s,
                     reached=reached,
-                    cost=record.cost,
+                    cost=record.cost
+                    if record.cost is not None
+                    else zeus_cost(energy_j, time_s, eta, tables.max_power_w),
                     power_limit_w=pl_opt,
                     stage=trial.stage,
                     emulated=tables.emulated,

@@ -24,6 +24,7 @@ benchmarked in virtual time (`run_rounds`), beside the real-``torchrun`` end-to-
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,15 @@ class VirtualCluster:
             )
         world = self.pipeline.num_stages * self.dp_degree * self.tp_degree
         self.clocks = [VirtualClock() for _ in range(world)]
+        # Ideal sensors: the ranks report each instruction's own counter change, which only
+        # an exact, continuous counter shows (a real one refreshes every 100 ms;
+        # benchmarks/bench_sensors.py simulates ranks on those). A device layer without the
+        # option (a benchmark's base commit) has only exact counters.
+        ideal = (
+            {"sensors": "ideal"}
+            if "sensors" in inspect.signature(EmulatedGPU.__init__).parameters
+            else {}
+        )
         self.gpus = [
             EmulatedGPU(
                 r,
@@ -93,10 +103,7 @@ class VirtualCluster:
                 switch_latency_s=self.switch_latency_s,
                 noise=self.noise,
                 seed=self.seed + r,
-                # Ideal sensors: the ranks report each instruction's own counter change,
-                # which only an exact, continuous counter shows (a real one refreshes every
-                # 100 ms; benchmarks/bench_sensors.py simulates ranks on those).
-                sensors="ideal",
+                **ideal,
             )
             for r, c in enumerate(self.clocks)
         ]

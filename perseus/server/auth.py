@@ -173,13 +173,12 @@ class CoordinatorAuthMiddleware:
         route = job_route(path)
         manager = getattr(self.state, "job_manager", None)
         job = manager.jobs.get(route[1]) if route is not None and manager is not None else None
-        if job is None:  # not a known job's route: the operator's
+        if route is None or job is None:  # not a known job's route: the operator's
             if operator:
                 await self.app(scope, receive, send)
             else:
                 await self._unauthorized(send, given, "the coordinator's token")
             return
-        assert route is not None
         prefix, job_id = route
         credential = header(scope, _JOB_HEADER)
         expected = job.info.token_sha256

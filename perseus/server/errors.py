@@ -1,9 +1,22 @@
 """The one place where errors become HTTP statuses and ``{"detail": message}`` bodies.
 
-Each `perseus.errors` class carries its status (`PerseusError.status`, drawn in that
-module's tree); anything else is a 400 when it is a ``ValueError`` (bad input) and a 500
-otherwise. Every error body is ``{"detail": "<message>"}``; a traceback never reaches a
-client.
+The `perseus.errors` classes know nothing of HTTP; `status_of` maps them:
+
+```
+JobError               InvalidJobError 422, UnknownJobError 404, CoordinatorBusyError 503,
+                       RoundTimeoutError 504 (to the ranks waiting in that round),
+                       SchedulerFailedError: its cause's (`scheduler_error_status`),
+                       JobStateError 409, or its cause's status when the job failed
+                       earlier (a round timeout answers 409 afterwards)
+RankError              InvalidRankError 422, InvalidResultError 422, RankConflictError 409,
+                       any other 400
+CoordinatorError       (client side; never raised by the coordinator) its `status_code`
+other PerseusError     400
+ValueError             400 (bad input)
+anything else          500
+```
+
+Every error body is ``{"detail": "<message>"}``; a traceback never reaches a client.
 """
 
 from __future__ import annotations
@@ -16,7 +29,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from perseus.errors import PerseusError
+from perseus.errors import (
+    CoordinatorBusyError,
+    CoordinatorError,
+    InvalidJobError,
+    InvalidRankError,
+    InvalidResultError,
+    JobStateError,
+    PerseusError,
+    RankConflictError,
+    RoundTimeoutError,
+    SchedulerFailedError,
+    UnknownJobError,
+)
 
 __all__ = [
     "ErrorBody",
@@ -29,11 +54,32 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+_STATUS: tuple[tuple[type[PerseusError], int], ...] = (
+    (InvalidJobError, 422),
+    (UnknownJobError, 404),
+    (CoordinatorBusyError, 503),
+    (RoundTimeoutError, 504),
+    (InvalidRankError, 422),
+    (InvalidResultError, 422),
+    (RankConflictError, 409),
+)
+"""Fixed statuses, by class (the first match wins)."""
+
+
 def status_of(exc: BaseException) -> int:
-    """The HTTP status for an error raised while serving a request."""
-    if isinstance(exc, PerseusError):
-        return exc.status
-    return 400 if isinstance(exc, ValueError) else 500
+    """The HTTP status for an error raised while serving a request (module docstring)."""
+    if isinstance(exc, JobStateError):
+        if exc.cause is None or isinstance(exc.cause, RoundTimeoutError):
+            return 409
+        return status_of(exc.cause)
+    if isinstance(exc, SchedulerFailedError):
+        return 500 if exc.cause is None else scheduler_error_status(exc.cause)
+    if isinstance(exc, CoordinatorError):
+        return exc.status_code if exc.status_code is not None else 502
+    for cls, status in _STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 400 if isinstance(exc, PerseusError | ValueError) else 500
 
 
 def scheduler_error_status(exc: BaseException) -> int:
@@ -104,8 +150,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": _message(exc)}, status_code=status)
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        message = _validation_message(exc)
+        message = (
+            _validation_message(exc) if isinstance(exc, RequestValidationError) else _message(exc)
+        )
         job_id = request.path_params.get("job_id")
         if isinstance(job_id, str) and job_id:
             message += f" (job {job_id[:200]}; nothing was changed)"

@@ -39,7 +39,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from perseus.server.job import CoordinatedJob, JobPhase
+from perseus.server.barrier import JobPhase
+from perseus.server.job import CoordinatedJob
 
 if TYPE_CHECKING:
     from perseus.server.job_manager import JobManager

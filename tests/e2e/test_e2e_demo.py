@@ -32,7 +32,7 @@ def test_demo_reports_the_jobs_own_saving_and_writes_its_artifacts(tmp_path):
     app.command()(demo)
     out = tmp_path / "demo"
     result = CliRunner().invoke(
-        app, ["--out", str(out), "--layers", "2,6", "--steps", "40", "--freq-step", "20"]
+        app, ["--out", str(out), "--layers", "2,6", "--steps", "100", "--freq-step", "20"]
     )
     assert result.exit_code == 0, result.output
     for row in ("all-max", "Perseus plan", "energy saved", "slowdown"):

@@ -15,11 +15,11 @@ of one model; their count and max power limit enter the cost.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from zeus_power.bso.models import JobConfig, JobSpec, JobState, TrialAssignment, TrialResult
 from zeus_power.bso.policy import epoch_verdict
@@ -35,11 +35,22 @@ from zeus_power.errors import (
 )
 from zeus_power.monitor import ZeusMonitor
 
-__all__ = ["BatchSizeOptimizer"]
+__all__ = ["BSOClientSettings", "BatchSizeOptimizer"]
 
 logger = logging.getLogger(__name__)
 
 _WINDOW = "__BatchSizeOptimizer_train"
+
+
+class BSOClientSettings(BaseSettings):
+    """What a `BatchSizeOptimizer` reads from the environment (``ZEUS_BSO_*``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ZEUS_BSO_", extra="ignore", frozen=True, env_ignore_empty=True
+    )
+
+    token: SecretStr | None = None
+    """``ZEUS_BSO_TOKEN``: the server's token (the server reads the same variable)."""
 
 
 class BatchSizeOptimizer:
@@ -86,7 +97,8 @@ class BatchSizeOptimizer:
             gpu_model=monitor.gpus[0].name(),
         )
         if token is None:
-            token = os.environ.get("ZEUS_BSO_TOKEN") or None
+            secret = BSOClientSettings().token
+            token = secret.get_secret_value() if secret is not None else None
         headers = {"authorization": f"Bearer {token.strip()}"} if token else None
         self._client = httpx.Client(base_url=self.server_url, timeout=timeout_s, headers=headers)
         self.trial: TrialAssignment | None = None
@@ -216,7 +228,10 @@ class BatchSizeOptimizer:
         return self._time_s, self._energy_j
 
     def _report(self, energy_j: float, time_s: float, *, converged: bool) -> None:
-        assert self.trial is not None
+        if self.trial is None:
+            raise ZeusBSOOperationOrderError(
+                "A trial's result was reported before on_train_begin handed out a trial"
+            )
         self._finished = True
         self.monitor.end_window(_WINDOW, cancel=True)
         result = TrialResult(

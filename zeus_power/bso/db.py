@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from pydantic import ValidationError
 from sqlalchemy import (
     Engine,
     ForeignKey,
@@ -25,7 +26,8 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.pool import StaticPool
 
-from zeus_power.errors import ZeusConfigError
+from zeus_power.bso.models import JobConfig, TrialRecord
+from zeus_power.errors import ZeusBSORuntimeError, ZeusConfigError
 
 __all__ = ["Base", "JobRow", "TrialRow", "make_engine"]
 
@@ -46,6 +48,15 @@ class JobRow(Base):
     job_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     config_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=_now)
+
+    def config(self) -> JobConfig:
+        """The job's `JobConfig`; `ZeusBSORuntimeError` when the stored one is invalid."""
+        try:
+            return JobConfig.model_validate_json(self.config_json)
+        except ValidationError as exc:
+            raise ZeusBSORuntimeError(
+                f"Stored config of job {self.job_id!r} is invalid: {exc}"
+            ) from exc
 
 
 class TrialRow(Base):
@@ -68,6 +79,22 @@ class TrialRow(Base):
     epochs: Mapped[int | None]
     created_at: Mapped[datetime] = mapped_column(default=_now)
     finished_at: Mapped[datetime | None]
+
+    def record(self) -> TrialRecord:
+        """This trial as the API answers it."""
+        return TrialRecord(
+            job_id=self.job_id,
+            trial_number=self.trial_number,
+            batch_size=self.batch_size,
+            stage=self.stage,  # type: ignore[arg-type]
+            round=self.round,
+            status=self.status,  # type: ignore[arg-type]
+            energy_j=self.energy_j,
+            time_s=self.time_s,
+            cost=self.cost,
+            converged=self.converged,
+            epochs=self.epochs,
+        )
 
 
 def make_engine(db_url: str, *, sqlite_busy_timeout_s: float = 30.0) -> Engine:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zeus_power.bso.models import JobConfig, JobStage, JobState, TrialRecord, TrialStage
-from zeus_power.errors import ZeusBSOConflictError
+from zeus_power.errors import ZeusBSOConflictError, ZeusBSORuntimeError
 from zeus_power.metric import zeus_cost
 
 __all__ = [
@@ -196,9 +196,9 @@ def decide(config: JobConfig, trials: Sequence[TrialRecord]) -> Decision:
     if outcome.waiting:
         best = best_trial(trials)
         filler = best.batch_size if best is not None else outcome.pivot
-        assert filler is not None
-        return Decision(batch_size=filler, stage="filler")
-    assert outcome.survivors is not None
+        return Decision(batch_size=filler or config.default_batch_size, stage="filler")
+    if outcome.survivors is None:  # PruningOutcome holds exactly one of its answers
+        raise ZeusBSORuntimeError(f"Job {config.job_id!r}: pruning ended without survivors")
     return Decision(batch_size=_thompson(config, trials, outcome.survivors), stage="mab")
 
 

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TypeVar
 
-from pydantic import ValidationError
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -51,22 +50,6 @@ __all__ = ["BSOService"]
 logger = logging.getLogger("zeus_power.bso.server")
 
 _T = TypeVar("_T")
-
-
-def _to_record(row: TrialRow) -> TrialRecord:
-    return TrialRecord(
-        job_id=row.job_id,
-        trial_number=row.trial_number,
-        batch_size=row.batch_size,
-        stage=row.stage,  # type: ignore[arg-type]
-        round=row.round,
-        status=row.status,  # type: ignore[arg-type]
-        energy_j=row.energy_j,
-        time_s=row.time_s,
-        cost=row.cost,
-        converged=row.converged,
-        epochs=row.epochs,
-    )
 
 
 class BSOService:
@@ -110,7 +93,7 @@ class BSOService:
                 session.add(JobRow(job_id=config.job_id, config_json=config.model_dump_json()))
                 session.flush()
                 return self._state(config, []), True
-            registered = self._config(row)
+            registered = row.config()
             if registered != config:
                 diff = {
                     key: (value, getattr(config, key))
@@ -136,7 +119,7 @@ class BSOService:
         """The job's config and exploration state."""
 
         def run(session: Session) -> JobState:
-            config = self._config(self._require_job(session, job_id, lock=False))
+            config = self._require_job(session, job_id, lock=False).config()
             return self._state(config, self._trials(session, job_id))
 
         return self._transaction(run)
@@ -159,7 +142,7 @@ class BSOService:
         """
 
         def run(session: Session) -> TrialAssignment:
-            config = self._config(self._require_job(session, job_id, lock=True))
+            config = self._require_job(session, job_id, lock=True).config()
             self._expire_stale_trials(session, job_id)
             trials = self._trials(session, job_id)
             decision = decide(config, trials)
@@ -208,7 +191,7 @@ class BSOService:
         """
 
         def run(session: Session) -> TrialRecord:
-            config = self._config(self._require_job(session, job_id, lock=True))
+            config = self._require_job(session, job_id, lock=True).config()
             row = self._require_trial(session, job_id, trial_number)
             if row.status not in ("dispatched", "timed_out"):
                 raise ZeusBSOConflictError(
@@ -241,7 +224,7 @@ class BSOService:
         """
 
         def run(session: Session) -> EpochVerdict:
-            config = self._config(self._require_job(session, job_id, lock=True))
+            config = self._require_job(session, job_id, lock=True).config()
             row = self._require_trial(session, job_id, trial_number)
             if batch_size is not None and row.batch_size != batch_size:
                 raise ZeusBSOTrialNotFoundError(
@@ -300,7 +283,7 @@ class BSOService:
                     trial_number,
                     row.batch_size,
                 )
-            return _to_record(row)
+            return row.record()
 
         return self._transaction(run)
 
@@ -377,7 +360,7 @@ class BSOService:
             result.energy_j, result.time_s, config.eta_knob, config.total_max_power_w
         )
         row.finished_at = datetime.now(timezone.utc)
-        return _to_record(row)
+        return row.record()
 
     @staticmethod
     def _lock_job(session: Session, job_id: str) -> JobRow | None:
@@ -390,20 +373,11 @@ class BSOService:
         return row
 
     @staticmethod
-    def _config(row: JobRow) -> JobConfig:
-        try:
-            return JobConfig.model_validate_json(row.config_json)
-        except ValidationError as exc:
-            raise ZeusBSORuntimeError(
-                f"Stored config of job {row.job_id!r} is invalid: {exc}"
-            ) from exc
-
-    @staticmethod
     def _trials(session: Session, job_id: str) -> list[TrialRecord]:
         rows = session.scalars(
             select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.trial_number)
         )
-        return [_to_record(row) for row in rows]
+        return [row.record() for row in rows]
 
     @staticmethod
     def _state(config: JobConfig, trials: list[TrialRecord]) -> JobState:

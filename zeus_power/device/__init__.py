@@ -236,7 +236,7 @@ def _open_emulated(
 
 def _zeusd_configured() -> bool:
     """Whether `ZEUSD_SOCK_PATH` or `ZEUSD_HOST_PORT` is set (`auto` then uses the daemon)."""
-    from zeus_power.device.zeusd import load_zeusd_settings
+    from zeus_power.device.zeusd_client import load_zeusd_settings
 
     return load_zeusd_settings().configured
 

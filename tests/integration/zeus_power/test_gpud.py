@@ -27,7 +27,8 @@ from zeus_power.device import (
     open_gpus,
 )
 from zeus_power.device.emulated import EmulatedGPU
-from zeus_power.device.zeusd import ZeusdClient, ZeusdGPU, ZeusdSettings
+from zeus_power.device.zeusd import ZeusdGPU
+from zeus_power.device.zeusd_client import ZeusdClient, ZeusdSettings
 
 A40_MAX_MHZ = 1740
 A40_DEFAULT_MW = 300_000

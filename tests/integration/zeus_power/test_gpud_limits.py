@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from zeus_power.device.emulated import EmulatedGPU
-from zeus_power.device.zeusd import ZeusdClient, ZeusdSettings
+from zeus_power.device.zeusd_client import ZeusdClient, ZeusdSettings
 from zeus_power.gpud import GpudConfig, GpudServer
 
 

@@ -212,3 +212,22 @@ def test_with_leaders_the_folded_results_measure_as_every_ranks_would() -> None:
     assert led.busy_s == pytest.approx(every.busy_s)
     assert led.job_energy_j == pytest.approx(every.job_energy_j)
     assert led.iteration_time_s == pytest.approx(every.iteration_time_s)
+
+
+def test_instructions_run_while_a_clock_change_lands_are_left_out_of_unit_times():
+    from schedulers.parallel import _unit_times
+
+    # F F B B per iteration: forwards at 1410, backwards at 810, 15 ms to apply a change.
+    units = [(0, "forward", 1410), (0, "forward", 1410), (0, "backward", 810)]
+    units.append((0, "backward", 810))
+    where = {"forward": [0, 1], "backward": [2, 3]}
+    tb = {"forward": [[0.02, 0.008]] * 2, "backward": [[0.03, 0.02]] * 2}
+    times = _unit_times(units, where, tb, 0.015)
+    # Each forward pair and backward pair starts a change: its first instruction is out,
+    # its second (20 ms and 30 ms after the change began) counts.
+    assert times == {(0, "forward", 1410): (0.016, 2), (0, "backward", 810): (0.04, 2)}
+    # No switching latency: everything counts.
+    assert _unit_times(units, where, tb, 0.0)[(0, "forward", 1410)] == (0.056, 4)
+    # A unit with no instruction clear of a change keeps all of them.
+    short = {"forward": [[0.001, 0.001]], "backward": [[0.03, 0.02]]}
+    assert _unit_times(units, where, short, 0.015)[(0, "forward", 1410)] == (0.002, 2)

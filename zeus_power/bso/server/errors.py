@@ -118,19 +118,19 @@ def install_error_handlers(app: FastAPI) -> None:
     """Domain errors → their status; validation errors → a 422 in strict JSON."""
 
     async def on_bso_error(_request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, ZeusBSOError)
         return JSONResponse(
-            status_code=status_of(exc),
+            status_code=status_of(exc) if isinstance(exc, ZeusBSOError) else 500,
             content={"detail": str(exc), "error": type(exc).__name__},
         )
 
     async def on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        return JSONResponse(status_code=422, content={"detail": _errors(exc)})
+        detail = _errors(exc) if isinstance(exc, RequestValidationError) else str(exc)
+        return JSONResponse(status_code=422, content={"detail": detail})
 
     async def on_http_error(_request: Request, exc: Exception) -> JSONResponse:
         # FastAPI's own errors (an unparseable body, an unknown path): the same body.
-        assert isinstance(exc, HTTPException)
+        if not isinstance(exc, HTTPException):  # registered for HTTPException only
+            raise exc
         return JSONResponse(
             status_code=exc.status_code,
             content={"detail": str(exc.detail), "error": type(exc).__name__},
