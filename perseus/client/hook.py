@@ -312,9 +312,10 @@ class PerseusOptimizer(ClosesOnExit):
             return
         record = self._record
         timing.round_end(record)
-        reads = record.reads()  # reported as read; the savings log gets the mean power's
+        # close_round spreads the round's mean power between its first and last refresh
+        # over its steps: reads at a step's ends lag by up to a refresh period each.
         windows = self._gpu.close_round(record, len(self._schedule.frequencies))
-        result = record.result(self.rank, windows, energies=reads)
+        result = record.result(self.rank, windows)
         self._savings.measured(record.iter_time, record.iter_energy)
         self._state = _HookState.NEED_SCHEDULE
         # Reporting and the next schedule's long-poll run off the training thread; the
