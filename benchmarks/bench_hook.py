@@ -39,9 +39,9 @@ class _TimedHook:
         self._round = 0.0
         self._inband = 0.0
 
-    def _timed(self, name: str, *args: str) -> float:
+    def _timed(self, name: str, *args: str, **kwargs: int | None) -> float:
         t0 = time.perf_counter()
-        getattr(self.hook, name)(*args)
+        getattr(self.hook, name)(*args, **kwargs)
         took = time.perf_counter() - t0
         self._inband += took
         return took
@@ -55,11 +55,11 @@ class _TimedHook:
         self.round_s.append(self._round)
         self.inband_s.append(self._inband)
 
-    def on_instruction_begin(self, name: str) -> None:
-        self._timed("on_instruction_begin", name)
+    def on_instruction_begin(self, name: str, **where: int | None) -> None:
+        self._timed("on_instruction_begin", name, **where)  # where: stage, microbatch
 
-    def on_instruction_end(self, name: str) -> None:
-        self._timed("on_instruction_end", name)
+    def on_instruction_end(self, name: str, **where: int | None) -> None:
+        self._timed("on_instruction_end", name, **where)
 
 
 def main() -> int:
@@ -80,6 +80,7 @@ def main() -> int:
 
     from perseus.client import EmulationSettings, PerseusOptimizer
     from perseus.demo import Coordinator, free_port
+    from perseus.protocol import ParallelLayout
     from perseus.train.layout import Topology
     from perseus.train.manual import NullHook, PipelineTrainer
     from perseus.train.model import GPTConfig
@@ -109,16 +110,10 @@ def main() -> int:
         ) as coordinator,
     ):
         gpu = EmulatedGPU(0)
-        hook = PerseusOptimizer(
+        hook = PerseusOptimizer.from_layout(
+            ParallelLayout(dp_degree=1, pp_degree=1, tp_degree=1),
             rank=0,
-            dp_rank=0,
-            pp_rank=0,
-            tp_rank=0,
             device_id=0,
-            dp_degree=1,
-            pp_degree=1,
-            tp_degree=1,
-            world_size=1,
             server_url=coordinator.url,
             steps_per_round=args.steps_per_round,
             gpu=gpu,

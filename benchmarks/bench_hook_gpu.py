@@ -72,7 +72,7 @@ def main() -> int:
 
     from perseus.client import PerseusOptimizer
     from perseus.demo import Coordinator, free_port
-    from perseus.protocol import PipelineSpec
+    from perseus.protocol import ParallelLayout, PipelineSpec
     from perseus.train.model import Block, GPTConfig
     from zeus_power.device.nvml import open_nvml_gpus
 
@@ -141,16 +141,10 @@ def main() -> int:
     ):
 
         def hook(timing: str) -> PerseusOptimizer:
-            return PerseusOptimizer(
+            return PerseusOptimizer.from_layout(
+                ParallelLayout(dp_degree=1, pp_degree=1, tp_degree=1),
                 rank=0,
-                dp_rank=0,
-                pp_rank=0,
-                tp_rank=0,
                 device_id=0,
-                dp_degree=1,
-                pp_degree=1,
-                tp_degree=1,
-                world_size=1,
                 server_url=coordinator.url,
                 steps_per_round=args.steps_per_round,
                 gpu=gpu,  # type: ignore[arg-type]

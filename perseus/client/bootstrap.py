@@ -1,4 +1,4 @@
-"""The torch bootstrap: the job's layout, its process group, its shared job id, device sync.
+"""The torch bootstrap: the job's process group, its shared job id, device sync.
 
 One rank (rank 0, or the job's first leader: `perseus.client.leaders`) registers the job
 with the coordinator and broadcasts the id (or its error) to the other ranks over the job's
@@ -14,32 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from perseus.errors import ConfigurationError, CoordinatorError
-from perseus.protocol import ParallelLayout
 
 __all__ = [
     "all_ranks_reach",
     "broadcast_text",
-    "check_layout",
     "device_sync",
     "process_group",
     "share_job_id",
 ]
-
-
-def check_layout(
-    rank: int,
-    dp_rank: int,
-    pp_rank: int,
-    tp_rank: int,
-    dp_degree: int,
-    pp_degree: int,
-    tp_degree: int,
-    world_size: int,
-) -> None:
-    """Raise `ConfigurationError` unless the ranks fit the degrees and the degrees the world."""
-    layout = ParallelLayout(dp_degree, pp_degree, tp_degree)
-    layout.check_world_size(world_size)
-    layout.check_coordinates(rank=rank, dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank)
 
 
 def process_group(rank: int, world_size: int) -> Any:

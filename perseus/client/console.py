@@ -14,7 +14,6 @@ thousand.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 from perseus.errors import ConfigurationError
@@ -53,10 +52,11 @@ def _level(value: str | None) -> int:
 def setup_job_logging(rank: int, *, level: str | None = None) -> None:
     """Make rank 0's ``perseus`` log visible on stderr (see the module docstring).
 
-    `level` defaults to ``PERSEUS_LOG_LEVEL`` (INFO when unset); a bad value is a
-    `ConfigurationError` naming it (checked on every rank). Other ranks are left alone.
+    `level`: ``ClientSettings.log_level`` (``PERSEUS_LOG_LEVEL``; INFO when None); a bad
+    value is a `ConfigurationError` naming it (checked on every rank). Other ranks are left
+    alone.
     """
-    wanted = _level(level if level is not None else os.environ.get("PERSEUS_LOG_LEVEL"))
+    wanted = _level(level)
     if rank != 0:
         return
     logger = logging.getLogger("perseus")

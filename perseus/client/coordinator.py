@@ -1,10 +1,10 @@
 """The coordinator's HTTP API as one rank uses it.
 
 `CoordinatorClient` speaks the routes of `perseus.protocol` and turns every failure into
-the `perseus.errors` tree: an unreachable coordinator, a timeout or a transport error is a
-`CoordinatorError` that names the URL; an error answer is a `JobNotFoundError` (404) or a
-`CoordinatorError` carrying the status code and the coordinator's ``detail``. The httpx
-client is injectable (`transport=` or `client=`), so tests can talk to an in-process app.
+the `perseus.errors` tree (`perseus.client.translate`, which says which): a
+`CoordinatorUnreachableError` when the coordinator went away, a `JobNotFoundError` (404),
+else a `CoordinatorRequestError` naming the URL and carrying the status code and the
+coordinator's ``detail``. The httpx client is injectable (`transport=` or `client=`), so tests can talk to an in-process app.
 
 Reconnection: a coordinator that restarts (``kill -9`` and a restart on the same dump
 dir, a rolling upgrade) is waited for. A request that meets a connection error (refused,
@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
 import random
 import time
 from types import TracebackType
@@ -41,7 +39,15 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from perseus.errors import ConfigurationError, CoordinatorError, JobNotFoundError
+from perseus.client.lifecycle import close_on_exit
+from perseus.client.settings import DEFAULT_RECONNECT_S, ClientSettings
+from perseus.client.translate import answer_error, decode_answer, transport_error
+from perseus.errors import (
+    ConfigurationError,
+    CoordinatorError,
+    CoordinatorRequestError,
+    JobNotFoundError,
+)
 from perseus.protocol import (
     FINISH_URL,
     GET_SCHEDULE_URL,
@@ -69,45 +75,19 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 RECONNECT_ENV = "PERSEUS_RECONNECT_S"
-DEFAULT_RECONNECT_S = 120.0
-MAX_RECONNECT_S = 7 * 24 * 3600.0
 FIRST_CONTACT_S = 5.0
 """How long registering a job retries an unreachable coordinator (its first contact)."""
 FIRST_CONNECT_TIMEOUT_S = 3.0
 """The connect timeout of each attempt of a first contact."""
 _BACKOFF_FIRST_S = 0.1
 _BACKOFF_CAP_S = 5.0
-_RETRY_STATUS = frozenset({502, 503, 504})
-_CONNECTION_ERRORS = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.ReadError,
-    httpx.WriteError,
-    httpx.RemoteProtocolError,
-)
-"""Transport errors that mean the coordinator went away (not that it is slow)."""
 
 
 def reconnect_window_s(value: float | str | None = None) -> float:
     """How long a request keeps retrying an unreachable coordinator: `value`, else
-    ``PERSEUS_RECONNECT_S``, else 120 s. `ConfigurationError` unless it is a finite number
-    of seconds in [0, 1 week] (0: fail at the first error, as before)."""
-    source = "reconnect_s"
-    if value is None:
-        value = os.environ.get(RECONNECT_ENV)
-        source = RECONNECT_ENV
-        if value is None or not str(value).strip():
-            return DEFAULT_RECONNECT_S
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_RECONNECT_S):
-        raise ConfigurationError(
-            f"{source}={value!r} must be a number of seconds between 0 and {MAX_RECONNECT_S:g} "
-            f"(how long a rank waits for a restarted coordinator; default {DEFAULT_RECONNECT_S:g})"
-        )
-    return seconds
+    ``PERSEUS_RECONNECT_S``, else 120 s (`ClientSettings.reconnect_s`, which checks it:
+    a finite number of seconds in [0, 1 week]; 0 fails at the first error)."""
+    return ClientSettings.load(reconnect_s=value).reconnect_s
 
 
 def check_server_url(server_url: str) -> str:
@@ -179,7 +159,7 @@ class CoordinatorClient:
             connect_timeout_s=min(self.timeout_s, FIRST_CONNECT_TIMEOUT_S),
         )
         if not isinstance(job_id, str) or not job_id:
-            raise CoordinatorError(
+            raise CoordinatorRequestError(
                 f"The Perseus coordinator at {self.server_url} answered "
                 f"{REGISTER_JOB_URL} with {job_id!r} instead of a job id",
                 url=self.server_url + REGISTER_JOB_URL,
@@ -232,7 +212,7 @@ class CoordinatorClient:
         try:
             return FrequencySchedule.model_validate(raw)
         except ValueError as exc:
-            raise CoordinatorError(
+            raise CoordinatorRequestError(
                 f"The Perseus coordinator at {self.server_url} sent rank {rank} an invalid "
                 f"schedule: {exc}",
                 url=self.server_url,
@@ -283,7 +263,7 @@ class CoordinatorClient:
             try:
                 answer = self._send(method, path, content, params, timeout_s, connect_timeout_s)
             except CoordinatorError as exc:
-                retryable = getattr(exc, "_retryable", False) or (
+                retryable = exc.retryable or (
                     # "job unknown" after an outage: the restart may not have restored it yet
                     isinstance(exc, JobNotFoundError) and first_failure is not None
                 )
@@ -336,7 +316,7 @@ class CoordinatorClient:
         timeout_s: float | None,
         connect_timeout_s: float | None = None,
     ) -> Any:
-        """One attempt. The errors a retry may cure carry ``_retryable = True``."""
+        """One attempt. The errors a retry may cure are `CoordinatorUnreachableError`s."""
         url = f"{self.server_url}{path}"
         timeout = self.timeout_s if timeout_s is None else timeout_s
         connect = self.timeout_s if connect_timeout_s is None else connect_timeout_s
@@ -349,65 +329,26 @@ class CoordinatorClient:
                 headers=self._headers(path, content is not None),
                 timeout=httpx.Timeout(self.timeout_s, read=timeout, connect=connect),
             )
-        except httpx.ConnectError as exc:
-            raise _retryable(
-                CoordinatorError(
-                    f"Cannot reach the Perseus coordinator at {self.server_url}: {exc}. "
-                    "Is it running (perseus serve) and is the URL right?",
-                    url=url,
-                )
-            ) from exc
-        except httpx.TimeoutException as exc:
-            waited = connect if isinstance(exc, httpx.ConnectTimeout) else timeout
-            error = CoordinatorError(
-                f"The Perseus coordinator at {self.server_url} did not answer {method} {path} "
-                f"within {waited:g} s ({type(exc).__name__}). Is it running (perseus serve) "
-                "and is the URL right?"
-                if isinstance(exc, httpx.ConnectTimeout)
-                else f"The Perseus coordinator at {self.server_url} did not answer {method} "
-                f"{path} within {waited:g} s ({type(exc).__name__})",
-                url=url,
-            )
-            raise (_retryable(error) if isinstance(exc, httpx.ConnectTimeout) else error) from exc
         except RuntimeError as exc:
             if not self._closed:
                 raise
-            raise CoordinatorError(f"{method} {url}: the client was closed", url=url) from exc
+            raise CoordinatorRequestError(
+                f"{method} {url}: the client was closed", url=url
+            ) from exc
         except httpx.HTTPError as exc:
-            error = CoordinatorError(f"{method} {url} failed: {type(exc).__name__}: {exc}", url=url)
-            raise (_retryable(error) if isinstance(exc, _CONNECTION_ERRORS) else error) from exc
-        if response.is_success:
-            if path == REGISTER_JOB_URL:
-                self._registered_token = response.headers.get(JOB_TOKEN_HEADER)
-            try:
-                return response.json()
-            except ValueError as exc:
-                raise CoordinatorError(
-                    f"The Perseus coordinator at {url} answered {response.status_code} with "
-                    f"a body that is not JSON: {response.text[:200]!r}",
-                    url=url,
-                    status_code=response.status_code,
-                ) from exc
-        coordinator_said = False
-        try:
-            detail = response.json()["detail"]
-            coordinator_said = True
-        except (ValueError, TypeError, KeyError):
-            detail = response.text[:500]
-        if not isinstance(detail, str):
-            detail = json.dumps(detail)
-        kind = JobNotFoundError if response.status_code == 404 else CoordinatorError
-        error = kind(
-            f"The Perseus coordinator at {url} answered {response.status_code} "
-            f"{response.reason_phrase}: {detail}",
-            url=url,
-            status_code=response.status_code,
-        )
-        if response.status_code in _RETRY_STATUS and not (
-            response.status_code == 504 and coordinator_said
-        ):
-            raise _retryable(error)
-        raise error
+            raise transport_error(
+                exc,
+                server_url=self.server_url,
+                method=method,
+                path=path,
+                read_s=timeout,
+                connect_s=connect,
+            ) from exc
+        if not response.is_success:
+            raise answer_error(response, url)
+        if path == REGISTER_JOB_URL:
+            self._registered_token = response.headers.get(JOB_TOKEN_HEADER)
+        return decode_answer(response, url)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -426,10 +367,4 @@ class CoordinatorClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
-
-
-def _retryable(error: CoordinatorError) -> CoordinatorError:
-    """Mark `error` as one a later attempt may cure (the coordinator went away)."""
-    error._retryable = True  # type: ignore[attr-defined]
-    return error
+        close_on_exit(type(self).__name__, exc, lambda finish: self.close())

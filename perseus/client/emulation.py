@@ -92,7 +92,7 @@ class EmulationSettings(BaseSettings):
             ``truth/rank{R}.csv`` (``PERSEUS_EMULATE_TRUTH``): for tests and benchmarks.
     """
 
-    model_config = SettingsConfigDict(env_prefix="PERSEUS_EMULATE_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="PERSEUS_EMULATE_", extra="forbid", frozen=True)
 
     stretch: bool = True
     nominal: bool = False

@@ -1,217 +1,306 @@
-"""Instruction timing without stalling the training thread: CUDA events and a watcher thread.
+"""How the hook times instructions: one interface (`Timing`), one class per way, chosen once.
 
-The hook's default ("sync") timing synchronises the device around every instruction, so
-that host clocks, the energy counter and the clock changes line up with what the GPU runs.
-That stalls the host at every instruction: the next instruction's kernels are only queued
-once the previous ones finished, and launch overlap is lost.
+- `SyncTiming` (``sync``): a device synchronisation around each instruction, its time on
+  the host clock; each step's energy from two energy-counter readings around it, shared
+  by its instructions in proportion to their times (the step's mean power).
+- `EmulatedTiming` (``sync`` on a GPU with a `stand_in`): sync timing that also stretches
+  each instruction to the locked clock and tells the emulated GPU what it draws
+  (`perseus.client.emulation`); energy is still read from the GPU's sensors only.
+- `EventsTiming` (``events``): CUDA events and a watcher thread (`perseus.client.events`),
+  one synchronisation per iteration; each step's energy read by the watcher, shared by
+  time at the round's end. Real CUDA GPUs with an energy counter only.
 
-`EventTimer` ("events" timing) queues a CUDA event before and after each instruction and
-lets a watcher thread wait for them instead: when an instruction's start event completes
-the GPU has reached it, so the watcher asks for its clock then. Times come from the events
-themselves (`elapsed_time`, GPU timestamps). The training thread only records events and
-synchronises once per iteration, at `drain`.
+On an H100, sync timing cost +149 % per iteration and events +0.8 % (10 iterations a
+round; ``docs/measurements/h100-2026-11-24``). `choose_timing` resolves ``auto``: events
+where they can run, else sync. Whatever the timing, the round's energy windows and mean
+power come from the `EnergyReader` (`perseus.client.meter`) at the round's end.
 
-Energy is not read per instruction: on the H100 we measured (``docs/measurements/
-h100-2026-11-24``) the energy counter and NVML's power readings refresh every 100 ms and
-one counter read costs about 2.4 ms, so per-instruction reads of 2-20 ms instructions are
-mostly zero or a whole 100 ms tick, and stall the loop. The watcher reads the counter when
-the GPU reaches an iteration's start and end (off the training thread), and the hook gives
-each instruction the iteration's energy in proportion to its time (the iteration's mean
-power): `step_energies_j`, once per round.
+The hook calls, per round: ``step_begin``, then per instruction ``instruction_begin`` /
+``instruction_end``, ``step_end``; after the round's last step ``round_end``; ``discard``
+when a training step failed.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
-from perseus.errors import RankError
+from perseus.client.emulation import InstructionEmulator
+from perseus.client.events import EventTimer, InstructionTiming
+from perseus.client.frequency import FrequencyController
+from perseus.client.meter import EnergyReader
+from perseus.client.rounds import RoundRecord
+from perseus.errors import ConfigurationError
+from zeus_power.device.base import GPU, StandIn
 
-__all__ = ["TIMINGS", "EventTimer", "InstructionTiming"]
-
-TIMINGS = ("auto", "sync", "events")
-"""The hook's instruction timings: ``sync`` (device synchronisation around each one),
-``events`` (CUDA events, see `EventTimer`), and ``auto`` (events where they can run)."""
-
-
-@dataclass(frozen=True)
-class InstructionTiming:
-    """One instruction as the GPU ran it: seconds, and the clock asked for it."""
-
-    name: str
-    time_s: float
-    freq_mhz: int
-    stage: int | None
-    microbatch: int | None
-    offset_s: float = 0.0
-    """GPU seconds from its iteration's start mark to its start."""
+__all__ = ["EmulatedTiming", "EventsTiming", "SyncTiming", "Timing", "choose_timing"]
 
 
-@dataclass
-class _Mark:
-    begin: bool
-    event: Any  # torch.cuda.Event
-    mj: float | None = None
-    host_s: float = 0.0
-    """`time.perf_counter` when the watcher saw the GPU reach the mark."""
+def _cuda_available() -> bool:
+    """Whether torch sees a CUDA device (CUDA events can time instructions)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
-@dataclass
-class _Pending:
-    name: str
-    freq_mhz: int
-    stage: int | None
-    microbatch: int | None
-    start: Any  # torch.cuda.Event
-    end: Any = None
+def choose_timing(requested: str, gpu: GPU, *, has_counter: bool) -> str:
+    """``sync`` or ``events`` for `requested` (``auto``: events where they can run);
+    `ConfigurationError` for events on an emulated GPU or one without an energy counter."""
+    real = gpu.stand_in is None and has_counter
+    if requested == "auto":
+        return "events" if real and _cuda_available() else "sync"
+    if requested == "events" and not real:
+        raise ConfigurationError(
+            "timing='events' needs a real GPU with an energy counter; "
+            f"{gpu!r} is emulated or has none: use timing='sync'"
+        )
+    return requested
 
 
-class EventTimer:
-    """Times a rank's instructions with CUDA events (one watcher thread per rank).
+class Timing(ABC):
+    """Measures a rank's instructions and steps into the round's `RoundRecord`."""
 
-    Args:
-        device: The CUDA device (index) whose current stream runs the instructions.
-        read_energy_mj: Reads the GPU's energy counter (millijoules), at iteration marks.
-        request_clock: Asks for an SM clock (the frequency controller's `request`); called
-            from the watcher thread when the GPU starts the instruction.
-    """
+    name: ClassVar[str]
+
+    @abstractmethod
+    def step_begin(self, record: RoundRecord, *, first: bool) -> None:
+        """A step begins (`first`: the round's first)."""
+
+    @abstractmethod
+    def instruction_begin(
+        self, name: str, freq_mhz: int, stage: int | None, microbatch: int | None
+    ) -> None:
+        """Instruction `name` begins; it runs at `freq_mhz`."""
+
+    @abstractmethod
+    def instruction_end(
+        self,
+        record: RoundRecord,
+        *,
+        name: str,
+        freq_mhz: int,
+        index: int,
+        step: int,
+        stage: int | None,
+        microbatch: int | None,
+    ) -> None:
+        """Instruction `name` (`index` in its iteration, of step `step`) ended."""
+
+    @abstractmethod
+    def step_end(self, record: RoundRecord, *, step: int, slot: int) -> None:
+        """Step `step` (the round's `slot`-th) ended."""
+
+    @abstractmethod
+    def round_end(self, record: RoundRecord) -> None:
+        """The round's last step ended: anything measured late goes into `record`."""
+
+    @abstractmethod
+    def discard(self) -> None:
+        """Forget the step in progress (the training step failed)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop what this timing started (idempotent)."""
+
+
+class SyncTiming(Timing):
+    """A device synchronisation around each instruction (module docstring)."""
+
+    name = "sync"
+
+    def __init__(
+        self, meter: EnergyReader, freq: FrequencyController, sync: Callable[[], None]
+    ) -> None:
+        self._meter = meter
+        self._freq = freq
+        self._sync = sync
+        self._step_instrs: list[tuple[str, float]] = []
+        """The step's instructions (name, time) until its energy is known."""
+        self._step_start_s = 0.0
+        self._step_start_mj = 0.0
+        self._instr_start_s = 0.0
+        self._instr_stage: int | None = None
+        self._instr_microbatch: int | None = None
+
+    def step_begin(self, record: RoundRecord, *, first: bool) -> None:
+        self._step_instrs = []
+        self._sync()
+        self._step_start_mj = self._meter.read_mj()
+        self._step_start_s = time.perf_counter()
+        if first:
+            record.start_s = self._step_start_s
+
+    def instruction_begin(
+        self, name: str, freq_mhz: int, stage: int | None, microbatch: int | None
+    ) -> None:
+        self._freq.request(freq_mhz)
+        self._sync()
+        self._started(name, freq_mhz)
+        self._instr_stage, self._instr_microbatch = stage, microbatch
+        self._instr_start_s = time.perf_counter()
+
+    def _started(self, name: str, freq_mhz: int) -> None:
+        """The instruction's clock was asked for and the device is idle (emulation hooks in)."""
+
+    def _measure(self, name: str, freq_mhz: int, stage: int | None) -> tuple[float, float, int]:
+        """(duration, compute seconds or -1, clock) of the instruction that just ended."""
+        return time.perf_counter() - self._instr_start_s, -1.0, freq_mhz
+
+    def instruction_end(
+        self,
+        record: RoundRecord,
+        *,
+        name: str,
+        freq_mhz: int,
+        index: int,
+        step: int,
+        stage: int | None,
+        microbatch: int | None,
+    ) -> None:
+        self._sync()
+        stage = stage if stage is not None else self._instr_stage
+        microbatch = microbatch if microbatch is not None else self._instr_microbatch
+        duration_s, compute_s, freq_mhz = self._measure(name, freq_mhz, stage)
+        record.interval(index, self._instr_start_s, self._instr_start_s + duration_s)
+        record.trace_instruction(
+            step=step,
+            index=index,
+            name=name,
+            stage=stage,
+            microbatch=microbatch,
+            freq_mhz=freq_mhz,
+            time_s=duration_s,
+            compute_s=compute_s,
+        )
+        # Its energy share is known once the step's energy is (step_end).
+        self._step_instrs.append((name, duration_s))
+
+    def step_end(self, record: RoundRecord, *, step: int, slot: int) -> None:
+        self._sync()
+        end_s = time.perf_counter()
+        iter_time_s = end_s - self._step_start_s
+        iter_energy_j = self._meter.since(self._step_start_mj, iter_time_s)
+        power_w = iter_energy_j / iter_time_s if iter_time_s > 0 else 0.0
+        for name, time_s in self._step_instrs:
+            record.instruction(name, time_s, power_w * time_s)
+        self._step_instrs = []
+        record.step(step, iter_time_s, iter_energy_j)
+        record.end_s = end_s
+
+    def round_end(self, record: RoundRecord) -> None:
+        pass  # every step was measured as it ended
+
+    def discard(self) -> None:
+        self._step_instrs = []
+
+    def close(self) -> None:
+        pass  # no thread of its own: the hook stops the frequency controller
+
+
+class EmulatedTiming(SyncTiming):
+    """Sync timing on a GPU with a stand-in: stretches each instruction to its clock."""
 
     def __init__(
         self,
-        device: int,
-        read_energy_mj: Callable[[], float],
-        request_clock: Callable[[int], None],
+        meter: EnergyReader,
+        freq: FrequencyController,
+        sync: Callable[[], None],
+        *,
+        emulator: InstructionEmulator,
+        stand_in: StandIn,
     ) -> None:
-        import torch
+        super().__init__(meter, freq, sync)
+        self._emulator = emulator
+        self._stand_in = stand_in
 
-        if not torch.cuda.is_available():
-            raise RankError("events timing needs a CUDA GPU that torch can see")
-        self._torch = torch
-        self._device = device
-        self._request_clock = request_clock
-        self._read_energy_mj = read_energy_mj
-        self._marks: list[_Mark] = []
-        self._queue: queue.SimpleQueue[tuple[str, _Pending] | None] = queue.SimpleQueue()
-        self._step: list[_Pending] = []
-        self._open: _Pending | None = None
-        self._handled = 0
-        self._queued = 0
-        self._step_mark: _Mark | None = None
-        self.last_spans: list[tuple[float, float]] = []
-        """Per iteration of the last `step_energies_j` call, (start, end) on the host clock:
-        when the GPU reached its marks (the hook's instruction times hang off them)."""
-        self._cond = threading.Condition()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._watch, name=f"perseus-events-gpu{device}", daemon=True
+    def _started(self, name: str, freq_mhz: int) -> None:
+        # The emulated switch starts now, not whenever the worker thread gets to it;
+        # the emulated GPU draws the instruction's power from now on.
+        self._freq.wait_applied()
+        self._emulator.begin(name, freq_mhz)
+
+    def _measure(self, name: str, freq_mhz: int, stage: int | None) -> tuple[float, float, int]:
+        compute_end_s = time.perf_counter()
+        self._freq.wait_applied()
+        freq_mhz = self._stand_in.target_sm_clock_mhz()
+        duration_s = self._emulator.finish(
+            name, self._instr_start_s, freq_mhz, compute_end_s=compute_end_s, stage=stage
         )
-        self._thread.start()
+        return duration_s, self._emulator.last_compute_s, freq_mhz
 
-    def _event(self) -> Any:
-        event = self._torch.cuda.Event(enable_timing=True)
-        event.record(self._torch.cuda.current_stream(self._device))
-        return event
 
-    def begin(self, name: str, freq_mhz: int, stage: int | None, microbatch: int | None) -> None:
-        """Queue the start of an instruction (its clock is asked for when the GPU gets there)."""
-        pending = _Pending(name, freq_mhz, stage, microbatch, start=self._event())
-        self._open = pending
-        self._put("start", pending)
+class EventsTiming(Timing):
+    """CUDA events and a watcher thread (module docstring)."""
 
-    def end(self) -> None:
-        """Queue the end of the instruction begun last."""
-        pending, self._open = self._open, None
-        if pending is None:
-            raise RankError("EventTimer.end() without begin()")
-        pending.end = self._event()  # read at step_end, once the GPU is done
-        self._step.append(pending)
+    name = "events"
 
-    def step_begin(self) -> None:
-        """Mark an iteration's start (the watcher reads the counter when the GPU gets there)."""
-        mark = _Mark(True, self._event())
-        self._marks.append(mark)
-        self._step_mark = mark
-        self._put("mark", mark)
+    def __init__(self, meter: EnergyReader, freq: FrequencyController, device_id: int) -> None:
+        # The watcher asks for each instruction's clock when the GPU gets there.
+        self._events = EventTimer(device_id, meter.read_mj, freq.request)
+        self._steps: list[tuple[int, int, float, list[InstructionTiming]]] = []
+        """Each step of the round so far (step, slot, time, instructions)."""
+        self._step_start_s = 0.0
 
-    def step_end(self) -> list[InstructionTiming]:
-        """Mark an iteration's end, synchronise, and return its instructions' times."""
-        mark = _Mark(False, self._event())
-        self._marks.append(mark)
-        self._put("mark", mark)
-        self._torch.cuda.synchronize(self._device)
-        done, self._step = self._step, []
-        begin = self._step_mark
-        return [
-            InstructionTiming(
-                name=p.name,
-                time_s=p.start.elapsed_time(p.end) / 1000.0,
-                freq_mhz=p.freq_mhz,
-                stage=p.stage,
-                microbatch=p.microbatch,
-                offset_s=0.0 if begin is None else begin.event.elapsed_time(p.start) / 1000.0,
-            )
-            for p in done
-        ]
+    def step_begin(self, record: RoundRecord, *, first: bool) -> None:
+        self._events.step_begin()  # the counter is read off this thread
+        self._step_start_s = time.perf_counter()
 
-    def step_energies_j(self, timeout_s: float = 60.0) -> list[float]:
-        """Joules of each iteration marked since the last call (waits for the watcher)."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._handled < self._queued:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RankError(f"GPU {self._device}: iteration marks not seen in time")
-                self._cond.wait(left)
-            error, self._error = self._error, None
-        if error is not None:
-            raise error
-        marks, self._marks = self._marks, []
-        energies = []
-        self.last_spans = []
-        for begin, end in zip(marks[::2], marks[1::2], strict=True):
-            assert begin.begin and not end.begin and begin.mj is not None and end.mj is not None
-            energies.append(max(0.0, (end.mj - begin.mj) / 1000.0))
-            self.last_spans.append((begin.host_s, end.host_s))
-        return energies
+    def instruction_begin(
+        self, name: str, freq_mhz: int, stage: int | None, microbatch: int | None
+    ) -> None:
+        self._events.begin(name, freq_mhz, stage, microbatch)
 
-    def _put(self, what: str, pending: Any) -> None:
-        with self._cond:
-            self._queued += 1
-        self._queue.put((what, pending))
+    def instruction_end(
+        self,
+        record: RoundRecord,
+        *,
+        name: str,
+        freq_mhz: int,
+        index: int,
+        step: int,
+        stage: int | None,
+        microbatch: int | None,
+    ) -> None:
+        self._events.end()  # measured at the round's end
 
-    def _watch(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            what, pending = item
-            try:
-                if what == "mark":
-                    pending.event.synchronize()  # releases the GIL while it waits
-                    pending.host_s = time.perf_counter()
-                    pending.mj = self._read_energy_mj()
-                else:  # an instruction's start: the GPU got there, so its clock now
-                    pending.start.synchronize()
-                    self._request_clock(pending.freq_mhz)
-            except BaseException as exc:  # re-raised on the training thread at drain()
-                with self._cond:
-                    self._error = exc
-            with self._cond:
-                self._handled += 1
-                self._cond.notify_all()
+    def step_end(self, record: RoundRecord, *, step: int, slot: int) -> None:
+        """The step's instruction times now, its energy at the round's end."""
+        timings = self._events.step_end()
+        iter_time_s = time.perf_counter() - self._step_start_s
+        self._steps.append((step, slot, iter_time_s, timings))
+
+    def round_end(self, record: RoundRecord) -> None:
+        """Each step's energy (read by the watcher), shared by time."""
+        steps, self._steps = self._steps, []
+        energies = self._events.step_energies_j()
+        spans = self._events.last_spans
+        for (step, slot, iter_time_s, timings), energy_j, (begin_s, _) in zip(
+            steps, energies, spans, strict=True
+        ):
+            power_w = energy_j / iter_time_s if iter_time_s > 0 else 0.0
+            for index, t in enumerate(timings):
+                start_s = begin_s + t.offset_s  # the GPU's own timestamps, from the step's mark
+                record.interval(index, start_s, start_s + t.time_s)
+                record.instruction(t.name, t.time_s, power_w * t.time_s, slot=slot)
+                record.trace_instruction(
+                    step=step,
+                    index=index,
+                    name=t.name,
+                    stage=t.stage,
+                    microbatch=t.microbatch,
+                    freq_mhz=t.freq_mhz,
+                    time_s=t.time_s,
+                )
+            record.step(step, iter_time_s, energy_j)
+        if spans:
+            record.start_s, record.end_s = spans[0][0], spans[-1][1]
 
     def discard(self) -> None:
-        """Forget the step in progress (the training step failed)."""
-        self._open = None
-        self._step = []
-        if self._marks and self._marks[-1].begin:
-            self._marks.pop()
-            self._step_mark = None
+        self._events.discard()
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5.0)
+        self._events.close()

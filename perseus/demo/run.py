@@ -89,7 +89,7 @@ def run_demo(
     out_dir: str | os.PathLike[str],
     *,
     spec: DemoJob | None = None,
-    steps: int = 60,
+    steps: int = 150,
     freq_step: int = 6,
     max_slowdown: float = 0.01,
     console: Any = None,

@@ -24,11 +24,11 @@ benchmarked in virtual time (`run_rounds`), beside the real-``torchrun`` end-to-
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perseus.domain.layout import ParallelLayout
 from perseus.domain.schedule import Instruction, PipelineSchedule
 from perseus.protocol import (
     FrequencySchedule,
@@ -76,7 +76,6 @@ class VirtualCluster:
     steps_per_round: int = 1
     noise: float = 0.0
     seed: int = 0
-    layout: ParallelLayout = field(init=False)
     gpus: list[EmulatedGPU] = field(init=False)
     clocks: list[VirtualClock] = field(init=False)
 
@@ -85,8 +84,17 @@ class VirtualCluster:
             raise ValueError(
                 f"dp_degree={self.dp_degree} and tp_degree={self.tp_degree} must be >= 1"
             )
-        self.layout = ParallelLayout(self.dp_degree, self.pipeline.num_stages, self.tp_degree)
-        self.clocks = [VirtualClock() for _ in range(self.layout.world_size)]
+        world = self.pipeline.num_stages * self.dp_degree * self.tp_degree
+        self.clocks = [VirtualClock() for _ in range(world)]
+        # Ideal sensors: the ranks report each instruction's own counter change, which only
+        # an exact, continuous counter shows (a real one refreshes every 100 ms;
+        # benchmarks/bench_sensors.py simulates ranks on those). A device layer without the
+        # option (a benchmark's base commit) has only exact counters.
+        ideal = (
+            {"sensors": "ideal"}
+            if "sensors" in inspect.signature(EmulatedGPU.__init__).parameters
+            else {}
+        )
         self.gpus = [
             EmulatedGPU(
                 r,
@@ -95,10 +103,7 @@ class VirtualCluster:
                 switch_latency_s=self.switch_latency_s,
                 noise=self.noise,
                 seed=self.seed + r,
-                # Ideal sensors: the ranks report each instruction's own counter change,
-                # which only an exact, continuous counter shows (a real one refreshes every
-                # 100 ms; benchmarks/bench_sensors.py simulates ranks on those).
-                sensors="ideal",
+                **ideal,
             )
             for r, c in enumerate(self.clocks)
         ]
@@ -111,11 +116,13 @@ class VirtualCluster:
         return len(self.gpus)
 
     def rank_of(self, dp: int, pp: int, tp: int = 0) -> int:
-        return self.layout.rank_of(dp, pp, tp)
+        return (dp * self.pipeline.num_stages + pp) * self.tp_degree + tp
 
     def layout_of(self, rank: int) -> tuple[int, int, int]:
         """(dp, pp, tp) of `rank`."""
-        return self.layout.coordinates(rank)
+        copy, tp = divmod(rank, self.tp_degree)
+        dp, pp = divmod(copy, self.pipeline.num_stages)
+        return dp, pp, tp
 
     # ------------------------------------------------------------------ registration
     def job_record(self, job_id: str = "virtual-job", **extra: Any) -> JobRecord:

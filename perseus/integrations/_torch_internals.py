@@ -15,8 +15,18 @@ does instead, never a guess: a `PipelineScheduleSingle` always needs autograd fo
 backward (its ``step`` refuses a training step under ``no_grad``), and only a
 `_PipelineScheduleRuntime` can have custom functions registered.
 
-`attach` is verified on torch `VERIFIED_TORCH`; tests pin `INTERNALS` and check each of
-them against the installed torch.
+`attach` is verified on torch `VERIFIED_TORCH` only (the only one installable here); tests
+pin `INTERNALS` and check each of them against the installed torch. The oldest release it
+should support is torch 2.8; that is inferred from torch's history, not run:
+the single-stage schedules (`ScheduleGPipe`, `Schedule1F1B`) got their ``pipeline_order``
+in June 2025 (pytorch#155935, as ``get_pipeline_order()``, which `attach` also reads; 2.8
+if it made that branch cut, else 2.9); ``backward_weight_one_chunk`` and
+`ScheduleInterleavedZeroBubble` (2024, 2.5), `ScheduleZBVZeroBubble` and the
+`_PipelineScheduleRuntime` (Dec 2024, 2.6) are older; `ScheduleDualPipeV` and
+``OVERLAP_F_B`` (Aug 2025) need 2.9. On a release without a schedule's
+``pipeline_order``, `attach` fails with an error that says so. torch 2.13's
+`Schedule1F1B` numbers its last rank's forwards from 1 in ``pipeline_order`` (it runs
+them from 0): `perseus.integrations.orders.renumber_single_stage` repairs that.
 """
 
 from __future__ import annotations

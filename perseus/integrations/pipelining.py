@@ -42,37 +42,29 @@ no ``loss_fn``) are refused, since Perseus plans training iterations; ``schedule
 (and any step run without backward) passes through unmeasured and does not count as an
 iteration. A schedule class without a ``pipeline_order`` is refused with a clear error.
 
-torch versions: what `attach` reads of torch is private (the stages a schedule holds, its
-microbatch count, whether a step runs backward, the stage methods it wraps, ...); every
-such piece is listed in `perseus.integrations._torch_internals.INTERNALS` and checked when
-`attach` is called, which fails with an error naming the torch version and each missing
-piece rather than measuring the wrong thing after a rename. Verified on torch 2.13 only
-(the only one installable here). The oldest
-release it should support is torch 2.8; that is inferred from torch's history, not run:
-the single-stage schedules (`ScheduleGPipe`, `Schedule1F1B`) got their ``pipeline_order``
-in June 2025 (pytorch#155935, as ``get_pipeline_order()``, which `attach` also reads; 2.8
-if it made that branch cut, else 2.9); ``backward_weight_one_chunk`` and
-`ScheduleInterleavedZeroBubble` (2024, 2.5), `ScheduleZBVZeroBubble` and the
-`_PipelineScheduleRuntime` (Dec 2024, 2.6) are older; `ScheduleDualPipeV` and
-``OVERLAP_F_B`` (Aug 2025) need 2.9. On a release without a schedule's
-``pipeline_order``, `attach` fails with an error that says so. torch 2.13's
-`Schedule1F1B` numbers its last rank's forwards from 1 in ``pipeline_order`` (it runs
-them from 0): see `renumber_single_stage`.
+torch versions: what `attach` reads of torch is private; every such piece is checked when
+`attach` is called (`perseus.integrations._torch_internals`, which also says which torch
+releases it should support), and the order translation is `perseus.integrations.orders`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
-from collections.abc import Callable, Iterator, Sequence
-from types import TracebackType
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from perseus.client.hook import PerseusOptimizer
-from perseus.client.leaders import mesh_place
+from perseus.client.lifecycle import ClosesOnExit
+from perseus.client.place import mesh_place
 from perseus.errors import ConfigurationError, ScheduleError
 from perseus.integrations._torch_internals import TorchSchedule
+from perseus.integrations.orders import (
+    Action,
+    action_name,
+    compute_orders,
+    renumber_single_stage,
+)
 from perseus.protocol import PipelineSpec
 
 __all__ = [
@@ -83,101 +75,7 @@ __all__ = [
     "renumber_single_stage",
 ]
 
-Action = tuple[int, str, int]
-"""(virtual stage, instruction kind, microbatch)."""
-
-_KINDS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
-_LETTERS = {kind: letter for letter, kind in _KINDS.items()}
-_IGNORED = {"UNSHARD", "RESHARD", "REDUCE_GRAD", "SEND_F", "RECV_F", "SEND_B", "RECV_B"}
 _WRAPPED = "__perseus_wrapped__"
-
-
-def _name(action: Action) -> str:
-    stage, kind, mb = action
-    return f"{kind} of stage {stage}, microbatch {mb} (torch: {stage}{_LETTERS[kind]}{mb})"
-
-
-def _type_value(action: Any) -> str:
-    computation = action.computation_type
-    return str(getattr(computation, "value", computation))
-
-
-def _flatten(action: Any, *, rank: int, where: str) -> list[Action]:
-    """The compute actions of one of torch's `_Action`s (OVERLAP_F_B: its sub-actions)."""
-    value = _type_value(action)
-    if value == "OVERLAP_F_B":
-        subs = action.sub_actions or ()
-        return [a for sub in subs for a in _flatten(sub, rank=rank, where=where)]
-    if value in _IGNORED:
-        return []
-    kind = _KINDS.get(value)
-    if kind is None:
-        raise ConfigurationError(
-            f"{where}: rank {rank}'s pipeline_order holds action {action!r} of type {value!r}, "
-            f"which Perseus does not know (it measures {', '.join(_KINDS)})"
-        )
-    if action.microbatch_index is None:
-        raise ConfigurationError(f"{where}: rank {rank}'s action {action!r} has no microbatch")
-    return [(int(action.stage_index), kind, int(action.microbatch_index))]
-
-
-def compute_orders(
-    pipeline_order: dict[int, Sequence[Any]], num_ranks: int, *, where: str = "the schedule"
-) -> list[list[Action]]:
-    """Each pipeline rank's compute actions, in order, from torch's ``pipeline_order``.
-
-    Bubbles (None) and non-compute actions are dropped; ``OVERLAP_F_B`` actions become their
-    sub-actions (torch's runtime runs them one after the other when no custom function is
-    registered for them).
-    """
-    if sorted(pipeline_order) != list(range(num_ranks)):
-        raise ConfigurationError(
-            f"{where}: pipeline_order has ranks {sorted(pipeline_order)} but the pipeline "
-            f"group has {num_ranks} rank(s)"
-        )
-    return [
-        [
-            a
-            for action in pipeline_order[rank]
-            if action is not None
-            for a in _flatten(action, rank=rank, where=where)
-        ]
-        for rank in range(num_ranks)
-    ]
-
-
-def renumber_single_stage(orders: list[list[Action]], num_microbatches: int) -> list[list[Action]]:
-    """Orders of a single-stage schedule with each kind's microbatches numbered 0, 1, ...
-
-    torch's single-stage schedules (`ScheduleGPipe`, `Schedule1F1B`) run each kind's
-    microbatches in ascending order from 0, but their ``pipeline_order`` is built separately
-    from the loop that runs them, and torch 2.13's `Schedule1F1B` numbers the last rank's
-    forwards from 1 (``F1 .. FM``, an off-by-one: it executes ``F0 .. F(M-1)``). A rank whose
-    actions of one kind are ``num_microbatches`` strictly ascending numbers gets them
-    renumbered ``0 .. M-1``; anything else is left as is (and the run-time check of every
-    executed action still compares against the result).
-    """
-    fixed = []
-    for order in orders:
-        by_kind: dict[tuple[int, str], list[int]] = {}
-        for stage, kind, mb in order:
-            by_kind.setdefault((stage, kind), []).append(mb)
-        renumber = {
-            key
-            for key, mbs in by_kind.items()
-            if len(mbs) == num_microbatches
-            and mbs != list(range(num_microbatches))
-            and all(a < b for a, b in itertools.pairwise(mbs))
-        }
-        seen: dict[tuple[int, str], int] = {}
-        out = []
-        for stage, kind, mb in order:
-            if (stage, kind) in renumber:
-                mb = seen.get((stage, kind), 0)
-                seen[(stage, kind)] = mb + 1
-            out.append((stage, kind, mb))
-        fixed.append(out)
-    return fixed
 
 
 def _local_stages(schedule: Any) -> list[Any]:
@@ -231,7 +129,7 @@ def _process_group() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-class PipelineAttachment:
+class PipelineAttachment(ClosesOnExit):
     """Perseus attached to one rank's `torch.distributed.pipelining` schedule (see `attach`).
 
     Attributes:
@@ -316,10 +214,10 @@ class PipelineAttachment:
             return
         k = self._next
         if k >= len(self.order) or self.order[k] != action:
-            due = _name(self.order[k]) if k < len(self.order) else "nothing more"
+            due = action_name(self.order[k]) if k < len(self.order) else "nothing more"
             raise ScheduleError(
                 f"Rank {self.hook.rank} (pipeline rank {self.hook.pp_rank}), step "
-                f"{self.hook.step}: {type(self.schedule).__name__} executed {_name(action)} "
+                f"{self.hook.step}: {type(self.schedule).__name__} executed {action_name(action)} "
                 f"as action #{k}, but its pipeline_order says {due}"
             )
         stage, kind, mb = action
@@ -341,7 +239,7 @@ class PipelineAttachment:
                         f"Rank {self.hook.rank} (pipeline rank {self.hook.pp_rank}), step "
                         f"{self.hook.step}: {type(self.schedule).__name__}.step() ran "
                         f"{self._next} of the {len(self.order)} compute actions of its "
-                        f"pipeline_order; the first one missing is {_name(self.order[self._next])} "
+                        f"pipeline_order; the first one missing is {action_name(self.order[self._next])} "
                         "(a custom function registered for a compute action may bypass the "
                         "stage's *_one_chunk methods)"
                     )
@@ -368,7 +266,9 @@ class PipelineAttachment:
     def close(self, *, finish: bool = True) -> None:
         """Unwrap the schedule and its stages, close the hook (restores the GPU's clocks;
         `finish`: training ended normally, the coordinator lists the job as finished; see
-        `PerseusOptimizer.close`). Idempotent."""
+        `PerseusOptimizer.close`). Idempotent. Leaving ``with attach(...)`` follows
+        `perseus.client.lifecycle`: on an exception, ``close(finish=False)``, and an error
+        while closing is logged, never raised over the original one."""
         if self._closed:
             return
         self._closed = True
@@ -377,21 +277,6 @@ class PipelineAttachment:
             self._unwrap()
         finally:
             self.hook.close(finish=finish)
-
-    def __enter__(self) -> PipelineAttachment:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            self.close()
-            return
-        with contextlib.suppress(Exception):  # never mask the original error
-            self.close(finish=False)
 
 
 def pipeline_spec(schedule: Any) -> PipelineSpec:
@@ -448,7 +333,7 @@ def attach(
             (default: from `device_mesh`, else 0 of 1: no data or tensor parallelism).
         device_mesh: The job's ``torch.distributed.DeviceMesh`` with named dimensions: ``pp``
             (checked against the schedule's stages), ``tp``, and any others (``dp``,
-            ``dp_shard``, ...), which count as data-parallel (`perseus.client.leaders.mesh_place`).
+            ``dp_shard``, ...), which count as data-parallel (`perseus.client.place.mesh_place`).
         device_id: This rank's GPU index (default: ``LOCAL_RANK``, else 0).
         job_metadata: Free text appended to the job id.
         **hook_options: Passed to `PerseusOptimizer` (``steps_per_round``, ``trace_dir``,
@@ -459,15 +344,8 @@ def attach(
         A `PipelineAttachment`: ``close()`` it (or use it as a context manager) when
         training ends.
     """
-    reserved_names = (
-        "pipeline",
-        "expected_instructions",
-        "rank",
-        "pp_rank",
-        "pp_degree",
-        "world_size",
-    )
-    for reserved in reserved_names:
+    reserved_names = ("pipeline", "expected_instructions", "rank", "pp_rank", "pp_degree")
+    for reserved in (*reserved_names, "world_size"):
         if reserved in hook_options:
             raise ConfigurationError(
                 f"attach() sets {reserved} itself from the schedule; do not pass it"
@@ -515,5 +393,5 @@ def attach(
     try:
         return PipelineAttachment(schedule, hook, spec)
     except BaseException:
-        hook.close()
+        hook.close(finish=False)  # nothing trained: the job did not finish
         raise

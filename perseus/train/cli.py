@@ -222,10 +222,6 @@ def _run(args: argparse.Namespace) -> None:
     )
     hook_options: dict[str, Any] = {
         "device_id": local_rank,
-        "dp_rank": topo.dp_rank,
-        "dp_degree": topo.dp_degree,
-        "tp_rank": topo.tp_rank,
-        "tp_degree": topo.tp_degree,
         "leaders_per_stage": args.leaders_per_stage,
         "server_url": args.server_url,
         "job_metadata": args.job_metadata,
@@ -257,11 +253,12 @@ def _run(args: argparse.Namespace) -> None:
         gc.collect()
         gc.freeze()
         if not args.no_hook:
-            hook = closer = PerseusOptimizer(
+            hook = closer = PerseusOptimizer.from_layout(
+                topo.layout,
                 rank=rank,
+                dp_rank=topo.dp_rank,
                 pp_rank=topo.pp_rank,
-                pp_degree=topo.pp_degree,
-                world_size=world_size,
+                tp_rank=topo.tp_rank,
                 pipeline=PipelineSpec.of(manual.schedule),
                 **hook_options,
             )
@@ -293,13 +290,14 @@ def _run(args: argparse.Namespace) -> None:
             if args.device_mesh:  # the mesh says where this rank sits, not the options
                 from torch.distributed.device_mesh import init_device_mesh
 
-                for name in ("dp_rank", "dp_degree", "tp_rank", "tp_degree"):
-                    del hook_options[name]
                 hook_options["device_mesh"] = init_device_mesh(
                     device.type,
                     (topo.dp_degree, topo.pp_degree, topo.tp_degree),
                     mesh_dim_names=("dp", "pp", "tp"),
                 )
+            else:
+                hook_options.update(dp_rank=topo.dp_rank, dp_degree=topo.dp_degree)
+                hook_options.update(tp_rank=topo.tp_rank, tp_degree=topo.tp_degree)
             closer = attach(trainer.schedule, **hook_options)
             hook = closer.hook
         train_step = trainer.train_step

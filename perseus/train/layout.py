@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perseus.domain.layout import ParallelLayout
 from perseus.errors import ConfigurationError
 
 __all__ = [
@@ -103,6 +104,12 @@ class Topology:
     @property
     def tp_rank(self) -> int:
         return self.rank % self.tp_degree
+
+    @property
+    def layout(self) -> ParallelLayout:
+        """The job's layout, the value object the hook and the coordinator check
+        (`perseus.domain.layout.ParallelLayout`)."""
+        return ParallelLayout(self.dp_degree, self.pp_degree, self.tp_degree)
 
     def rank_of(self, dp_rank: int, pp_rank: int, tp_rank: int = 0) -> int:
         return (dp_rank * self.pp_degree + pp_rank) * self.tp_degree + tp_rank

@@ -44,7 +44,7 @@ def test_unreachable_coordinator_fails_every_rank_naming_the_url(tmp_path):
     assert rc0 == 1 and rc1 == 1, (err0, err1)
     assert "(retried for 2 s, PERSEUS_RECONNECT_S=2)" in err0
     assert (
-        f"perseus.train rank 0: error: CoordinatorError: Cannot reach the Perseus coordinator at {url}"
+        f"perseus.train rank 0: error: CoordinatorUnreachableError: Cannot reach the Perseus coordinator at {url}"
         in err0
     )
     assert (

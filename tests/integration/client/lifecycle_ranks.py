@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from perseus.client import EmulationSettings, PerseusOptimizer
 from perseus.domain.schedule import make_schedule
-from perseus.protocol import PipelineSpec
+from perseus.protocol import ParallelLayout, PipelineSpec
 from zeus_power.device.emulated import EmulatedGPU
 
 NOMINAL_S = {"forward": 0.003, "backward": 0.006}
@@ -44,16 +44,11 @@ def main() -> int:
     )
     schedule = make_schedule("1f1b", args.world, args.microbatches)
     order = schedule.orders[args.rank]
-    with PerseusOptimizer(
+    with PerseusOptimizer.from_layout(
+        ParallelLayout(dp_degree=1, pp_degree=args.world, tp_degree=1),
         rank=args.rank,
-        dp_rank=0,
         pp_rank=args.rank,
-        tp_rank=0,
         device_id=args.rank,
-        dp_degree=1,
-        pp_degree=args.world,
-        tp_degree=1,
-        world_size=args.world,
         server_url=args.url,
         job_metadata="lifecycle",
         pipeline=PipelineSpec.of(schedule),

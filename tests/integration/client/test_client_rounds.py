@@ -20,6 +20,7 @@ from perseus.domain.plan import Plan
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ConfigurationError, CoordinatorError, RankError, ScheduleError
 from perseus.io.plan_file import save_plan
+from perseus.protocol import ParallelLayout
 from zeus_power.device.base import GPUPermissionError
 from zeus_power.device.emulated import EmulatedGPU
 
@@ -253,3 +254,33 @@ def test_the_hook_logs_the_schedule_it_deploys(point, caplog):
     assert (
         "Rank 0: deployed since round 0: 4 instructions, 705–1200 MHz (mean 979)" in caplog.messages
     )
+
+
+def test_a_validated_layout_builds_the_hook_and_connect_can_wait(all_max):
+    """`from_layout` takes a `ParallelLayout` instead of Zeus's nine integers; with
+    ``connect=False`` nothing talks to the coordinator until `connect()`."""
+    hook = PerseusOptimizer.from_layout(
+        ParallelLayout(dp_degree=1, pp_degree=1, tp_degree=1),
+        rank=0,
+        device_id=0,
+        server_url=all_max.url,
+        job_metadata="layout",
+        gpu=EmulatedGPU(0),
+        emulation=EmulationSettings(nominal=True, kinds="uniform"),
+        nominal_time_s=NOMINAL,
+        connect=False,
+    )
+    assert (hook.world_size, hook.pp_degree, hook.place.layout.world_size) == (1, 1, 1)
+    with pytest.raises(RankError, match=r"on_step_begin\(\) called before connect\(\)"):
+        hook.on_step_begin()
+    with hook:
+        hook.connect()
+        assert hook.job_id.endswith("+layout")
+        _step(hook)
+        with pytest.raises(RankError, match="connect"):
+            hook.connect()  # once
+    assert hook.finish_report is not None and hook.finish_report.iterations_measured >= 0
+    with pytest.raises(ConfigurationError, match=r"pp_rank=1 must be in \[0, 1\)"):
+        PerseusOptimizer.from_layout(
+            ParallelLayout(1, 1, 1), rank=0, pp_rank=1, device_id=0, server_url=all_max.url
+        )

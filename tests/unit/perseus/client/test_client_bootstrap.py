@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from perseus.client.bootstrap import check_layout, process_group, share_job_id
+from perseus.client.bootstrap import process_group, share_job_id
+from perseus.client.place import check_layout
 from perseus.errors import ConfigurationError, CoordinatorError
 
 dist = pytest.importorskip("torch.distributed")

@@ -22,7 +22,13 @@ from fastapi import FastAPI
 from server_fixtures import job_info, rank_infos
 
 from perseus.client import CoordinatorClient
-from perseus.errors import ConfigurationError, CoordinatorError, JobNotFoundError
+from perseus.errors import (
+    ConfigurationError,
+    CoordinatorError,
+    CoordinatorRequestError,
+    CoordinatorUnreachableError,
+    JobNotFoundError,
+)
 from perseus.protocol import FrequencySchedule, ProfilingResult
 from perseus.server import create_app
 from perseus.settings import PerseusSettings
@@ -109,7 +115,8 @@ def test_a_rejected_request_carries_the_status_and_the_detail(coordinator):
     coordinator.register_rank(job_id, rank_infos(1)[0])
     with pytest.raises(CoordinatorError) as info:  # AllMaxFrequency takes no stragglers
         coordinator.announce_straggler(job_id, 0, 1.5)
-    assert type(info.value) is CoordinatorError and info.value.status_code == 400
+    assert type(info.value) is CoordinatorRequestError and info.value.status_code == 400
+    assert not info.value.retryable  # a refusal is final: the client does not send it again
     assert info.value.url == f"{URL}/straggler/{job_id}"
     message = str(info.value)
     assert message.startswith(f"The Perseus coordinator at {URL}/straggler/{job_id} answered 400")
@@ -172,3 +179,34 @@ def test_the_url_must_be_http_and_loses_its_trailing_slash():
         CoordinatorClient("127.0.0.1:7787")
     with pytest.raises(ConfigurationError, match="a transport or a client"):
         CoordinatorClient(URL, transport=httpx.HTTPTransport(), client=httpx.Client())
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind"),
+    [
+        (httpx.Response(503, text="proxy: upstream restarting"), CoordinatorUnreachableError),
+        (httpx.Response(502, text="bad gateway"), CoordinatorUnreachableError),
+        (httpx.Response(504, text="proxy timeout"), CoordinatorUnreachableError),
+        (httpx.Response(504, json={"detail": "round timed out"}), CoordinatorRequestError),
+        (httpx.Response(409, json={"detail": "job failed"}), CoordinatorRequestError),
+        (httpx.Response(404, json={"detail": "no such job"}), JobNotFoundError),
+        (httpx.ConnectError("refused"), CoordinatorUnreachableError),
+        (httpx.ReadTimeout("slow"), CoordinatorRequestError),
+    ],
+)
+def test_which_failures_are_retryable_is_a_property_of_their_class(
+    answer: httpx.Response | Exception, kind: type[CoordinatorError]
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    client = CoordinatorClient(
+        "http://coordinator.test", transport=httpx.MockTransport(handler), reconnect_s=0
+    )
+    with client, pytest.raises(CoordinatorError) as caught:
+        client.request("GET", "/info")
+    assert type(caught.value) is kind
+    assert caught.value.retryable is (kind is CoordinatorUnreachableError)
+    assert caught.value.url == "http://coordinator.test/info"

@@ -7,7 +7,9 @@ import socket
 
 import pytest
 
-from perseus.client.leaders import GroupFold, JobFanOut, mesh_place
+from perseus.client.fold import GroupFold
+from perseus.client.leaders import JobFanOut
+from perseus.client.place import mesh_place
 from perseus.errors import ConfigurationError, RankError
 from perseus.protocol import ParallelLayout, ProfilingResult
 

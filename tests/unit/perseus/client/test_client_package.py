@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import perseus.client
+from perseus.client.settings import ClientSettings
 from perseus.client.trace import TRACE_DIR_ENV, Trace
 from zeus_power.device.base import GPU
 from zeus_power.device.emulated import EmulatedGPU
@@ -80,13 +81,14 @@ def test_the_hook_asks_the_gpu_for_a_stand_in_instead_of_its_class():
     from zeus_power.device.nvml import NVMLGPU
 
     assert NVMLGPU.stand_in is GPU.stand_in  # real GPUs inherit "None: nothing to emulate"
-    assert "isinstance" not in (CLIENT / "hook.py").read_text()
+    for module in ("hook.py", "rank_gpu.py", "timing.py"):
+        assert "isinstance" not in (CLIENT / module).read_text()
 
 
 def test_a_trace_is_written_only_when_asked(tmp_path, monkeypatch):
-    assert Trace.open(None, 0) is None
+    assert Trace.open(ClientSettings.load().trace_dir, 0) is None
     monkeypatch.setenv(TRACE_DIR_ENV, str(tmp_path / "env"))
-    trace = Trace.open(None, 2)
+    trace = Trace.open(ClientSettings.load().trace_dir, 2)
     assert trace is not None and trace.path == tmp_path / "env" / "rank2.jsonl"
     trace.write({"kind": "job", "job_id": "j", "rank": 2})
     trace.close()

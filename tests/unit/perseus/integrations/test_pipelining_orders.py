@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from perseus.errors import ConfigurationError
-from perseus.integrations.pipelining import compute_orders, renumber_single_stage
+from perseus.integrations.orders import compute_orders, renumber_single_stage
 from perseus.protocol import PipelineSpec
 
 pytest.importorskip("torch")

@@ -55,6 +55,9 @@ def test_ranks_are_pipeline_major_with_tensor_ranks_innermost():
     assert places == [(d, p, t) for d in range(2) for p in range(2) for t in range(2)]
     topo = Topology(rank=5, world_size=8, pp_degree=2, tp_degree=2)
     assert topo.dp_degree == 2 and topo.rank_of(1, 0, 1) == 5
+    # The hook takes the same layout as a validated value object (PerseusOptimizer.from_layout).
+    assert (topo.layout.dp_degree, topo.layout.pp_degree, topo.layout.tp_degree) == (2, 2, 2)
+    assert topo.layout.world_size == 8
     assert Topology(rank=3, world_size=4, pp_degree=2).rank_of(1, 1) == 3  # no tp: as before
     with pytest.raises(ConfigurationError, match="2 pipeline ranks × 2 tensor rank"):
         Topology(rank=0, world_size=6, pp_degree=2, tp_degree=2)

@@ -1,0 +1,104 @@
+"""A rank's energy readings: the GPU's energy counter, read cheaply, and a round's windows.
+
+`EnergyReader` is what the hook's timings read energy through (`perseus.client.timing`).
+On a GPU with an energy counter, a `CounterPoller` (`perseus.client.sensing`) watches the
+counter's refreshes off the training thread: a reading is the poller's last value (the
+counter only moves at its refreshes, so this is the counter's now, without another read
+— 2.4 ms on an H100 — on the training thread), and at a round's end the round is cut at
+the refreshes into energy windows, and its steps get the round's mean power between its
+first and last refresh (`RoundRecord.spread`). Without a counter, energy is power × time.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from perseus.client.rounds import RoundRecord
+from perseus.client.sensing import CounterPoller, energy_windows, mean_power_w
+from perseus.protocol import EnergyWindow
+from zeus_power.device.base import GPU
+
+__all__ = ["EnergyReader"]
+
+logger = logging.getLogger(__name__)
+
+
+class EnergyReader:
+    """Energy readings of one rank's GPU (see the module docstring).
+
+    Starts the counter's watcher (when the GPU has a counter) and waits for it to measure
+    the refresh period (`refresh_s`: 0.0 continuous, None unknown or no counter).
+    """
+
+    def __init__(self, gpu: GPU, *, rank: int) -> None:
+        self._gpu = gpu
+        self._rank = rank
+        self.has_counter = gpu.supports_energy_counter()
+        self._poller: CounterPoller | None = None
+        self.refresh_s: float | None = None
+        if self.has_counter:
+            # The counter's refresh period, measured here (a few hundred ms): the
+            # coordinator sizes profiling rounds from it.
+            self._poller = CounterPoller(gpu.total_energy_mj, name=f"perseus-counter-rank{rank}")
+            self.refresh_s = self._poller.wait_period()
+            logger.info(
+                "Rank %d: the energy counter refreshes %s",
+                rank,
+                "continuously"
+                if self.refresh_s == 0.0
+                else "at an unknown period"
+                if self.refresh_s is None
+                else f"every {self.refresh_s * 1000:.1f} ms",
+            )
+
+    def read_mj(self) -> float:
+        """The counter now, in millijoules (0.0 without a counter)."""
+        if not self.has_counter:
+            return 0.0
+        poller = self._poller
+        if poller is not None and poller.period_s and poller.error is None:
+            latest = poller.latest_mj()
+            if latest is not None:
+                return float(latest)
+        return float(self._gpu.total_energy_mj())
+
+    def since(self, start_mj: float, duration_s: float) -> float:
+        """Joules since the reading `start_mj` (power × time on GPUs without a counter)."""
+        if self.has_counter:
+            return (self.read_mj() - start_mj) / 1000.0
+        return self._gpu.power_usage_mw() / 1000.0 * duration_s
+
+    def close_round(self, record: RoundRecord, num_indices: int) -> list[EnergyWindow] | None:
+        """The round cut at the counter's refreshes (None without a watcher); with a
+        periodic counter, also spreads the round's mean power over its steps."""
+        poller = self._poller
+        if poller is None:
+            return None
+        if poller.error is not None:
+            logger.warning(
+                "Rank %d: the energy counter's watcher stopped (%s); no energy windows",
+                self._rank,
+                poller.error,
+            )
+            self._poller = None
+            return None
+        ticks = poller.ticks(record.start_s, record.end_s)
+        windows = energy_windows(
+            ticks,
+            record.intervals,
+            num_indices,
+            start_s=record.start_s,
+            end_s=record.end_s,
+        )
+        poller.forget(record.end_s - 1.0)
+        if poller.period_s:
+            power_w = mean_power_w(ticks, record.end_s - record.start_s)
+            if power_w is not None:
+                record.spread(power_w)
+        return windows
+
+    def close(self) -> None:
+        """Stop the counter's watcher (idempotent)."""
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.close()
