@@ -179,22 +179,18 @@ def main() -> int:
         }
         results["gpu_writes_dropped"] = dict(gpu.writes)
 
-    # Per kind, what each hook measured (from its trace), after the warm-up rounds.
+    # Per kind, the time each hook measured (from its trace), after the warm-up rounds. (No
+    # energy per instruction: no GPU shows one; the coordinator estimates it from the
+    # counter's refreshes.)
     per_kind: dict[str, dict[str, dict[str, float]]] = {}
     for timing in ("sync", "events"):
-        acc: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+        acc: dict[str, list[float]] = collections.defaultdict(list)
         for line in (args.out / f"trace-{timing}" / "rank0.jsonl").read_text().splitlines():
             rec = json.loads(line)
             if rec.get("kind") == "instruction" and rec["step"] >= args.warmup:
-                acc[rec["instruction"]].append((rec["time_s"], rec["energy_j"]))
+                acc[rec["instruction"]].append(rec["time_s"])
         per_kind[timing] = {
-            kind: {
-                "time_ms": 1000 * statistics.mean(t for t, _ in v),
-                "energy_j": statistics.mean(e for _, e in v),
-                "power_w": statistics.mean(e for _, e in v) / statistics.mean(t for t, _ in v),
-                "n": len(v),
-            }
-            for kind, v in acc.items()
+            kind: {"time_ms": 1000 * statistics.mean(v), "n": len(v)} for kind, v in acc.items()
         }
     results["hook_per_kind"] = per_kind
 
@@ -298,10 +294,7 @@ def main() -> int:
         )
     for timing, kinds in per_kind.items():
         for kind, v in sorted(kinds.items()):
-            print(
-                f"hook-{timing:<7} {kind:<9} {v['time_ms']:8.3f} ms {v['energy_j']:8.3f} J "
-                f"{v['power_w']:6.1f} W (n={v['n']})"
-            )
+            print(f"hook-{timing:<7} {kind:<9} {v['time_ms']:8.3f} ms (n={v['n']})")
     for kind, v in energy.items():
         print(
             f"energy {kind:<9} {v['time_ms']:7.3f} ms: counter {v['counter_j']:.3f} J "
