@@ -7,7 +7,7 @@ go into a least-squares fit per GPU (`schedulers.estimation`) that gives every (
 kind, clock) its energy and a standard error, and the blocking power its value. The sweep
 sizes its rounds to hold ``round_ticks`` refreshes, and after its passes measures again
 the options whose relative standard error is above ``target_uncertainty`` and that are not
-clearly dominated (CONFIRM: at most ``max_repeats`` times each, in at most half as many
+clearly dominated (CONFIRM: at most ``max_repeats`` times each, in at most a quarter as many
 rounds as came before). ``estimator="breakdown"`` takes each instruction's reported energy
 as it is (a real GPU's breakdown is its iteration's mean power times the instruction's
 time): it remains for ranks that report no windows.

@@ -150,8 +150,9 @@ class FollowUp:
         if not self.estimates.windows or self.target_uncertainty <= 0 or self.max_repeats <= 0:
             return False
         if self.confirm_rounds_left <= 0 and not self.repeats:
-            # At most half as many extra rounds as the profile took so far.
-            self.confirm_rounds_left = max(1, rounds_so_far // 2)
+            # At most a quarter as many extra rounds as the profile took so far (half made a
+            # user's job spend 25 more rounds, a minute, before any plan ran).
+            self.confirm_rounds_left = max(1, rounds_so_far // 4)
         if self.confirm_rounds_left <= 0:
             return False
         self.estimates.refit(energy_j)

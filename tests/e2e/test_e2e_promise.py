@@ -44,7 +44,7 @@ JOB = Path(__file__).with_name("user_job.py")
 # steps of the ms job); the ms job profiles in about 30 rounds, then its guard checks the
 # plan; the sub-ms job's all-max rounds show its instructions too short, and it stops there.
 CASES = {
-    "ms": ["--hidden", "384", "--steps", "280"],
+    "ms": ["--hidden", "384", "--steps", "900"],
     "sub-ms": ["--hidden", "16", "--batch", "8", "--steps", "160"],
 }
 
