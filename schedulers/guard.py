@@ -5,8 +5,9 @@ and hop latencies). Whether it keeps the budget, and saves energy at all, is a m
 `PromiseGuard` compares the deployed plan's rounds with the job's all-max rounds and says
 when to move.
 
-Figures are per round (`RoundFigures`: the job's iteration time, the slowest rank's mean,
-and its energy per iteration, every GPU). The comparison uses medians: over the all-max
+Figures are per round (`RoundFigures`: the job's iteration time, the slowest rank's median,
+so that one iteration the host stalled does not decide a check, and its mean energy per
+iteration, every GPU). The comparison uses medians: over the all-max
 baseline rounds, and over a window of deployed rounds after the plan settled. The
 tolerance is not a constant: it is `z` standard errors of the difference of the two medians,
 from the baseline's own round-to-round spread (``1.2533 σ/√n`` per median, σ the
@@ -50,7 +51,7 @@ _MAX_EXTENSIONS = 2
 
 @dataclass(frozen=True)
 class RoundFigures:
-    """One round, measured: the job's iteration time (slowest rank's mean, s) and energy
+    """One round, measured: the job's iteration time (slowest rank's median, s) and energy
     per iteration (every GPU of the job, J)."""
 
     round: int
@@ -161,9 +162,7 @@ class PromiseGuard:
         """(slowdown, saving) tolerances for a window of `window_rounds` rounds."""
         n_base = max(1, len(self.baseline))
         scale = _MEDIAN_EFFICIENCY * math.sqrt(1 / n_base + 1 / max(1, window_rounds))
-        sigma_t = max(
-            relative_spread([r.iteration_time_s for r in self.baseline]), self.resolution
-        )
+        sigma_t = max(relative_spread([r.iteration_time_s for r in self.baseline]), self.resolution)
         sigma_e = max(relative_spread([r.energy_j for r in self.baseline]), self.resolution)
         return self.z * sigma_t * scale, self.z * sigma_e * scale
 

@@ -60,6 +60,7 @@ __all__ = ["Parallel3D"]
 
 logger = logging.getLogger(__name__)
 
+
 def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values)
 
@@ -381,6 +382,7 @@ class Parallel3D:
             iterations=max(len(r.iter_time) for r in results),
             windows=windows,
             unit_time=unit_time,
+            typical_iteration_time_s=max(statistics.median(r.iter_time) for r in results),
         )
 
 

@@ -195,7 +195,7 @@ class Perseus(PlanningScheduler):
         if measurement is None:
             return
         self.progress.count(results, measurement.iteration_time_s)
-        figures = RoundFigures(self._round, measurement.iteration_time_s, measurement.job_energy_j)
+        figures = RoundFigures(self._round, measurement.typical_time_s, measurement.job_energy_j)
         if issued == "baseline" and self.sweep is not None and not self.sweep.done:
             self.sweep.absorb(measurement)  # all-max windows: the blocking power, the top clock
             if self.phase is PerseusPhase.PROFILING and self._round > 0:

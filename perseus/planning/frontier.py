@@ -35,6 +35,7 @@ from perseus.io.frontier_dir import (
 from perseus.memory import memory_shortfall
 from perseus.planning.choice import choose_index
 from perseus.planning.problem import PipelineProblem
+from perseus.planning.stage_clocks import stage_clock_plans
 from perseus.solver.frontier import compute_frontier
 from perseus.solver.lp import LPCurve
 
@@ -323,13 +324,15 @@ def solve_frontier(
     )
     if switch_latency_s > 0:
         all_max = _with_switching(problem, all_max, switch_latency_s)
-        # Each point repaired both ways (see `repair_frequencies`); all-max, which changes
-        # no clock, may beat every point near the fast end once changes cost time.
+        # Each point repaired both ways (see `repair_frequencies`); all-max and the plans
+        # that change no clock (`stage_clock_plans`) may beat every point near the fast end
+        # once changes cost time.
         points = _pareto(
             [
                 all_max,
                 *(_with_switching(problem, p, switch_latency_s) for p in points),
                 *(_with_switching(problem, p, switch_latency_s, hoist=False) for p in points),
+                *_steady_points(problem, solution.lp_curve, points[-1].iteration_time_s),
             ]
         )
     stats = {**solution.stats, "wall_s": time.perf_counter() - t0}
@@ -361,6 +364,28 @@ def _with_switching(
         freqs,
         compute_energy_j=ev.compute_energy_j,
     )
+
+
+def _steady_points(
+    problem: PipelineProblem, lp_curve: LPCurve, max_time_s: float
+) -> list[FrontierPoint]:
+    """The plans of `stage_clock_plans`, scored exactly (they change no clock: the
+    switching walk would give the same numbers)."""
+    choice = stage_clock_plans(problem, max_time_s=max_time_s)
+    if not choice.shape[1]:
+        return []
+    T, E, C, _ = problem.solver.account(choice)
+    freqs = problem.solver.choices_to_labels(choice).astype(np.int32)
+    return [
+        FrontierPoint(
+            float(T[j]),
+            float(E[j]),
+            float(lp_curve.lower_bound(float(T[j]))),
+            [freqs[idx, j] for idx in problem.stage_index],
+            compute_energy_j=float(C[j]),
+        )
+        for j in range(choice.shape[1])
+    ]
 
 
 def _pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:

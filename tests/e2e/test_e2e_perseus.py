@@ -31,7 +31,7 @@ from perseus.planning.dump import read_dump
 require_torch()
 
 M = 4
-STEPS = 200
+STEPS = 300
 BUDGET = 0.01
 SLOWDOWN_TOLERANCE = 0.02
 SAVING_TOLERANCE = 0.02
@@ -72,14 +72,19 @@ def test_the_job_first_runs_all_max_then_its_plan(run):
     traces, job_dir = run
     order = make_schedule("1f1b", 4, M).kinds()
     plan = load_plan(job_dir / "deployed_plan.json")
+    # The round of the last decision (deployed, held, a move or the fall-back to all-max).
+    decided = max(e["round"] for e in _events(job_dir) if e["event"] != "check")
+    want = [[tuple(x) for x in rank] for rank in plan.frequencies]
     for rank, records in traces.items():
         for step in range(5):  # the warm-up and the all-max baseline rounds
             assert executed(records, step) == [(k, MAX_MHZ) for k in order[rank]]
-        # The last rounds ran the plan, instruction by instruction, but for the all-max
-        # reference round every 10th round of it (`reference_every`).
-        ran = [executed(records, step) for step in range(STEPS - 10, STEPS)]
-        plan_rounds = [r for r in ran if r == [tuple(x) for x in plan.frequencies[rank]]]
-        assert len(plan_rounds) >= 8, (rank, ran)
+        # Every round after it ran the plan, instruction by instruction, but for the all-max
+        # reference round every 10th round (`reference_every`).
+        after = [r for r in records if r["kind"] == "schedule" and r["round"] > decided]
+        assert len(after) >= 10, (rank, decided, len(after))
+        ran = [[tuple(x) for x in r["frequencies"]] for r in after]
+        plan_rounds = [r for r in ran if r == want[rank]]
+        assert len(plan_rounds) >= 0.8 * len(ran), (rank, ran)
     if _events(job_dir)[0]["event"] == "deployed":
         assert any(f < MAX_MHZ for s in plan.stage_frequencies() for f in s)
     else:  # all-max kept (see below): it is what ran
