@@ -40,6 +40,14 @@ class PerseusArgs(PlanningArgs):
         description="override: time added to every P2P hop between pipeline ranks, ms "
         "(default: calibrated from the job's all-max rounds)",
     )
+    solve_on_thread_above: int = Field(
+        default=2048,
+        ge=0,
+        le=10_000_000,
+        description="pipelines of more instructions than this are solved on a thread of their "
+        "own while all-max rounds go on, so that no rank waits on a solve of minutes "
+        "(16 stages × 256 microbatches); 0: always",
+    )
     baseline_rounds: int = Field(
         default=4,
         ge=0,

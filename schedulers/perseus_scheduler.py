@@ -11,7 +11,6 @@ from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.settings import PerseusSettings
 from schedulers.args import SchedulerArgs
-from schedulers.checks import plan_problems, profile_problems
 from schedulers.costs import CostModel, job_switch_latency
 from schedulers.guard import GuardDecision, PromiseGuard, RoundFigures, median_figures
 from schedulers.measurement import RoundMeasurement, StagePlan
@@ -21,6 +20,7 @@ from schedulers.plan_model import PlanModel, check_frontier_fits
 from schedulers.planning import PlanningScheduler
 from schedulers.profiling_progress import ProfilingProgress
 from schedulers.promise import Promise
+from schedulers.solving import DeployStep, FrontierSolve
 from schedulers.stragglers import StragglerTracker
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
 
 
-class Perseus(PlanningScheduler):
+class Perseus(DeployStep, PlanningScheduler):
     """The whole Perseus loop online (phases: `PerseusPhase`).
 
     1. All-max rounds: the job's measured baseline (time, energy, their spread).
@@ -39,8 +39,9 @@ class Perseus(PlanningScheduler):
        from the all-max rounds (`hop_latency_ms` overrides it); both are in the frontier.
     4. Checks (`schedulers.checks`): a profile the timer could not resolve, or a plan whose
        saving the job could not tell from noise, keeps all-max, and says why.
-    5. The frontier (`schedulers.plan_model`, written to the job's folder); the
-       minimum-energy point with T ≤ `deadline`, else T ≤ (1 + `max_slowdown`)·T(all-max).
+    5. The frontier (`schedulers.plan_model`, written to the job's folder; a big one on a
+       thread, `schedulers.solving`, all-max meanwhile); the minimum-energy point with
+       T ≤ `deadline`, else T ≤ (1 + `max_slowdown`)·T(all-max).
     6. The guard (`schedulers.promise`): the deployed plan's measured rounds against the
        all-max ones; over budget, it moves to a faster point re-scored with the measured
        costs, then to all-max; saving nothing, to all-max. Every step is logged, sent to
@@ -101,6 +102,7 @@ class Perseus(PlanningScheduler):
         self._last_plan: StagePlan = []
         self._overrides: dict[int, StagePlan] = {}
         self._running: dict[int, Plan] = {}
+        self._solve: FrontierSolve | None = None
         if self.sweep is None and not self.progress.lead_in:
             self._deploy()
 
@@ -138,6 +140,9 @@ class Perseus(PlanningScheduler):
                 self._deploy()
             finally:
                 self._issuing = False
+            if self.phase is PerseusPhase.PROFILING:  # solving on its thread: all-max meanwhile
+                self._ran = "baseline"
+                return self.max_plan()
         if self._reference_due():
             self._ran = "baseline"
             return self.max_plan()
@@ -228,49 +233,6 @@ class Perseus(PlanningScheduler):
             self._update_overrides()
 
     # ------------------------------------------------------------------ solve & deploy
-    def _deploy(self) -> None:
-        if self.profile is None and self._too_short():
-            self.profile = self.progress.max_clock_profile(
-                self.job_info.job_id, self.max_freq_mhz, self.rank_infos
-            )
-        profile, p2p = self.complete_profile()
-        base_t = median_figures(self.baseline)[0] if self.baseline else None
-        self.model = model = PlanModel.calibrated(
-            self.job_info.job_id,
-            self.pipeline,
-            profile,
-            p2p,
-            self.perseus_args,
-            rank_infos=self.rank_infos,
-            baseline_time_s=base_t,
-            rounds=self.progress.sweep_rounds,
-        )
-        costs = model.costs
-        self.promise.costs_known(costs)
-        problems = profile_problems(profile, switch_latency_s=costs.switch_latency_s)
-        if problems:
-            self.report_profiling(None)
-            self._hold("held", problems)
-            return
-        model.solve(self.job_dir.frontier)
-        chosen = model.choose(deadline_s=self.deadline_s, max_slowdown=self.max_slowdown)
-        self.report_profiling(chosen)
-        saving, slowdown = model.predicted(chosen)
-        problems = plan_problems(
-            predicted_saving=saving,
-            predicted_slowdown=slowdown,
-            # Whether the job can tell the saving from noise matters to the guard, which
-            # measures it; with the guard off nothing is measured against all-max.
-            baseline_energies_j=[r.energy_j for r in self.baseline] if self.promise.guarded else [],
-        )
-        if problems:
-            self._hold("held", problems)
-            return
-        if self.deadline_s is not None:
-            all_max_t = model.all_max().iteration_time
-            self.guard.budget = max(0.0, self.deadline_s / all_max_t - 1.0)
-        self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}", costs=costs)
-
     def _scoring(self) -> PlanModel:
         """The plan model (`PlanError` before profiling is complete)."""
         if self.model is None:
