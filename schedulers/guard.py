@@ -162,7 +162,9 @@ class PromiseGuard:
         """(slowdown, saving) tolerances for a window of `window_rounds` rounds."""
         n_base = max(1, len(self.baseline))
         scale = _MEDIAN_EFFICIENCY * math.sqrt(1 / n_base + 1 / max(1, window_rounds))
-        sigma_t = max(relative_spread([r.iteration_time_s for r in self.baseline]), self.resolution)
+        sigma_t = max(
+            relative_spread([r.iteration_time_s for r in self.baseline]), self.resolution
+        )
         sigma_e = max(relative_spread([r.energy_j for r in self.baseline]), self.resolution)
         return self.z * sigma_t * scale, self.z * sigma_e * scale
 

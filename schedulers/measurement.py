@@ -8,7 +8,6 @@ the tensor-parallel ranks of the first data-parallel pipeline).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from schedulers.estimation import Unit, WindowRow
@@ -73,7 +72,7 @@ class RoundMeasurement:
         iterations: Iterations in the round (the most any rank ran).
         windows: Per rank, its energy windows keyed by unit (ranks that sent none: absent).
         unit_time: Per rank, per unit it ran, (total seconds, count) over the round.
-        typical_iteration_time_s: Median iteration time, max over all ranks (NaN: not
+        typical_iteration_time_s: Median iteration time, max over all ranks (None: not
             given, `iteration_time_s` stands for it). What the promise guard compares: one
             iteration stalled by the host (a garbage collection, a busy CPU) does not move
             it, a plan that runs slower does (every iteration of its rounds).
@@ -89,13 +88,13 @@ class RoundMeasurement:
     iterations: int = 1
     windows: dict[int, list[WindowRow]] = field(default_factory=dict)
     unit_time: dict[int, dict[Unit, tuple[float, int]]] = field(default_factory=dict)
-    typical_iteration_time_s: float = math.nan
+    typical_iteration_time_s: float | None = None
 
     @property
     def typical_time_s(self) -> float:
         """`typical_iteration_time_s`, or the mean where it was not given."""
         t = self.typical_iteration_time_s
-        return self.iteration_time_s if math.isnan(t) else t
+        return self.iteration_time_s if t is None else t
 
 
 def unit_time(m: RoundMeasurement, stage: int, kind: str, freq: int, fallback_s: float) -> float:
@@ -150,5 +149,6 @@ def clean_unit_times(
                 total[1] += 1
             since += t
     return {
-        u: (total, int(count)) for u, (total, count) in ((u, clean.get(u, every[u])) for u in every)
+        u: (total, int(count))
+        for u, (total, count) in ((u, clean.get(u, every[u])) for u in every)
     }

@@ -71,11 +71,10 @@ class DeployStep:
 
     def _deploy(self) -> None:
         if self._solve is None:
-            if not self._start_solve():
-                return  # held
-            if self._solve is not None and self._solve.on_thread:
-                return  # this round runs all-max; the first after the solve deploys
-        if self._solve is None or not self._solve.done():
+            self._solve = self._start_solve()
+            if self._solve is None or self._solve.on_thread:
+                return  # held; or this round runs all-max, the first after the solve deploys
+        if not self._solve.done():
             return
         self._solve.result()  # what the solve raised, raised here
         if self._solve.on_thread:
@@ -104,9 +103,9 @@ class DeployStep:
             self.guard.budget = max(0.0, self.deadline_s / all_max_t - 1.0)
         self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}", costs=model.costs)
 
-    def _start_solve(self) -> bool:
+    def _start_solve(self) -> FrontierSolve | None:
         """Calibrate the costs, check the profile and start the frontier's solve (on a
-        thread for pipelines over `solve_on_thread_above` instructions); False: held."""
+        thread for pipelines over `solve_on_thread_above` instructions); None: held."""
         if self.profile is None and self._too_short():
             self.profile = self.progress.max_clock_profile(
                 self.job_info.job_id, self.max_freq_mhz, self.rank_infos
@@ -128,14 +127,13 @@ class DeployStep:
         if problems:
             self.report_profiling(None)
             self._hold("held", problems)
-            return False
+            return None
         n = self.pipeline.num_instructions
         on_thread = n > self.perseus_args.solve_on_thread_above
         if on_thread:
             self.promise.note(f"solving the frontier of {n:,} instructions; all-max meanwhile")
-        self._solve = FrontierSolve(
+        return FrontierSolve(
             lambda: model.solve(self.job_dir.frontier),
             on_thread=on_thread,
             name=f"solve {self.job_info.job_id}",
         )
-        return True

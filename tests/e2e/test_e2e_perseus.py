@@ -22,7 +22,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from e2e_fixtures import Coordinator, executed, read_traces, require_torch, torchrun_command
+from e2e_fixtures import (
+    Coordinator,
+    executed,
+    last_decision_round,
+    read_traces,
+    require_torch,
+    torchrun_command,
+)
 
 from perseus.domain.schedule import make_schedule
 from perseus.io.plan_file import load_plan
@@ -72,8 +79,7 @@ def test_the_job_first_runs_all_max_then_its_plan(run):
     traces, job_dir = run
     order = make_schedule("1f1b", 4, M).kinds()
     plan = load_plan(job_dir / "deployed_plan.json")
-    # The round of the last decision (deployed, held, a move or the fall-back to all-max).
-    decided = max(e["round"] for e in _events(job_dir) if e["event"] != "check")
+    decided = last_decision_round(job_dir)
     want = [[tuple(x) for x in rank] for rank in plan.frequencies]
     for rank, records in traces.items():
         for step in range(5):  # the warm-up and the all-max baseline rounds
