@@ -26,6 +26,11 @@ difference). Windows that tell them apart override it; where they cannot, the es
 fall back to the kinds' common power, and the standard errors (which include the prior)
 say how little the windows told. Powers are bounded below by 0 (bounded least squares).
 
+An instruction that starts while a clock change lands runs at the previous clock until the
+change lands (the rank's measured switch latency) and draws that clock's power: those
+seconds count for its kind at the previous clock, not for its own clock's unit
+(`schedulers.measurement.window_shares`).
+
 On A100 and H100 the sensor samples only about the last 25 % of each period (arXiv
 2312.02741): a refresh then shows that part's mean power times the period. Windows also
 carry the busy seconds inside those tails, and the fit is made both ways; the model with

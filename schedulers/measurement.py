@@ -8,6 +8,7 @@ the tensor-parallel ranks of the first data-parallel pipeline).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from schedulers.estimation import Unit, WindowRow
@@ -19,6 +20,7 @@ __all__ = [
     "VirtualStageMeasurement",
     "clean_unit_times",
     "unit_time",
+    "window_shares",
 ]
 
 StagePlan = list[list[tuple[str, int]]]
@@ -112,6 +114,37 @@ def unit_time(m: RoundMeasurement, stage: int, kind: str, freq: int, fallback_s:
     return max(means) if means else fallback_s
 
 
+def _instruction_runs(
+    units: list[Unit],
+    where: dict[str, list[int]],
+    time_breakdown: dict[str, list[list[float]]],
+    lag_s: float,
+) -> Iterator[tuple[int, float, float, int]]:
+    """Every instruction of a round's iterations, in order: (its index in the order, its
+    time, the seconds since the last clock change began when it started (it ran clear of
+    the change from `lag_s` on), and the clock in force before that change). A change begins at the
+    round's first instruction (the clocks may have changed since the last round; the clock
+    before is taken as the iteration's last) and wherever the clock differs from the
+    instruction before (wrapping around the iteration)."""
+    n = len(units)
+    iterations = max((len(v) for v in time_breakdown.values()), default=0)
+    since = 0.0  # seconds of instructions since the last clock change began
+    before = units[-1][2] if units else 0
+    for it in range(iterations):
+        durations: list[float | None] = [None] * n
+        for kind, iters in time_breakdown.items():
+            if it < len(iters):
+                for index, t in zip(where.get(kind, ()), iters[it], strict=False):
+                    durations[index] = t
+        for index, t in enumerate(durations):
+            if t is None:
+                continue
+            if (it == 0 and index == 0) or units[index][2] != units[index - 1][2]:
+                since, before = 0.0, units[index - 1][2]
+            yield index, t, since, before
+            since += t
+
+
 def clean_unit_times(
     units: list[Unit],
     where: dict[str, list[int]],
@@ -126,29 +159,50 @@ def clean_unit_times(
     round's start, when the clocks may have changed since the last round) runs partly at the
     old clock, and its time is not its clock's. Such instructions count only for a unit
     that has no other instruction in the round."""
-    n = len(units)
     clean: dict[Unit, list[float]] = {}
     every: dict[Unit, list[float]] = {}
-    iterations = max((len(v) for v in time_breakdown.values()), default=0)
-    since = 0.0  # seconds of instructions since the last clock change began
-    for it in range(iterations):
-        durations: list[float | None] = [None] * n
-        for kind, iters in time_breakdown.items():
-            if it < len(iters):
-                for index, t in zip(where.get(kind, ()), iters[it], strict=False):
-                    durations[index] = t
-        for index, t in enumerate(durations):
-            if t is None:
-                continue
-            if (it == 0 and index == 0) or units[index][2] != units[index - 1][2]:
-                since = 0.0  # a change starts (the round's first, or the clock differs)
-            unit = units[index]
-            for acc in (every, clean) if since >= lag_s else (every,):
-                total = acc.setdefault(unit, [0.0, 0.0])
-                total[0] += t
-                total[1] += 1
-            since += t
+    for index, t, since, _ in _instruction_runs(units, where, time_breakdown, lag_s):
+        unit = units[index]
+        for acc in (every, clean) if since >= lag_s else (every,):
+            total = acc.setdefault(unit, [0.0, 0.0])
+            total[0] += t
+            total[1] += 1
     return {
-        u: (total, int(count))
-        for u, (total, count) in ((u, clean.get(u, every[u])) for u in every)
+        u: (total, int(count)) for u, (total, count) in ((u, clean.get(u, every[u])) for u in every)
     }
+
+
+def window_shares(
+    units: list[Unit],
+    where: dict[str, list[int]],
+    time_breakdown: dict[str, list[list[float]]],
+    lag_s: float,
+) -> list[list[tuple[Unit, float]]]:
+    """Per instruction of the order, the units its busy seconds in an energy window count
+    for, with their shares: its own unit, and, where it started while a clock change was
+    landing, the same kind at the clock before the change for the seconds it ran at that
+    clock (averaged over the round's iterations).
+
+    A GPU runs at the old clock until the change lands (`lag_s`, the rank's measured switch
+    latency) and draws that clock's power: charged to its own clock, that time would pull
+    the power of the row the profile is about, as it would pull the row's time
+    (`clean_unit_times` leaves it out). Where no instruction of a unit ran clear of a change
+    in the round, its time holds those seconds (its power does not)."""
+    old_s = [0.0] * len(units)
+    total_s = [0.0] * len(units)
+    previous = [0] * len(units)
+    for index, t, since, before in _instruction_runs(units, where, time_breakdown, lag_s):
+        total_s[index] += t
+        landing_s = min(max(lag_s - since, 0.0), t)
+        if landing_s > 0:
+            old_s[index] += landing_s
+            previous[index] = before
+    shares = []
+    for i, (stage, kind, freq) in enumerate(units):
+        old = old_s[i] / total_s[i] if total_s[i] > 0 else 0.0
+        if old > 0 and previous[i] != freq:
+            split = [((stage, kind, previous[i]), old), (units[i], 1.0 - old)]
+            shares.append([(u, share) for u, share in split if share > 0])
+        else:
+            shares.append([(units[i], 1.0)])
+    return shares

@@ -54,6 +54,7 @@ from schedulers.measurement import (
     StagePlan,
     VirtualStageMeasurement,
     clean_unit_times,
+    window_shares,
 )
 
 __all__ = ["Parallel3D"]
@@ -266,23 +267,20 @@ class Parallel3D:
         """One rank's windows and instruction times keyed by (stage, kind, clock)."""
         order = self.schedule.orders[info.pp_rank]
         units = [(i.stage, i.kind, int(f)) for i, (_, f) in zip(order, frequencies, strict=True)]
+        where, lag_s = self._occurrence_index[info.pp_rank], info.switch_latency_s or 0.0
+        shares = window_shares(units, where, res.time_breakdown, lag_s)
         rows = []
         for w in res.energy_windows or ():
             busy: dict[Unit, float] = {}
             tail: dict[Unit, float] = {}
-            for unit, b in zip(units, w.busy_s, strict=True):
-                if b > 0:
-                    busy[unit] = busy.get(unit, 0.0) + b
-            for unit, b in zip(units, w.tail_busy_s, strict=False):
-                if b > 0:
-                    tail[unit] = tail.get(unit, 0.0) + b
+            for split, b in zip(shares, w.busy_s, strict=True):
+                for unit, share in split if b > 0 else ():
+                    busy[unit] = busy.get(unit, 0.0) + b * share
+            for split, b in zip(shares, w.tail_busy_s, strict=False):
+                for unit, share in split if b > 0 else ():
+                    tail[unit] = tail.get(unit, 0.0) + b * share
             rows.append(WindowRow(w.energy_j, w.time_s, busy, w.tail_s, tail))
-        return rows, clean_unit_times(
-            units,
-            self._occurrence_index[info.pp_rank],
-            res.time_breakdown,
-            info.switch_latency_s or 0.0,
-        )
+        return rows, clean_unit_times(units, where, res.time_breakdown, lag_s)
 
     def measure(
         self,

@@ -33,8 +33,9 @@ Settings, ``PERSEUS_EMULATE_*`` environment variables (`EmulationSettings`):
   kind memory fraction 0 and activity 0.8, the emulator before kinds differed);
   ``PERSEUS_EMULATE_MEMORY_FRACTION`` / ``PERSEUS_EMULATE_ACTIVITY`` override it for every kind.
 - ``PERSEUS_EMULATE_TRUTH=DIR``: every executed instruction is appended to
-  ``DIR/rank{R}.csv`` (``stage,instruction,frequency,time,energy``) with the model's time
-  and energy before any sensor effect. Tests and benchmarks compare against it; nothing in
+  ``DIR/rank{R}.csv`` (``stage,instruction,frequency,time,energy,switching``) with the
+  model's time and energy before any sensor effect; ``switching`` is 1 where the instruction
+  ran its first part at the previous clock (a change was still landing). Tests and benchmarks compare against it; nothing in
   the product reads it.
 """
 
@@ -120,7 +121,7 @@ class TruthLog:
     Nothing in the product reads it: it is the ground truth tests compare profiles with.
     """
 
-    COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+    COLUMNS = ("stage", "instruction", "frequency", "time", "energy", "switching")
 
     def __init__(self, directory: Path, rank: int) -> None:
         try:
@@ -136,10 +137,18 @@ class TruthLog:
             self._file.write(",".join(self.COLUMNS) + "\n")
 
     def write(
-        self, stage: int, instruction: str, freq_mhz: int, time_s: float, energy_j: float
+        self,
+        stage: int,
+        instruction: str,
+        freq_mhz: int,
+        time_s: float,
+        energy_j: float,
+        switching: bool = False,
     ) -> None:
         if self._file is not None:
-            self._file.write(f"{stage},{instruction},{freq_mhz},{time_s!r},{energy_j!r}\n")
+            self._file.write(
+                f"{stage},{instruction},{freq_mhz},{time_s!r},{energy_j!r},{int(switching)}\n"
+            )
 
     def close(self) -> None:
         if self._file is not None:
@@ -269,7 +278,8 @@ class InstructionEmulator:
         old_mhz, lag_s = self.stand_in.switch_lag(time.perf_counter() - start_s)
         power_w = self._model(name, freq_mhz)[1]
         energy_j = -1.0
-        if lag_s > 0 and old_mhz != freq_mhz and self.settings.stretch:
+        switching = lag_s > 0 and old_mhz != freq_mhz and self.settings.stretch
+        if switching:
             old_s = target_s * self._model(name, old_mhz)[0] / self._model(name, freq_mhz)[0]
             old_power_w = self._model(name, old_mhz)[1]
             if old_s <= lag_s:
@@ -292,7 +302,12 @@ class InstructionEmulator:
         self.stand_in.end_busy(duration_s, energy_j)
         if self.truth is not None:
             self.truth.write(
-                self.stage if stage is None else stage, name, freq_mhz, duration_s, energy_j
+                self.stage if stage is None else stage,
+                name,
+                freq_mhz,
+                duration_s,
+                energy_j,
+                switching,
             )
         return duration_s
 

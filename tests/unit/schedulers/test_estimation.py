@@ -140,3 +140,59 @@ def test_rounds_are_sized_for_the_slowest_counter():
     assert counter_round_steps([0.1, None], 0.3, 10) is None  # a rank that could not tell
     assert counter_round_steps([0.0, 0.0], 0.3, 10) is None  # continuous: any round will do
     assert counter_round_steps([0.1], None, 10) is None  # no iteration measured yet
+
+
+def test_seconds_run_before_a_clock_change_lands_do_not_pull_their_clocks_power():
+    """Rounds at all-max, and rounds with the backwards at 510 MHz: there each first forward
+    and first backward run their first 15 ms at the previous clock, drawing that clock's
+    power. Charged wholly to their own clocks' units, they pull those powers off; with the
+    seconds before the change lands charged to the kind at the previous clock, every power
+    comes out right (exactly, split per window; within 5 %, split by the round's share as
+    `window_shares` does: a window that cuts an instruction holds its part in another
+    proportion)."""
+    low, f510 = (0, "backward", 510), (0, "forward", 510)
+    power = {F: 380.0, B: 330.0, low: 150.0, f510: 170.0}
+    lag = 0.015
+    timeline = []  # (start, end, unit, unit before the change landed or None)
+    t = 0.0
+    for it in range(400):
+        fwd, bwd = (F, B) if it % 40 < 20 else ((F, low) if it % 40 < 30 else (f510, B))
+        order = [fwd, fwd, bwd, bwd]
+        for index, unit in enumerate(order):
+            switch = order[index - 1][2] != unit[2] and index in (0, 2)
+            was = (0, unit[1], order[index - 1][2]) if switch else None
+            d = {F: 0.012, B: 0.024, low: 0.05, f510: 0.03}[unit] + (0.01 if switch else 0.0)
+            timeline.append((t, t + d, unit, was))
+            t += d + 0.002 * (index % 3)
+        t += 0.03
+
+    def fit(shares, exact=False):
+        rows = []
+        for a in np.arange(0.0137, t - 0.1, 0.1):
+            b, e, busy = a + 0.1, IDLE_W * 0.1, {}
+            for s, f, unit, was in timeline:
+                o = max(0.0, min(f, b) - max(s, a))
+                if o <= 0:
+                    continue
+                o_old = max(0.0, min(f, b, s + lag) - max(s, a)) if was else 0.0
+                e += o_old * (power[was] - IDLE_W) if was else 0.0
+                e += (o - o_old) * (power[unit] - IDLE_W)
+                split = [(was, o_old), (unit, o - o_old)] if exact else shares(unit, was, f - s, o)
+                for k, seconds in split:
+                    if seconds > 0:
+                        busy[k] = busy.get(k, 0.0) + seconds
+            rows.append(WindowRow(e, 0.1, busy))
+        reg = PowerRegression()
+        reg.add(0, rows)
+        units = reg.fit()[0].units
+        return {u: units[u].power_w / want - 1 for u, want in power.items()}
+
+    def split(unit, was, d, o):  # as `window_shares`: the round's mean share, not the window's
+        return [(was, o * lag / d), (unit, o * (1 - lag / d))] if was else [(unit, o)]
+
+    as_own = fit(lambda unit, was, d, o: [(unit, o)])
+    assert max(map(abs, as_own.values())) > 0.08  # the switches pull powers off
+    assert max(map(abs, fit(None, exact=True).values())) < 1e-6
+    # The round's share instead of each window's: off where a window cuts an instruction.
+    shared = fit(split)
+    assert max(map(abs, shared.values())) < min(0.05, max(map(abs, as_own.values())) / 2)

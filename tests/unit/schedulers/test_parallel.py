@@ -231,3 +231,23 @@ def test_instructions_run_while_a_clock_change_lands_are_left_out_of_unit_times(
     # A unit with no instruction clear of a change keeps all of them.
     short = {"forward": [[0.001, 0.001]], "backward": [[0.03, 0.02]]}
     assert clean_unit_times(units, where, short, 0.015)[(0, "forward", 1410)] == (0.002, 2)
+
+
+def test_windows_charge_seconds_run_before_a_change_lands_to_the_previous_clock():
+    from schedulers.measurement import window_shares
+
+    # F F B B: forwards at 1410, backwards at 810, 15 ms to apply a change. The first of each
+    # pair starts a change and runs its first 15 ms at the other kind's clock; the second
+    # starts 20 ms (30 ms) after the change began, clear of it.
+    units = [(0, "forward", 1410), (0, "forward", 1410), (0, "backward", 810)]
+    units.append((0, "backward", 810))
+    where = {"forward": [0, 1], "backward": [2, 3]}
+    tb = {"forward": [[0.02, 0.008]] * 3, "backward": [[0.03, 0.02]] * 3}
+    shares = window_shares(units, where, tb, 0.015)
+    assert shares[1] == [(units[1], 1.0)] and shares[3] == [(units[3], 1.0)]
+    assert shares[0] == [((0, "forward", 810), 0.75), (units[0], 0.25)]
+    assert shares[2] == [((0, "backward", 1410), 0.5), (units[2], 0.5)]
+    assert window_shares(units, where, tb, 0.0) == [[(u, 1.0)] for u in units]
+    # 1 ms forwards: both run wholly before the change lands, at the backwards' clock.
+    short = {"forward": [[0.001, 0.001]] * 3, "backward": [[0.03, 0.02]] * 3}
+    assert window_shares(units, where, short, 0.015)[1] == [((0, "forward", 810), 1.0)]
