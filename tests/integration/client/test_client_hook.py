@@ -87,9 +87,10 @@ def test_measured_emulation_stretches_wall_time_and_feeds_the_counter(freq, tmp_
     emulator.close()
     # The truth file holds the model's numbers before any sensor effect.
     lines = (tmp_path / "rank3.csv").read_text().splitlines()
-    assert lines[0] == "stage,instruction,frequency,time,energy"
-    stage, kind, f, t, e = lines[1].split(",")
+    assert lines[0] == "stage,instruction,frequency,time,energy,switching"
+    stage, kind, f, t, e, switching = lines[1].split(",")
     assert (stage, kind, int(f), float(t)) == ("2", "forward", freq, duration)
+    assert switching == "0"  # the clock was in force before the instruction began
     assert float(e) == pytest.approx(power * duration)
 
 
