@@ -309,6 +309,11 @@ class PipelineSchedule:
         """Per rank, the instruction kinds in execution order."""
         return [[i.kind for i in order] for order in self.orders]
 
+    @cached_property
+    def kind_table(self) -> tuple[tuple[str, ...], ...]:
+        """`kinds`, built once (a plan of every frontier point lays its clocks beside it)."""
+        return tuple(tuple(i.kind for i in order) for order in self.orders)
+
     def instruction_kinds(self) -> list[str]:
         """The kinds this schedule runs, in `INSTRUCTIONS` order."""
         used = {i.kind for order in self.orders for i in order}
