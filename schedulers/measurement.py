@@ -119,17 +119,19 @@ def _instruction_runs(
     where: dict[str, list[int]],
     time_breakdown: dict[str, list[list[float]]],
     lag_s: float,
+    start_mhz: int | None = None,
 ) -> Iterator[tuple[int, float, float, int]]:
     """Every instruction of a round's iterations, in order: (its index in the order, its
     time, the seconds since the last clock change began when it started (it ran clear of
-    the change from `lag_s` on), and the clock in force before that change). A change begins at the
-    round's first instruction (the clocks may have changed since the last round; the clock
-    before is taken as the iteration's last) and wherever the clock differs from the
-    instruction before (wrapping around the iteration)."""
+    the change from `lag_s` on), and the clock in force before that change). A change begins
+    at the round's first instruction (the clocks may have changed since the last round: the
+    clock before is `start_mhz`, the last round's last, else taken as this iteration's last)
+    and wherever the clock differs from the instruction before (wrapping around the
+    iteration)."""
     n = len(units)
     iterations = max((len(v) for v in time_breakdown.values()), default=0)
     since = 0.0  # seconds of instructions since the last clock change began
-    before = units[-1][2] if units else 0
+    before = 0
     for it in range(iterations):
         durations: list[float | None] = [None] * n
         for kind, iters in time_breakdown.items():
@@ -139,7 +141,9 @@ def _instruction_runs(
         for index, t in enumerate(durations):
             if t is None:
                 continue
-            if (it == 0 and index == 0) or units[index][2] != units[index - 1][2]:
+            if it == 0 and index == 0:
+                since, before = 0.0, units[-1][2] if start_mhz is None else start_mhz
+            elif units[index][2] != units[index - 1][2]:
                 since, before = 0.0, units[index - 1][2]
             yield index, t, since, before
             since += t
@@ -177,32 +181,31 @@ def window_shares(
     where: dict[str, list[int]],
     time_breakdown: dict[str, list[list[float]]],
     lag_s: float,
+    start_mhz: int | None = None,
 ) -> list[list[tuple[Unit, float]]]:
     """Per instruction of the order, the units its busy seconds in an energy window count
     for, with their shares: its own unit, and, where it started while a clock change was
     landing, the same kind at the clock before the change for the seconds it ran at that
-    clock (averaged over the round's iterations).
+    clock (averaged over the round's iterations; `start_mhz`: the clock in force when the
+    round began).
 
     A GPU runs at the old clock until the change lands (`lag_s`, the rank's measured switch
     latency) and draws that clock's power: charged to its own clock, that time would pull
     the power of the row the profile is about, as it would pull the row's time
     (`clean_unit_times` leaves it out). Where no instruction of a unit ran clear of a change
     in the round, its time holds those seconds (its power does not)."""
-    old_s = [0.0] * len(units)
+    old_s: list[dict[int, float]] = [{} for _ in units]  # per previous clock
     total_s = [0.0] * len(units)
-    previous = [0] * len(units)
-    for index, t, since, before in _instruction_runs(units, where, time_breakdown, lag_s):
+    runs = _instruction_runs(units, where, time_breakdown, lag_s, start_mhz)
+    for index, t, since, before in runs:
         total_s[index] += t
         landing_s = min(max(lag_s - since, 0.0), t)
-        if landing_s > 0:
-            old_s[index] += landing_s
-            previous[index] = before
+        if landing_s > 0 and before != units[index][2]:
+            old_s[index][before] = old_s[index].get(before, 0.0) + landing_s
     shares = []
-    for i, (stage, kind, freq) in enumerate(units):
-        old = old_s[i] / total_s[i] if total_s[i] > 0 else 0.0
-        if old > 0 and previous[i] != freq:
-            split = [((stage, kind, previous[i]), old), (units[i], 1.0 - old)]
-            shares.append([(u, share) for u, share in split if share > 0])
-        else:
-            shares.append([(units[i], 1.0)])
+    for unit, old, total in zip(units, old_s, total_s, strict=True):
+        stage, kind, _ = unit
+        split = [((stage, kind, f), s / total) for f, s in sorted(old.items()) if total > 0]
+        own = 1.0 - sum(share for _, share in split)
+        shares.append([*split, (unit, own)] if own > 0 else split)
     return shares

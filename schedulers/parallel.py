@@ -262,13 +262,18 @@ class Parallel3D:
         return numbers
 
     def _units(
-        self, info: RankInfo, res: ProfilingResult, frequencies: list[tuple[str, int]]
+        self,
+        info: RankInfo,
+        res: ProfilingResult,
+        frequencies: list[tuple[str, int]],
+        start_mhz: int | None = None,
     ) -> tuple[list[WindowRow], dict[Unit, tuple[float, int]]]:
-        """One rank's windows and instruction times keyed by (stage, kind, clock)."""
+        """One rank's windows and instruction times keyed by (stage, kind, clock);
+        `start_mhz`: the clock in force when the round began (the last round's last)."""
         order = self.schedule.orders[info.pp_rank]
         units = [(i.stage, i.kind, int(f)) for i, (_, f) in zip(order, frequencies, strict=True)]
         where, lag_s = self._occurrence_index[info.pp_rank], info.switch_latency_s or 0.0
-        shares = window_shares(units, where, res.time_breakdown, lag_s)
+        shares = window_shares(units, where, res.time_breakdown, lag_s, start_mhz)
         rows = []
         for w in res.energy_windows or ():
             busy: dict[Unit, float] = {}
@@ -286,6 +291,7 @@ class Parallel3D:
         self,
         results: list[ProfilingResult],
         frequencies: dict[int, list[tuple[str, int]]] | None = None,
+        previous: dict[int, list[tuple[str, int]]] | None = None,
     ) -> RoundMeasurement | None:
         """Aggregate one round's results (None when a rank did not report).
 
@@ -310,7 +316,9 @@ class Parallel3D:
             numbers = self._rank_numbers(info, res)
             per_rank[info.rank] = numbers
             if frequencies is not None and info.rank in frequencies:
-                rows, times = self._units(info, res, frequencies[info.rank])
+                before = (previous or {}).get(info.rank)
+                start_mhz = int(before[-1][1]) if before else None
+                rows, times = self._units(info, res, frequencies[info.rank], start_mhz)
                 unit_time[info.rank] = times
                 if res.energy_windows is not None:
                     windows[info.rank] = rows

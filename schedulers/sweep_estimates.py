@@ -20,6 +20,7 @@ import math
 import statistics
 from typing import Any
 
+from perseus.domain.kinds import MIN_PLAUSIBLE_POWER_W
 from perseus.domain.rows import ProfileRow
 from schedulers.args import SweepArgs
 from schedulers.estimation import PowerRegression
@@ -116,8 +117,10 @@ class SweepEstimates:
 
     def annotate(self, rows: list[ProfileRow]) -> list[ProfileRow]:
         """'windows': `rows` marked as estimated, with their standard error; an option below
-        the max clock whose energy the windows could not tell apart (a fit at its bound,
-        zero) is left out: the plan does without the clock rather than trust a zero."""
+        the max clock whose energy the windows could not tell apart (a fit at or near its
+        bound, zero: a power below `MIN_PLAUSIBLE_POWER_W`, which no GPU draws and no
+        profile loads with) is left out: the plan does without the clock rather than trust
+        it."""
         if not self.windows:
             return rows
         top = {(r.stage, r.instruction): r.frequency for r in rows}
@@ -125,7 +128,8 @@ class SweepEstimates:
             top[r.stage, r.instruction] = max(top[r.stage, r.instruction], r.frequency)
         out = []
         for r in rows:
-            if r.energy <= 0 and r.frequency < top[r.stage, r.instruction]:
+            implausible = r.energy <= 0 or r.energy < MIN_PLAUSIBLE_POWER_W * r.time
+            if implausible and r.frequency < top[r.stage, r.instruction]:
                 logger.info(
                     "Job %s: stage %d %s at %d MHz left out of the profile: its energy could "
                     "not be estimated from the counter's refreshes",

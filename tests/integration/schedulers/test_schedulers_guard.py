@@ -150,3 +150,28 @@ def test_instructions_too_short_keep_all_max_from_the_baseline_without_a_sweep(t
     assert "too short" in held["reason"] and held["round"] == 1 + s.baseline_rounds
     top = c.gpus[0].supported_sm_clocks_mhz()[0]
     assert all(f == top for round_ in history for x in round_ for _, f in x.frequencies)
+
+
+def test_a_profile_row_whose_fit_implies_no_gpus_power_is_left_out(tmp_path):
+    """The energy windows' fit can put a clock of a kind at (or near) zero power when the
+    windows cannot tell it from its neighbours; such a row (below 1 W, which our own profile
+    loader refuses as a unit mistake) is left out of the profile, not written for the plan
+    to trust. The max clock's row is always kept."""
+    from perseus.domain.profile import check_implied_power
+    from perseus.domain.rows import ProfileRow
+
+    c = cluster()
+    infos = [r.model_copy(update={"energy_refresh_s": 0.1}) for r in c.rank_infos()]
+    settings = PerseusSettings(scheduler="Perseus", dump_dir=str(tmp_path))
+    s = build_scheduler(Perseus, c.job_record(), infos, settings, {"max_slowdown": BUDGET})
+    assert isinstance(s, Perseus) and s.sweep.estimates.windows
+
+    def row(freq: int, energy_j: float) -> ProfileRow:
+        return ProfileRow(0, 0, 0, 0, 0, "forward", freq, 0.02, energy_j, True, False, 0.0)
+
+    rows = [row(1410, 6.0), row(1200, 0.016), row(1005, 0.0), row(900, 4.0)]
+    kept = s.sweep.estimates.annotate(rows)
+    assert [(r.frequency, r.estimated) for r in kept] == [(1410, True), (900, True)]
+    columns = [[getattr(r, c) for r in kept] for c in ("stage", "instruction", "frequency")]
+    times, energies = ([getattr(r, c) for r in kept] for c in ("time", "energy"))
+    check_implied_power(*columns, times, energies, source="kept")  # the loader's check

@@ -248,6 +248,11 @@ def test_windows_charge_seconds_run_before_a_change_lands_to_the_previous_clock(
     assert shares[0] == [((0, "forward", 810), 0.75), (units[0], 0.25)]
     assert shares[2] == [((0, "backward", 1410), 0.5), (units[2], 0.5)]
     assert window_shares(units, where, tb, 0.0) == [[(u, 1.0)] for u in units]
+    # The round began at 510 MHz (the last round's last clock): its first forward ran its
+    # first 15 ms there, a third of that index's seconds over the round's three iterations.
+    first = window_shares(units, where, tb, 0.015, start_mhz=510)[0]
+    assert first[0] == ((0, "forward", 510), pytest.approx(0.25))
+    assert first[1] == ((0, "forward", 810), pytest.approx(0.5))
     # 1 ms forwards: both run wholly before the change lands, at the backwards' clock.
     short = {"forward": [[0.001, 0.001]] * 3, "backward": [[0.03, 0.02]] * 3}
     assert window_shares(units, where, short, 0.015)[1] == [((0, "forward", 810), 1.0)]
