@@ -35,8 +35,8 @@ Settings, ``PERSEUS_EMULATE_*`` environment variables (`EmulationSettings`):
 - ``PERSEUS_EMULATE_TRUTH=DIR``: every executed instruction is appended to
   ``DIR/rank{R}.csv`` (``stage,instruction,frequency,time,energy,switching``) with the
   model's time and energy before any sensor effect; ``switching`` is 1 where the instruction
-  ran its first part at the previous clock (a change was still landing). Tests and benchmarks compare against it; nothing in
-  the product reads it.
+  ran its first part at the previous clock (a change was still landing). Tests and
+  benchmarks compare against it; nothing in the product reads it.
 """
 
 from __future__ import annotations

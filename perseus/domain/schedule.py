@@ -307,7 +307,7 @@ class PipelineSchedule:
 
     def kinds(self) -> list[list[str]]:
         """Per rank, the instruction kinds in execution order."""
-        return [[i.kind for i in order] for order in self.orders]
+        return [list(kinds) for kinds in self.kind_table]
 
     @cached_property
     def kind_table(self) -> tuple[tuple[str, ...], ...]:

@@ -214,13 +214,15 @@ def test_with_leaders_the_folded_results_measure_as_every_ranks_would() -> None:
     assert led.iteration_time_s == pytest.approx(every.iteration_time_s)
 
 
+# F F B B per iteration: forwards at 1410, backwards at 810 (a clock change lands in 15 ms).
+FFBB = [(0, "forward", 1410), (0, "forward", 1410), (0, "backward", 810), (0, "backward", 810)]
+FFBB_WHERE = {"forward": [0, 1], "backward": [2, 3]}
+
+
 def test_instructions_run_while_a_clock_change_lands_are_left_out_of_unit_times():
     from schedulers.measurement import clean_unit_times
 
-    # F F B B per iteration: forwards at 1410, backwards at 810, 15 ms to apply a change.
-    units = [(0, "forward", 1410), (0, "forward", 1410), (0, "backward", 810)]
-    units.append((0, "backward", 810))
-    where = {"forward": [0, 1], "backward": [2, 3]}
+    units, where = FFBB, FFBB_WHERE
     tb = {"forward": [[0.02, 0.008]] * 2, "backward": [[0.03, 0.02]] * 2}
     times = clean_unit_times(units, where, tb, 0.015)
     # Each forward pair and backward pair starts a change: its first instruction is out,
@@ -236,12 +238,9 @@ def test_instructions_run_while_a_clock_change_lands_are_left_out_of_unit_times(
 def test_windows_charge_seconds_run_before_a_change_lands_to_the_previous_clock():
     from schedulers.measurement import window_shares
 
-    # F F B B: forwards at 1410, backwards at 810, 15 ms to apply a change. The first of each
-    # pair starts a change and runs its first 15 ms at the other kind's clock; the second
-    # starts 20 ms (30 ms) after the change began, clear of it.
-    units = [(0, "forward", 1410), (0, "forward", 1410), (0, "backward", 810)]
-    units.append((0, "backward", 810))
-    where = {"forward": [0, 1], "backward": [2, 3]}
+    # The first of each pair starts a change and runs its first 15 ms at the other kind's
+    # clock; the second starts 20 ms (30 ms) after the change began, clear of it.
+    units, where = FFBB, FFBB_WHERE
     tb = {"forward": [[0.02, 0.008]] * 3, "backward": [[0.03, 0.02]] * 3}
     shares = window_shares(units, where, tb, 0.015)
     assert shares[1] == [(units[1], 1.0)] and shares[3] == [(units[3], 1.0)]
