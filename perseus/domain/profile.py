@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from perseus.domain.kinds import (
     BACKWARD_SPLIT,
@@ -31,6 +31,9 @@ from perseus.domain.kinds import (
 )
 from perseus.domain.rows import ProfileRow
 from perseus.errors import PlanError, ProfileError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["InstructionOptions", "InstructionProfile", "ProfileRow", "check_implied_power"]
 
@@ -212,6 +215,8 @@ class InstructionProfile:
 
         `check_power`: refuse rows whose implied power is implausible (`check_implied_power`).
         """
+        import pandas as pd  # here: the solve path (profiles from CSV rows) runs without it
+
         needed = list(PROFILE_COLUMNS)
         missing = [c for c in needed if c not in frame.columns]
         if missing:
@@ -346,6 +351,8 @@ class InstructionProfile:
 
     def to_frame(self) -> pd.DataFrame:
         """The short-form table (one row per stage, instruction, frequency)."""
+        import pandas as pd
+
         rows = [
             (stage, instruction, int(f), float(t), float(e))
             for (stage, instruction), o in sorted(self._options.items())

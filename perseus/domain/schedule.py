@@ -243,43 +243,71 @@ class PipelineSchedule:
 
     # ------------------------------------------------------------ the DAG
     @cached_property
-    def _dag(self) -> nx.DiGraph:
-        import networkx as nx  # here, so that the wire protocol (and every rank) stays light
+    def _successors(self) -> dict[Instruction, dict[Instruction, None]]:
+        """The DAG as ordered adjacency: every instruction, in the order networkx's
+        `DiGraph` would hold it, mapped to its successors in edge order. Plain dicts, so
+        that building and sorting a schedule (every solve) needs no networkx import."""
+        succ: dict[Instruction, dict[Instruction, None]] = {}
 
-        g = nx.DiGraph()
+        def edge(u: Instruction, v: Instruction) -> None:
+            succ.setdefault(u, {})[v] = None
+            succ.setdefault(v, {})
+
         for order in self.orders:
-            g.add_nodes_from(order)
-            g.add_edges_from(itertools.pairwise(order))
+            for ins in order:
+                succ.setdefault(ins, {})
+            for u, v in itertools.pairwise(order):
+                edge(u, v)
         ranks = self.stage_ranks
         N = len(ranks)
-        present = g.nodes
+        present = succ.keys()
         for j in range(self.num_microbatches):
             for s in range(N):
                 here, r = s, ranks[s]
                 if s + 1 < N:
                     nxt = ranks[s + 1]
-                    g.add_edge(
-                        Instruction(r, "forward", j, here), Instruction(nxt, "forward", j, s + 1)
-                    )
+                    edge(Instruction(r, "forward", j, here), Instruction(nxt, "forward", j, s + 1))
                     up = _grad_node(present, nxt, j, s + 1)
-                    g.add_edge(up, _grad_node(present, r, j, here))
+                    edge(up, _grad_node(present, r, j, here))
                 w = Instruction(r, "backward_weight", j, here)
                 if w in present:
-                    g.add_edge(Instruction(r, "backward_input", j, here), w)
+                    edge(Instruction(r, "backward_input", j, here), w)
             last = N - 1
-            g.add_edge(
+            edge(
                 Instruction(ranks[last], "forward", j, last),
                 _grad_node(present, ranks[last], j, last),
             )
-        return g
+        return succ
+
+    @cached_property
+    def _generations(self) -> list[list[Instruction]] | None:
+        """Kahn's topological generations, in networkx's order (`nx.topological_generations`
+        on `dag()`); ``None`` when the graph has a cycle."""
+        succ = self._successors
+        indegree: dict[Instruction, int] = dict.fromkeys(succ, 0)
+        for children in succ.values():
+            for child in children:
+                indegree[child] += 1
+        zero = [v for v, d in indegree.items() if d == 0]
+        waiting = {v: d for v, d in indegree.items() if d > 0}
+        generations = []
+        while zero:
+            generation, zero = zero, []
+            for node in generation:
+                for child in succ[node]:
+                    waiting[child] -= 1
+                    if waiting[child] == 0:
+                        zero.append(child)
+                        del waiting[child]
+            generations.append(generation)
+        return None if waiting else generations
 
     def _check_acyclic(self) -> None:
-        import networkx as nx
-
-        g = self._dag
-        if nx.is_directed_acyclic_graph(g):
+        if self._generations is not None:
             return
-        cycle = nx.find_cycle(g)
+        import networkx as nx  # only to name the cycle
+
+        cycle = nx.find_cycle(self.dag())
         path = " → ".join(str(u) for u, _ in cycle) + f" → {cycle[0][0]}"
         first = cycle[0][0]
         raise ScheduleError(
@@ -287,15 +315,27 @@ class PipelineSchedule:
             f"{path} waits for the next (a rank's own order or a pipeline dependency)"
         )
 
+    def edges(self) -> list[tuple[Instruction, Instruction]]:
+        """The DAG's edges (``dag().edges()``, in its order), without building the graph."""
+        return [(u, v) for u, children in self._successors.items() for v in children]
+
+    @cached_property
+    def _dag(self) -> nx.DiGraph:
+        import networkx as nx  # here, so that the wire protocol (and every rank) stays light
+
+        g = nx.DiGraph()
+        g.add_nodes_from(self._successors)
+        g.add_edges_from(self.edges())
+        return g
+
     def dag(self) -> nx.DiGraph:
         """The instruction DAG (nodes are `Instruction`s). Do not mutate it; it is cached."""
         return self._dag
 
     @cached_property
     def _topological_order(self) -> tuple[Instruction, ...]:
-        import networkx as nx
-
-        return tuple(nx.topological_sort(self._dag))
+        self._check_acyclic()
+        return tuple(itertools.chain.from_iterable(self._generations or ()))
 
     def instructions(self) -> list[Instruction]:
         """Every instruction, in a topological order of the DAG (computed once)."""

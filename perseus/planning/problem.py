@@ -91,7 +91,7 @@ class PipelineProblem:
                 options.append(OptionTable(o.time_s, o.energy_j, o.freq_mhz))
                 type_kinds.append(instr.kind)
             type_of[k] = type_index[key]
-        dag_edges = list(schedule.dag().edges())
+        dag_edges = schedule.edges()
         edges = [(index[u], index[v]) for u, v in dag_edges]
         # Edges between two pipeline ranks: a P2P hop each.
         self.cross_rank = np.array([u.rank != v.rank for u, v in dag_edges], dtype=bool)

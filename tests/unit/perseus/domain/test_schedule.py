@@ -139,6 +139,10 @@ def test_every_instruction_once_and_acyclic(name: str, S: int, M: int) -> None:
     # The same orders, given explicitly, make the same schedule.
     again = PipelineSchedule.from_orders(name, s.actions(), M)
     assert again.orders == s.orders and set(again.dag().edges) == set(s.dag().edges)
+    # The schedule sorts its DAG without networkx, in networkx's own order (the solver
+    # numbers instructions in it) and lists the same edges in the same order.
+    assert s.instructions() == list(nx.topological_sort(s.dag()))
+    assert s.edges() == list(s.dag().edges())
 
 
 def _looped(S: int, V: int, M: int) -> list[list[tuple[int, str, int]]]:
