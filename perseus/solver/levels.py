@@ -33,17 +33,20 @@ class LevelRows:
         self.flat = padded.ravel()
         self.row_start = (np.arange(count, dtype=np.int64) * padded_width)[:, None]
         self.steps = [1 << b for b in reversed(range(width.bit_length()))]
+        # Step s compares the entry s - 1 past the search position: a view shifted by
+        # s - 1 saves an addition per step (and `take` beats fancy indexing by ~20 %).
+        self._shifted = [self.flat[s - 1 :] for s in self.steps]
 
     def take(self, position: np.ndarray) -> np.ndarray:
         """Entries at `position` ``(rows, K)`` of each row."""
-        return self.flat[self.row_start + position]
+        return self.flat.take(self.row_start + position)
 
     def count_at_most(self, x: np.ndarray) -> np.ndarray:
         """For ``x`` ``(rows, K)``: how many entries of each row are ``<= x`` ``(rows, K)``."""
         at = np.empty(x.shape, dtype=np.int64)
         at[...] = self.row_start
-        for s in self.steps:
-            at += s * (self.flat[at + (s - 1)] <= x)
+        for s, shifted in zip(self.steps, self._shifted, strict=True):
+            at += (shifted.take(at) <= x) * s
         return at - self.row_start
 
 

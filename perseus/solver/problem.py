@@ -268,8 +268,10 @@ class SolverProblem:
         for lv, pred, lag in zip(
             self.level_rows, self.level_preds, self.level_pred_lags, strict=True
         ):
-            start[lv] = latest_of(finish, pred, lag)
-            finish[lv] = start[lv] + d[lv]
+            s = latest_of(finish, pred, lag)  # a new array
+            start[lv] = s
+            s += d[lv]
+            finish[lv] = s
         return start, finish[: self.n]
 
     def finish_times(self, durations: np.ndarray) -> np.ndarray:

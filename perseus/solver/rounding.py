@@ -315,17 +315,20 @@ class Rounder:
         for level in reversed(self._levels):
             lv = level.index
             latest_finish = earliest_of(latest_start, level.succs, level.succ_lags)
-            budget = (latest_finish - start[lv]) * (1 + _REL_TOL)
+            budget = latest_finish - start[lv]
+            budget *= 1 + _REL_TOL
             if vertices_only:
                 fits = level.vertex_time.count_at_most(budget) - 1
                 fits = np.where(fits >= 0, level.vertex_step.take(np.maximum(fits, 0)), -1)
             else:
-                fits = level.step_time.count_at_most(budget) - 1
+                fits = level.step_time.count_at_most(budget)
+                fits -= 1
             if cap is not None:
-                fits = np.minimum(fits, cap[lv])
-            new = np.maximum(fits, step[lv])
-            step[lv] = new
-            latest_start[lv] = latest_finish - level.step_time.take(new)
+                np.minimum(fits, cap[lv], out=fits)
+            np.maximum(fits, step[lv], out=fits)
+            step[lv] = fits
+            latest_finish -= level.step_time.take(fits)
+            latest_start[lv] = latest_finish
 
     def neighbours(self, step: np.ndarray, max_columns: int) -> np.ndarray | None:
         """All plans that differ from plan `step` ``(n,)`` in one or two instructions.
