@@ -272,11 +272,18 @@ def solve_lp_curve(
         lower = np.where(at_or_above < nseg[idx], sg[r, np.minimum(at_or_above, last_seg)], 0)
         cap[pos_b[idx]] = np.where(fa > 0, fa - lower, 0)
 
+    def reduced(at: np.ndarray | slice) -> np.ndarray:
+        """Reduced lengths ``π(v) − π(u) − length`` of the arcs `at`."""
+        out = pi[col_of[at]] - pi[row_of[at]]
+        out -= length[at]
+        return out
+
     update_activity(rows)
+    red = reduced(slice(None))
     while True:
         # ---- longest paths via Dijkstra on reduced lengths (arcs without capacity: ∞)
-        red = pi[col_of] - pi[row_of] - length
-        graph.data = np.where(cap > 0, np.maximum(red, 0.0), np.inf)
+        has_cap = cap > 0
+        graph.data = np.where(has_cap, np.maximum(red, 0.0), np.inf)
         while True:
             dist = dijkstra(graph, directed=True, indices=0, limit=limit)
             if np.isfinite(dist[1]):
@@ -309,8 +316,8 @@ def solve_lp_curve(
             progress(min(1.0, (t_max - lam) / span))
 
         # ---- push a maximum flow through the tight arcs
-        red = pi[col_of] - pi[row_of] - length
-        tight = (red <= tol) & (cap > 0)
+        red = reduced(slice(None))
+        tight = (red <= tol) & has_cap
         capacities.data = np.where(tight, np.minimum(cap, _INF_CAP), 0).astype(np.int32)
         result = maximum_flow(capacities, 0, 1)
         if result.flow_value >= _INF_CAP:
@@ -322,9 +329,14 @@ def solve_lp_curve(
         flow[moved] += delta[moved]
         if (flow[moved] < 0).any():  # pragma: no cover
             raise SolverError("Internal error in the LP solver: negative flow")
-        update_activity(moved[moved < n])
+        activity = moved[moved < n]
+        update_activity(activity)
         other = moved[moved >= n]
         cap[pos_b[other]] = flow[other]
+        # Only the moved activity arcs changed length: the next phase's reduced lengths
+        # are these, updated there (the potentials stay until its Dijkstra).
+        touched = np.concatenate([pos_f[activity], pos_b[activity]])
+        red[touched] = reduced(touched)
 
     return LPCurve(
         time_s=np.array(times[::-1]),
