@@ -260,11 +260,21 @@ class SolverProblem:
         )
 
     # ------------------------------------------------------------------ accounting
-    def start_finish(self, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Earliest (start, finish) times for durations of shape ``(n,)`` or ``(n, K)``."""
+    def start_finish(
+        self, durations: np.ndarray, *, out: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Earliest (start, finish) times for durations of shape ``(n,)`` or ``(n, K)``.
+
+        `out`: arrays of shapes ``(n, K)`` and ``(n + 1, K)`` to fill instead of new ones
+        (the rounding reuses them: fresh 16 MB arrays cost a page fault per 4 KB).
+        """
         d = np.asarray(durations, dtype=float)
-        start = np.zeros(d.shape)
-        finish = np.zeros((self.n + 1, *d.shape[1:]))  # row n: the "no predecessor" zero
+        if out is None:
+            start = np.empty(d.shape)
+            finish = np.empty((self.n + 1, *d.shape[1:]))
+        else:
+            start, finish = out
+        finish[self.n] = 0.0  # row n: the "no predecessor" zero; every level fills the rest
         for lv, pred, lag in zip(
             self.level_rows, self.level_preds, self.level_pred_lags, strict=True
         ):

@@ -85,6 +85,7 @@ class Rounder:
             self.vertex_step[k, : len(h.time_s)] = pos
             self.vertex_step[k, len(h.time_s) :] = pos[-1]
         self._type_rows = [np.flatnonzero(problem.type_of == k) for k in range(ntypes)]
+        self._work: tuple[np.ndarray, np.ndarray] | None = None
         self._levels = [
             Level(
                 lv,
@@ -124,6 +125,14 @@ class Rounder:
         if not hit.any(axis=1).all():
             return None
         return hit.argmax(axis=1)
+
+    def _workspace(self, plans: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(n, plans)`` and ``(n + 1, plans)`` scratch arrays, kept for the next call of
+        the same width (a batch's passes reuse them instead of faulting in fresh pages)."""
+        n = self.problem.n
+        if self._work is None or self._work[0].shape != (n, plans):
+            self._work = (np.empty((n, plans)), np.empty((n + 1, plans)))
+        return self._work
 
     def times(self, step: np.ndarray) -> np.ndarray:
         """Durations of staircase positions `step` ``(n, K)``."""
@@ -244,7 +253,7 @@ class Rounder:
         D = np.asarray(durations, dtype=float)
         T = np.asarray(deadlines, dtype=float)
         segs = self.segments(D) if capped else None
-        lp_finish = pb.finish_times(D)
+        lp_finish = pb.start_finish(D, out=self._workspace(D.shape[1]))[1]
         finish = np.zeros((pb.n + 1, D.shape[1]))
         step = np.empty(D.shape, dtype=np.int64)
         for level in self._levels:
@@ -309,8 +318,10 @@ class Rounder:
         (with `vertices_only`, an instruction moves only onto a hull vertex)."""
         pb = self.problem
         times = self.step_time[pb.type_of[:, None], step]
-        start, _ = pb.start_finish(times)
-        latest_start = np.empty((pb.n + 1, step.shape[1]))
+        start, latest_start = self._workspace(step.shape[1])
+        pb.start_finish(times, out=(start, latest_start))
+        # The earliest finishes are not needed: latest starts overwrite them, successors
+        # (written earlier in this pass) and row n (the deadline) first.
         latest_start[pb.n] = T
         for level in reversed(self._levels):
             lv = level.index
