@@ -128,7 +128,9 @@ class Rounder:
 
     def _workspace(self, plans: int) -> tuple[np.ndarray, np.ndarray]:
         """``(n, plans)`` and ``(n + 1, plans)`` scratch arrays, kept for the next call of
-        the same width (a batch's passes reuse them instead of faulting in fresh pages)."""
+        the same width (a batch's passes reuse them instead of faulting in fresh pages).
+        Every call hands out the same two arrays: a caller's contents last until its next
+        `reclaim` or `follow_steps`."""
         n = self.problem.n
         if self._work is None or self._work[0].shape != (n, plans):
             self._work = (np.empty((n, plans)), np.empty((n + 1, plans)))
@@ -253,6 +255,7 @@ class Rounder:
         D = np.asarray(durations, dtype=float)
         T = np.asarray(deadlines, dtype=float)
         segs = self.segments(D) if capped else None
+        # In the scratch arrays that `reclaim` refills: read only before the reclaim below.
         lp_finish = pb.start_finish(D, out=self._workspace(D.shape[1]))[1]
         finish = np.zeros((pb.n + 1, D.shape[1]))
         step = np.empty(D.shape, dtype=np.int64)
