@@ -34,7 +34,7 @@ two breakpoint solutions (``F`` is linear there and the costs are convex).
 Dense hulls (more than 16 vertices: smooth, model-made profiles such as the emulator's or
 ``profile synth``'s, where almost every clock is on the hull) cost the sweep one phase per
 vertex event and hardly change the optimum between neighbouring vertices. For the sweep
-their runs of segments whose slopes are within 10 % of each other are merged into one
+their runs of segments whose slopes are within 8 % of each other are merged into one
 (the chord between two real options). A chord lies above the hull, so the swept optimum
 ``F̃ ≥ F`` exceeds it by at most ``Σᵢ δᵢ`` (``δᵢ``: the chord's largest excess over
 instruction i's hull); the curve reports ``F̃ − Σᵢ δᵢ``, still a true lower bound. Real
@@ -65,7 +65,7 @@ _INF_CAP = np.int64(2**31 - 1)  # scipy's max-flow capacities are int32
 _FLOW_BUDGET = 2**30
 _DENSE_HULL = 16
 """Hulls with more vertices than this are coarsened for the sweep (module docstring)."""
-_MERGE_RATIO = 1.1
+_MERGE_RATIO = 1.08
 """Neighbouring segments of a dense hull whose slopes are within this ratio are merged."""
 
 
