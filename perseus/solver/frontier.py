@@ -62,10 +62,12 @@ from perseus.solver.rounding import Rounder
 __all__ = ["FrontierSolution", "compute_frontier", "staggered_lead"]
 
 _TIME_RTOL = 1e-9
-_BATCH = 512
+_BATCH = 4096
 _BATCH_CELLS = 2**21
 """Plans rounded or scored together hold at most this many (node, plan) cells, so that a
-batch's arrays stay ~16 MB each on big pipelines (512 plans up to 4096 nodes)."""
+batch's arrays stay ~16 MB each on big pipelines (512 plans at 4096 nodes). Small
+pipelines round up to `_BATCH` plans at once: every topological level costs a few numpy
+calls per batch, whatever its width (GPT-3 8 × 24: 1.14 → 0.87 s of solve)."""
 _MAX_MIXES = 256
 _POLISH_ROUNDS = 20
 _FILL_ROUNDS = 2
