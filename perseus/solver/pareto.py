@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ParetoStore"]
+__all__ = ["ParetoStore", "pareto_front"]
+
+
+def pareto_front(time_s: np.ndarray, energy_j: np.ndarray, t_floor: float) -> np.ndarray:
+    """Indices, in time order, of the plans at or above `t_floor` that no other one beats:
+    each uses strictly less energy than every plan before it in (time, energy) order, so
+    of equal plans the first is kept. A batch's own front holds every plan of it that can
+    survive merging with any other plans (`ParetoStore.add`)."""
+    at = np.flatnonzero(time_s >= t_floor)
+    order = at[np.lexsort((energy_j[at], time_s[at]))]
+    e = energy_j[order]
+    best_before = np.concatenate([[np.inf], np.minimum.accumulate(e)[:-1]])
+    return order[e < best_before]
 
 
 class ParetoStore:
@@ -25,9 +37,7 @@ class ParetoStore:
         t = np.concatenate([self.time, time_s[keep]])
         e = np.concatenate([self.energy, energy_j[keep]])
         c = np.concatenate([self.compute, compute_j[keep]])
-        order = np.lexsort((e, t))
-        best_before = np.concatenate([[np.inf], np.minimum.accumulate(e[order])[:-1]])
-        kept = order[e[order] < best_before]
+        kept = pareto_front(t, e, -np.inf)
         old = len(self.time)
         new_rows = choice[:, keep].T.astype(np.int16)
         from_old = kept[kept < old]

@@ -35,6 +35,8 @@ window valid, so the plan still fits in ``T``.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from perseus.solver.dag_arrays import earliest_of, latest_of
@@ -85,7 +87,7 @@ class Rounder:
             self.vertex_step[k, : len(h.time_s)] = pos
             self.vertex_step[k, len(h.time_s) :] = pos[-1]
         self._type_rows = [np.flatnonzero(problem.type_of == k) for k in range(ntypes)]
-        self._work: tuple[np.ndarray, np.ndarray] | None = None
+        self._local = threading.local()  # per-thread scratch arrays (`_workspace`)
         self._levels = [
             Level(
                 lv,
@@ -129,12 +131,15 @@ class Rounder:
     def _workspace(self, plans: int) -> tuple[np.ndarray, np.ndarray]:
         """``(n, plans)`` and ``(n + 1, plans)`` scratch arrays, kept for the next call of
         the same width (a batch's passes reuse them instead of faulting in fresh pages).
-        Every call hands out the same two arrays: a caller's contents last until its next
-        `reclaim` or `follow_steps`."""
+        Every call from one thread hands out the same two arrays: a caller's contents last
+        until its next `reclaim` or `follow_steps`; each thread has its own (the frontier
+        rounds several ways at once)."""
         n = self.problem.n
-        if self._work is None or self._work[0].shape != (n, plans):
-            self._work = (np.empty((n, plans)), np.empty((n + 1, plans)))
-        return self._work
+        work: tuple[np.ndarray, np.ndarray] | None = getattr(self._local, "work", None)
+        if work is None or work[0].shape != (n, plans):
+            work = (np.empty((n, plans)), np.empty((n + 1, plans)))
+            self._local.work = work
+        return work
 
     def times(self, step: np.ndarray) -> np.ndarray:
         """Durations of staircase positions `step` ``(n, K)``."""
