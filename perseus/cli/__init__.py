@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, ClassVar
 
 import typer
@@ -79,6 +78,8 @@ DISTRIBUTION = "perseus-energy"
 
 def package_version() -> str:
     """The installed version, or a note that this checkout is not installed."""
+    from importlib.metadata import PackageNotFoundError, version  # 12 ms: only when asked
+
     try:
         return version(DISTRIBUTION)
     except PackageNotFoundError:

@@ -18,12 +18,14 @@ ZeusError                   (zeus_power.errors: the root of the whole package)
 from __future__ import annotations
 
 import abc
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings
 
 from zeus_power.errors import ZeusError
+
+if TYPE_CHECKING:  # pydantic-settings costs 25 ms to import: only the settings need it
+    from pydantic_settings import BaseSettings
 
 __all__ = [
     "GPU",
@@ -191,7 +193,7 @@ class GPU(abc.ABC):
         return f"{type(self).__name__}(index={self.index})"
 
 
-_S = TypeVar("_S", bound=BaseSettings)
+_S = TypeVar("_S", bound="BaseSettings")
 
 
 def load_env_settings(settings_cls: type[_S], what: str) -> _S:

@@ -65,12 +65,24 @@ def test_the_errors_module_imports_nothing_of_the_package() -> None:
 
 
 def test_the_device_layer_imports_only_itself_and_the_errors() -> None:
-    modules = _modules_after("import zeus_power.device")
+    modules = _modules_after("from zeus_power.device import open_gpus")
     outside = [
         m for m in _ours(modules) if not m.startswith("zeus_power.device") and m != "zeus_power"
     ]
     assert outside == ["zeus_power.errors"]
     assert _heavy(modules) == []
+
+
+def test_a_gpu_spec_costs_neither_the_emulator_nor_the_settings() -> None:
+    """`perseus solve` reads a GPU's spec (its blocking power): that alone must not load
+    the emulator or pydantic-settings (the package hands its names out lazily)."""
+    modules = _modules_after("from zeus_power.device.specs import get_gpu_spec")
+    assert "zeus_power.device.emulated" not in modules
+    assert "zeus_power.device.factory" not in modules
+    assert "pydantic_settings" not in modules
+    # Every name the package exports still comes from the module it lives in.
+    modules = _modules_after("import zeus_power.device as d; [getattr(d, n) for n in d.__all__]")
+    assert "zeus_power.device.factory" in modules and "pydantic_settings" in modules
 
 
 def test_the_monitor_needs_no_batch_size_optimizer() -> None:
