@@ -112,7 +112,9 @@ def worst_difference(base: np.lib.npyio.NpzFile, ours: np.lib.npyio.NpzFile) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="9b7afbb")
-    parser.add_argument("--cases", default="1f1b:16x128,1f1b:16x256,zb:16x128")
+    parser.add_argument(
+        "--cases", default="1f1b:16x128,1f1b:16x256,zb:16x128", help="'': the small end only"
+    )
     parser.add_argument("--small", default="8x24")
     parser.add_argument("--repeat-small", type=int, default=3)
     parser.add_argument("--no-base", action="store_true", help="time this tree only")
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 "worst energy vs base over every deadline | gap above LP bound, max: base / this |"
             )
             print("|---|---|---|---|---|---|---|---|")
-            for case in args.cases.split(","):
+            for case in filter(None, args.cases.split(",")):
                 name, size = case.split(":")
                 S, M = (int(x) for x in size.split("x"))
                 result: dict[str, tuple[Run, np.lib.npyio.NpzFile]] = {}

@@ -16,14 +16,15 @@ import csv
 import io
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 from perseus.domain.plan import Plan
 from perseus.errors import PlanError
 from perseus.io.atomic import atomic_write_text
-from perseus.io.plan_file import load_plan, save_plan
+from perseus.io.plan_file import load_plan, plan_text, save_plan
 
 __all__ = [
     "FRONTIER_COLUMNS",
@@ -52,11 +53,15 @@ class FrontierRow(NamedTuple):
 
 
 def write_frontier_dir(
-    out_dir: str | os.PathLike[str], rows: Sequence[FrontierRow], reference: Plan | None = None
+    out_dir: str | os.PathLike[str], rows: Iterable[FrontierRow], reference: Plan | None = None
 ) -> Path:
     """Write ``frontier.csv`` and ``plans/plan_NNNNN.json`` (one plan file per row, old
     plan files removed first), and the `reference` plan as ``all_max.json`` (an old one
-    is removed when there is none); returns the path of ``frontier.csv``."""
+    is removed when there is none); returns the path of ``frontier.csv``.
+
+    `rows` may be a generator: a thread of its own creates the files (the system calls let
+    go of the GIL) while the next rows' plans are built and serialised.
+    """
     out = Path(out_dir)
     plans = out / "plans"
     plans.mkdir(parents=True, exist_ok=True)
@@ -67,10 +72,16 @@ def write_frontier_dir(
     else:
         save_plan(reference, out / REFERENCE_PLAN)
     table = []
-    for k, row in enumerate(rows):
-        rel = f"plans/plan_{k:05d}.json"
-        save_plan(row.plan, out / rel)
-        table.append((k, repr(row.iteration_time), repr(row.energy), repr(row.lower_bound), rel))
+    with ThreadPoolExecutor(1, thread_name_prefix="perseus-write") as writer:
+        written = []
+        for k, row in enumerate(rows):
+            rel = f"plans/plan_{k:05d}.json"
+            written.append(writer.submit(atomic_write_text, out / rel, plan_text(row.plan)))
+            table.append(
+                (k, repr(row.iteration_time), repr(row.energy), repr(row.lower_bound), rel)
+            )
+        for done in written:
+            done.result()  # the first failure, if any, raised here
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(FRONTIER_COLUMNS)

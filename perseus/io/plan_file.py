@@ -30,7 +30,7 @@ from perseus.domain.schedule import MAX_ACTIONS
 from perseus.errors import PlanError
 from perseus.io.atomic import atomic_write_text
 
-__all__ = ["MAX_PLAN_BYTES", "FrequencyLists", "load_plan", "read_plan", "save_plan"]
+__all__ = ["MAX_PLAN_BYTES", "FrequencyLists", "load_plan", "plan_text", "read_plan", "save_plan"]
 
 MAX_PLAN_BYTES = 64 * 1024 * 1024
 """The largest plan file read (a 16 × 256 plan is about 1 MB)."""
@@ -141,6 +141,11 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     return _json_plan(text, where)
 
 
+def plan_text(plan: Plan) -> str:
+    """The plan file's text: one line of JSON."""
+    return plan.model_dump_json(indent=None) + "\n"
+
+
 def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
     """Write the plan as JSON (atomically)."""
-    atomic_write_text(Path(path), plan.model_dump_json(indent=None) + "\n")
+    atomic_write_text(Path(path), plan_text(plan))

@@ -196,10 +196,10 @@ class Frontier:
     def write(self, out_dir: str | os.PathLike[str]) -> Path:
         """Write ``frontier.csv``, ``plans/plan_NNNNN.json`` (one Plan file per point) and
         the all-max plan as ``all_max.json``."""
-        rows = [
+        rows = (  # built as they are written (`write_frontier_dir`)
             FrontierRow(p.iteration_time_s, p.energy_j, p.lower_bound_j, self._plan(p))
             for p in self.points
-        ]
+        )
         reference = self._plan(self.all_max) if self.all_max is not None else None
         return write_frontier_dir(out_dir, rows, reference)
 

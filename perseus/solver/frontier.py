@@ -319,9 +319,10 @@ def compute_frontier(
             mids = [lam + f * (lam_prev - lam) for f in np.linspace(1, 0, count + 2)[1:-1]]
             if lam < t_ref < lam_prev:  # the all-max time falls inside this LP segment
                 mids = sorted([*mids, t_ref], reverse=True)
+            step = d_prev - d
             for t_mid in mids:
                 w = (t_mid - lam) / (lam_prev - lam)
-                target(d + w * (d_prev - d), t_mid)
+                target(d + w * step, t_mid)
                 last["target"] = t_mid
         if last["target"] - lam >= min_gap:
             target(d.copy(), lam)

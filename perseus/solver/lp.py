@@ -254,7 +254,9 @@ def solve_lp_curve(
     times: list[float] = []
     costs: list[float] = []
     d_prev = b.copy()
-    f_prev = float(_hull_cost(hull_t, hull_c, problem.type_of, rows, b).sum())
+    # Each instruction's hull cost at `d_prev`: a phase re-evaluates only the changed ones.
+    cost_prev = _hull_cost(hull_t, hull_c, problem.type_of, rows, b)
+    f_prev = float(cost_prev.sum())
     limit = span / 64
     last_seg = sig.shape[1] - 1
 
@@ -298,12 +300,9 @@ def solve_lp_curve(
         d = np.clip(pi[finish] - pi[start], a, b)
         changed = np.flatnonzero(d != d_prev)
         if len(changed):
-            f_prev += float(
-                (
-                    _hull_cost(hull_t, hull_c, problem.type_of, changed, d[changed])
-                    - _hull_cost(hull_t, hull_c, problem.type_of, changed, d_prev[changed])
-                ).sum()
-            )
+            cost = _hull_cost(hull_t, hull_c, problem.type_of, changed, d[changed])
+            f_prev += float((cost - cost_prev[changed]).sum())
+            cost_prev[changed] = cost
             d_prev = d
         if times and times[-1] - lam <= tol:
             times[-1], costs[-1] = lam, f_prev - offset

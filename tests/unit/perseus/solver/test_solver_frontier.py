@@ -16,7 +16,7 @@ from paths import REPO, SHARED_DATA, require_data
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import make_schedule
 from perseus.errors import PerseusError, PlanError, SolverError
-from perseus.io.frontier_dir import FRONTIER_COLUMNS
+from perseus.io.frontier_dir import FRONTIER_COLUMNS, FrontierRow, write_frontier_dir
 from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import load_profile
 from perseus.planning import (
@@ -147,6 +147,30 @@ def test_write_read_round_trip(tmp_path, real_profile, frontier_8x8):
     Frontier(small.points[:2], schedule=schedule, p2p_power_w=P_BLOCK).write(tmp_path)
     assert len(list((tmp_path / "plans").glob("*.json"))) == 2
     assert len(Frontier.read(tmp_path).points) == 2
+
+
+def test_a_plan_that_cannot_be_written_fails_the_write(tmp_path, frontier_8x8):
+    """Plan files are created by a writer thread while the next rows are built: a file it
+    cannot write still fails the write, and no table points at plans that are missing."""
+    schedule, frontier, _ = frontier_8x8
+    small = Frontier(frontier.points[::40], schedule=schedule, p2p_power_w=frontier.p2p_power_w)
+    rows = [
+        FrontierRow(p.iteration_time_s, p.energy_j, p.lower_bound_j, small._plan(p))
+        for p in small.points
+    ]
+
+    def rows_while_something_takes_plan_2():
+        for k, row in enumerate(rows):
+            if k == 1:  # after the old plans are cleared: another process's directory
+                (tmp_path / "plans" / "plan_00002.json").mkdir()
+            yield row
+
+    with pytest.raises(IsADirectoryError):
+        write_frontier_dir(tmp_path, rows_while_something_takes_plan_2())
+    written = {p.name for p in (tmp_path / "plans").iterdir()}
+    assert written == {f"plan_{k:05d}.json" for k in range(len(rows))}  # no temporary file
+    assert (tmp_path / "plans" / "plan_00002.json").is_dir()
+    assert not (tmp_path / "frontier.csv").exists()
 
 
 def test_read_errors(tmp_path, frontier_8x8):
