@@ -11,7 +11,11 @@ from test_schedulers_guard import cluster, profile_csv, scheduler
 from perseus.demo.virtual import run_rounds
 from schedulers.perseus_scheduler import PerseusPhase
 
-TIMEOUT_S = 120  # the rounds here are virtual and fast: the solve's thread shares the GIL
+TIMEOUT_S = 120
+ROUND_S = 0.005
+"""A real round takes time (an iteration of training); these virtual ones take a few ms of
+Python, and a loop of them back to back would hold the GIL that the solve's thread needs
+(37 s for a 2 s solve). Each round here lasts at least this long, as a real one would."""
 
 
 def _max_mhz(schedules) -> set[int]:
@@ -41,6 +45,7 @@ def test_the_solve_runs_beside_all_max_rounds_and_deploys_the_same_plan(tmp_path
             assert s._solve.on_thread and s.phase is PerseusPhase.PROFILING
             assert _max_mhz(schedules) == {1410}
         s.observe(c.run_round(schedules))
+        time.sleep(ROUND_S)
         k += 1
         if s.phase is PerseusPhase.DEPLOYED:
             break
@@ -69,5 +74,6 @@ def test_a_job_given_everything_registers_before_its_solve_ends(tmp_path):
         if s.phase is PerseusPhase.DEPLOYED:
             break
         s.observe(c.run_round(schedules))
+        time.sleep(ROUND_S)
         schedules = s.next_schedule()
     assert s.phase is PerseusPhase.DEPLOYED
