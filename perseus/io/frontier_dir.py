@@ -16,8 +16,9 @@ import csv
 import io
 import math
 import os
+from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,6 +42,9 @@ __all__ = [
 FRONTIER_COLUMNS = ("index", "iteration_time", "energy", "lower_bound", "plan")
 REFERENCE_PLAN = "all_max.json"
 """The reference (all-max) plan's file in a frontier directory."""
+_WRITE_AHEAD_CHARS = 32 * 2**20
+"""Plan text queued for the writer thread at most (a 16 × 256 plan is ~1 MB, an 8 × 24 one
+6 KB: small plans all queue at once, big ones a few dozen)."""
 
 
 class FrontierRow(NamedTuple):
@@ -73,14 +77,21 @@ def write_frontier_dir(
         save_plan(reference, out / REFERENCE_PLAN)
     table = []
     with ThreadPoolExecutor(1, thread_name_prefix="perseus-write") as writer:
-        written = []
+        pending: deque[tuple[Future[None], int]] = deque()
+        queued = 0  # characters of plan text waiting for the writer
         for k, row in enumerate(rows):
             rel = f"plans/plan_{k:05d}.json"
-            written.append(writer.submit(atomic_write_text, out / rel, plan_text(row.plan)))
+            text = plan_text(row.plan)
+            while pending and queued + len(text) > _WRITE_AHEAD_CHARS:
+                done, size = pending.popleft()
+                done.result()
+                queued -= size
+            pending.append((writer.submit(atomic_write_text, out / rel, text), len(text)))
+            queued += len(text)
             table.append(
                 (k, repr(row.iteration_time), repr(row.energy), repr(row.lower_bound), rel)
             )
-        for done in written:
+        for done, _ in pending:
             done.result()  # the first failure, if any, raised here
     buf = io.StringIO()
     writer = csv.writer(buf)

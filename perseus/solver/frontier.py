@@ -21,9 +21,9 @@
    rounded the first and the last way only: on the 16-stage synthetic H100 profile the
    other two never lowered the worst deadline's energy against the exact sweep's frontier
    (16 × 128 and 16 × 256: the same worst, the mean +0.0005 % at most) and took a sixth to
-   a fifth of the solve time. The ways are independent: given cores, each runs in a thread
-   of its own (numpy lets go of the GIL inside its loops), and each batch of plans is cut
-   to its own Pareto front before it is merged, in one fixed order;
+   a fifth of the solve time. The ways are independent: on two cores two threads share
+   them (numpy lets go of the GIL inside its loops), and each batch of plans is cut to its
+   own Pareto front before it is merged, in one fixed order;
 3. between consecutive targets' dithered plans, and later in every hole of the Pareto set
    wider than ``resolution_s``, plans are *mixed*: the latest instructions take the slower plan's
    options and the others the faster one's, then slack is reclaimed;
@@ -181,7 +181,7 @@ def compute_frontier(
     if max_points is not None and max_points < 2:
         raise SolverError(f"max_points must be at least 2 (or None for all), got {max_points!r}")
     if threads is not None and threads < 1:
-        raise SolverError(f"threads must be at least 1 (or None for every core), got {threads!r}")
+        raise SolverError(f"threads must be at least 1 (or None for the default), got {threads!r}")
     max_threads = min(_DEFAULT_THREADS, _available_cores()) if threads is None else threads
     rounder = Rounder(problem)
 

@@ -13,11 +13,12 @@ import pandas as pd
 import pytest
 from paths import REPO, SHARED_DATA, require_data
 
+import perseus.io.frontier_dir as frontier_dir
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import make_schedule
 from perseus.errors import PerseusError, PlanError, SolverError
 from perseus.io.frontier_dir import FRONTIER_COLUMNS, FrontierRow, write_frontier_dir
-from perseus.io.plan_file import load_plan
+from perseus.io.plan_file import load_plan, plan_text
 from perseus.io.profile_csv import load_profile
 from perseus.planning import (
     Frontier,
@@ -149,15 +150,20 @@ def test_write_read_round_trip(tmp_path, real_profile, frontier_8x8):
     assert len(Frontier.read(tmp_path).points) == 2
 
 
-def test_a_plan_that_cannot_be_written_fails_the_write(tmp_path, frontier_8x8):
+@pytest.mark.parametrize("queue_chars", [2**25, 2**15])  # all queued at once / a few at a time
+def test_a_plan_that_cannot_be_written_fails_the_write(
+    tmp_path, frontier_8x8, queue_chars, monkeypatch
+):
     """Plan files are created by a writer thread while the next rows are built: a file it
     cannot write still fails the write, and no table points at plans that are missing."""
     schedule, frontier, _ = frontier_8x8
-    small = Frontier(frontier.points[::40], schedule=schedule, p2p_power_w=frontier.p2p_power_w)
+    monkeypatch.setattr(frontier_dir, "_WRITE_AHEAD_CHARS", queue_chars)
+    some = Frontier(frontier.points[::4], schedule=schedule, p2p_power_w=P_BLOCK)
     rows = [
-        FrontierRow(p.iteration_time_s, p.energy_j, p.lower_bound_j, small._plan(p))
-        for p in small.points
+        FrontierRow(p.iteration_time_s, p.energy_j, p.lower_bound_j, some._plan(p))
+        for p in some.points
     ]
+    assert len(rows) * len(plan_text(rows[0].plan)) > 4 * 2**15  # the small queue drains
 
     def rows_while_something_takes_plan_2():
         for k, row in enumerate(rows):
@@ -167,8 +173,8 @@ def test_a_plan_that_cannot_be_written_fails_the_write(tmp_path, frontier_8x8):
 
     with pytest.raises(IsADirectoryError):
         write_frontier_dir(tmp_path, rows_while_something_takes_plan_2())
-    written = {p.name for p in (tmp_path / "plans").iterdir()}
-    assert written == {f"plan_{k:05d}.json" for k in range(len(rows))}  # no temporary file
+    written = sorted(p.name for p in (tmp_path / "plans").iterdir())
+    assert written == [f"plan_{k:05d}.json" for k in range(len(written))]  # no temporary file
     assert (tmp_path / "plans" / "plan_00002.json").is_dir()
     assert not (tmp_path / "frontier.csv").exists()
 
