@@ -43,12 +43,18 @@ if TYPE_CHECKING:
     from zeus_power.device.clock import VirtualClock
     from zeus_power.device.dvfs import DEFAULT_ACTIVITY, DVFSModel, Execution, Sweep, Workload
     from zeus_power.device.emulated import EmulatedGPU
-    from zeus_power.device.factory import BACKENDS, DeviceSettings, open_gpus
+    from zeus_power.device.factory import (
+        BACKENDS,
+        CALIBRATED_POWER_DECAY_S,
+        DeviceSettings,
+        open_gpus,
+    )
     from zeus_power.device.sensors import IDEAL_SENSORS, REAL_SENSORS, SensorSpec
     from zeus_power.device.specs import GPU_SPECS, GPUSpec, get_gpu_spec, gpu_type_names
 
 _HOME = {
     "BACKENDS": "factory",
+    "CALIBRATED_POWER_DECAY_S": "factory",
     "DEFAULT_ACTIVITY": "dvfs",
     "DEFAULT_SWITCH_LATENCY_MS": "factory",
     "DVFSModel": "dvfs",
@@ -78,6 +84,7 @@ _HOME = {
 
 __all__ = [
     "BACKENDS",
+    "CALIBRATED_POWER_DECAY_S",
     "DEFAULT_ACTIVITY",
     "DVFSModel",
     "DeviceSettings",

@@ -2,7 +2,8 @@
 
 `EmulatedGPU` runs `Workload`s at its locked clock and power limit as the model says. The
 energy it draws is the idle power over the elapsed time of an injectable clock, plus the
-extra (above-idle) power of the work it executed or was told about; its sensors show that
+extra (above-idle) power of the work it executed or was told about, which may decay after the
+work stops (`power_decay_s`) and drift slowly (`power_drift_per_hour`); its sensors show that
 energy as a real GPU's do (`zeus_power.device.sensors`: a counter and power readings that
 refresh every 100 ms, a 2.4 ms counter read, noise), or exactly with ``sensors="ideal"``.
 `VirtualClock` lets tests run in virtual time without sleeping.
@@ -39,10 +40,17 @@ __all__ = [
     "DVFSModel",
     "EmulatedGPU",
     "Execution",
+    "MAX_POWER_DECAY_S",
+    "MAX_POWER_DRIFT_PER_HOUR",
     "Sweep",
     "VirtualClock",
     "Workload",
 ]
+
+MAX_POWER_DECAY_S = 1.0
+"""Longest time constant `EmulatedGPU(power_decay_s=...)` takes."""
+MAX_POWER_DRIFT_PER_HOUR = 0.5
+"""Largest drift `EmulatedGPU(power_drift_per_hour=...)` takes, either way."""
 
 
 class EmulatedGPU(GPU):
@@ -69,6 +77,19 @@ class EmulatedGPU(GPU):
             ``"ideal"`` (exact and continuous, for tests that need exact energy). A counter
             read sleeps the read latency on a real clock; on a `VirtualClock` it costs no
             virtual time.
+        power_decay_s: Time constant τ of the power's fall after work stops (0, the
+            default: it drops to idle at once; at most `MAX_POWER_DECAY_S`). From the end
+            of a busy period until the next begins the GPU draws
+            ``idle + (P_last − idle)·exp(−(t − t_end)/τ)``, P_last the mean power of the
+            work that ended. The energy counter and power readings show it; `execute`'s
+            result and `busy_power_w` do not (they are the work's own figures).
+        power_drift_per_hour: Slow drift of busy power: the power above idle that this
+            GPU draws (and its sensors show) is scaled by
+            ``1 + power_drift_per_hour · (t − t_open)/3600``, t_open the clock when it was
+            opened, kept within [idle power, the power limit in force] (never lifted
+            above a power asked for that exceeds it). 0 (the default): none; at most
+            `MAX_POWER_DRIFT_PER_HOUR` either way. `execute`'s result and `busy_power_w`
+            stay the model's figures.
     """
 
     def __init__(
@@ -84,6 +105,8 @@ class EmulatedGPU(GPU):
         energy_counter: bool | None = None,
         switch_latency_s: float = 0.0,
         sensors: SensorSpec | str = "real",
+        power_decay_s: float = 0.0,
+        power_drift_per_hour: float = 0.0,
     ) -> None:
         super().__init__(index)
         self.model = DVFSModel(gpu_type)
@@ -108,10 +131,34 @@ class EmulatedGPU(GPU):
         `_switch_at_s`."""
         self._switch_at_s = -math.inf
         self._power_limit_mw = round(self.spec.default_power_limit_w * 1000)
+        self.power_decay_s = _check_finite("power_decay_s", power_decay_s)
+        """Time constant of the power's fall after work stops (0: at once)."""
+        if not 0.0 <= self.power_decay_s <= MAX_POWER_DECAY_S:
+            raise GPUValueError(
+                f"power_decay_s must be in [0, {MAX_POWER_DECAY_S:g}] s, got {power_decay_s!r}",
+                gpu_index=index,
+            )
+        self.power_drift_per_hour = _check_finite(
+            "power_drift_per_hour", power_drift_per_hour, minimum=-math.inf
+        )
+        """Relative change of busy power above idle per hour of this GPU's clock."""
+        if abs(self.power_drift_per_hour) > MAX_POWER_DRIFT_PER_HOUR:
+            raise GPUValueError(
+                f"power_drift_per_hour must be in [-{MAX_POWER_DRIFT_PER_HOUR:g}, "
+                f"{MAX_POWER_DRIFT_PER_HOUR:g}], got {power_drift_per_hour!r}",
+                gpu_index=index,
+            )
         self.sensors = sensor_spec(sensors)
         """What this GPU's energy counter and power readings show."""
         sensor_rng = np.random.default_rng(None if seed is None else [seed, index, 1])
-        self._meter = EnergyMeter(self.spec.idle_power_w, clock(), self.sensors, sensor_rng)
+        self._opened_s = clock()
+        self._meter = EnergyMeter(
+            self.spec.idle_power_w,
+            self._opened_s,
+            self.sensors,
+            sensor_rng,
+            decay_s=self.power_decay_s,
+        )
 
     # -- emulator-only attributes -----------------------------------------------------------
     @property
@@ -133,6 +180,24 @@ class EmulatedGPU(GPU):
     def clock(self) -> Callable[[], float]:
         """The time source this GPU reads."""
         return self._clock
+
+    def drift_factor(self, t_s: float | None = None) -> float:
+        """The factor on busy power above idle at time `t_s` (default: now), before the
+        clip to [idle, power limit]: ``1 + power_drift_per_hour · (t − t_open)/3600``."""
+        t = self._clock() if t_s is None else t_s
+        return 1.0 + self.power_drift_per_hour * (t - self._opened_s) / 3600.0
+
+    def _drawn_w(self, power_w: float, start_s: float, end_s: float) -> float:
+        """The power this GPU draws for work at `power_w` over [start_s, end_s]: at least
+        idle, and with a drift its part above idle scaled by the factor at the midpoint,
+        within [idle, max(power limit, power_w)]. Call with the lock held."""
+        idle = self.idle_power_w
+        power_w = max(power_w, idle)
+        if not self.power_drift_per_hour:
+            return power_w
+        factor = self.drift_factor(0.5 * (start_s + end_s))
+        high = max(self._power_limit_mw / 1000.0, power_w)
+        return min(max(idle + (power_w - idle) * factor, idle), high)
 
     def current_sm_clock_mhz(self) -> int:
         """The SM clock in force: the locked one, or the max clock when none is locked
@@ -198,9 +263,8 @@ class EmulatedGPU(GPU):
                 time_s = result.time_s * self._noise_factor()
                 power_w = result.power_w * self._noise_factor()
                 result = Execution(time_s, power_w * time_s, result.freq_mhz, power_w)
-            self._meter.add(
-                start_s, start_s + result.time_s, max(result.power_w, self.idle_power_w)
-            )
+            end_s = start_s + result.time_s
+            self._meter.add(start_s, end_s, self._drawn_w(result.power_w, start_s, end_s))
         virtual = isinstance(self._clock, VirtualClock)
         if wait is None:
             wait = virtual or self._sleep
@@ -256,19 +320,23 @@ class EmulatedGPU(GPU):
 
         Only the part above idle power counts extra (idle power accrues with the clock);
         a power below idle adds nothing, so the counter never runs backwards. Work booked
-        after the fact reaches a refreshing counter at its next refresh.
+        after the fact reaches a refreshing counter at its next refresh. With
+        `power_decay_s` it cuts the tail of the work before it where it began (a counter
+        that already showed that part of the tail takes it back from its next refreshes).
         """
         duration_s = _check_finite("duration_s", duration_s)
         power_w = _check_finite("power_w", power_w)
         with self._lock:
             now = self._clock()
-            self._meter.add(now - duration_s, now, max(power_w, self.idle_power_w))
+            start = now - duration_s
+            self._meter.add(start, now, self._drawn_w(power_w, start, now))
 
     def begin_busy(self, power_w: float) -> None:
         """Work at `power_w` starts now (until `end_busy`): the sensors see it as it runs."""
         power_w = _check_finite("power_w", power_w)
         with self._lock:
-            self._meter.open(self._clock(), max(power_w, self.idle_power_w))
+            now = self._clock()
+            self._meter.open(now, self._drawn_w(power_w, now, now))
 
     def end_busy(self, duration_s: float, energy_j: float) -> None:
         """The work `begin_busy` started lasted `duration_s` from its start and drew
@@ -280,10 +348,12 @@ class EmulatedGPU(GPU):
             start = meter.open_start_s()
             if start is None:  # nothing open: book it as just finished
                 now = self._clock()
-                meter.add(now - duration_s, now, max(energy_j / max(duration_s, 1e-12), 0.0))
+                power_w = energy_j / max(duration_s, 1e-12)
+                meter.add(now - duration_s, now, self._drawn_w(power_w, now - duration_s, now))
                 return
-            floor_j = self.idle_power_w * duration_s
-            meter.close(start + duration_s, energy_j=max(energy_j, floor_j))
+            end = start + duration_s
+            power_w = energy_j / duration_s if duration_s > 0 else self.idle_power_w
+            meter.close(end, energy_j=self._drawn_w(power_w, start, end) * duration_s)
 
     # -- GPU interface ----------------------------------------------------------------------
     def name(self) -> str:

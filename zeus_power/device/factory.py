@@ -12,12 +12,13 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from zeus_power.device.base import GPU, GPUInitError, GPUValueError, load_env_settings
-from zeus_power.device.emulated import EmulatedGPU
+from zeus_power.device.emulated import MAX_POWER_DECAY_S, MAX_POWER_DRIFT_PER_HOUR, EmulatedGPU
 from zeus_power.device.sensors import IDEAL_SENSORS, REAL_SENSORS, SensorSpec
 from zeus_power.device.specs import GPUSpec, get_gpu_spec
 
 __all__ = [
     "BACKENDS",
+    "CALIBRATED_POWER_DECAY_S",
     "DEFAULT_SWITCH_LATENCY_MS",
     "MAX_SWITCH_LATENCY_MS",
     "DeviceSettings",
@@ -29,6 +30,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_SWITCH_LATENCY_MS = 15.0
 """Default SM clock switching latency of emulated GPUs (docs/emulator.md says where from)."""
 MAX_SWITCH_LATENCY_MS = 10_000.0
+CALIBRATED_POWER_DECAY_S = 0.003
+"""Time constant of the power's fall after work stops fitted to the energy-window probe on
+a real H200 (`scripts/calibrate_power_decay.py`): the τ at which the emulated probe's idle
+gaps draw what the H200's did (the fit's idle power, 98 W). No τ reproduces that fit's
+per-kind errors (docs/emulator.md, "Power after work stops, and drift"). Not the default:
+an emulated GPU's power drops to idle at once unless `ZEUS_EMULATED_POWER_DECAY_MS` or
+`EmulatedGPU(power_decay_s=...)` says otherwise."""
 
 BACKENDS = ("auto", "emulated", "nvml", "zeusd")
 """Valid values of `open_gpus(backend=...)` and `ZEUS_GPU_BACKEND`."""
@@ -53,6 +61,20 @@ class DeviceSettings(BaseSettings):
     """`ZEUS_EMULATED_SWITCH_LATENCY_MS`: how long a new SM clock takes to come into force
     on an emulated GPU (default: 15 ms, the middle of the 10–20 ms reported for
     `nvmlDeviceSetGpuLockedClocks`; see docs/emulator.md)."""
+    emulated_power_decay_ms: float = Field(
+        default=0.0, ge=0.0, le=MAX_POWER_DECAY_S * 1000, allow_inf_nan=False
+    )
+    """`ZEUS_EMULATED_POWER_DECAY_MS`: time constant of an emulated GPU's power falling to
+    idle after work stops (default 0: at once; 0–1000; `CALIBRATED_POWER_DECAY_S` is the
+    value fitted to a real H200, see docs/emulator.md)."""
+    emulated_power_drift_per_hour: float = Field(
+        default=0.0,
+        ge=-MAX_POWER_DRIFT_PER_HOUR,
+        le=MAX_POWER_DRIFT_PER_HOUR,
+        allow_inf_nan=False,
+    )
+    """`ZEUS_EMULATED_POWER_DRIFT_PER_HOUR`: relative change per hour of an emulated GPU's
+    busy power above idle (default 0: none; −0.5–0.5; see docs/emulator.md)."""
     emulated_sensors: Literal["real", "ideal"] = "real"
     """`ZEUS_EMULATED_SENSORS`: ``real`` (default): the energy counter and power readings
     refresh as below, as on a real GPU; ``ideal``: exact and continuous, which no GPU shows
@@ -179,6 +201,8 @@ def _open_emulated(
             noise=settings.emulated_noise if noise is None else noise,
             switch_latency_s=settings.emulated_switch_latency_ms / 1000.0,
             sensors=settings.sensor_spec(),
+            power_decay_s=settings.emulated_power_decay_ms / 1000.0,
+            power_drift_per_hour=settings.emulated_power_drift_per_hour,
         )
         for index in indices
     ]
@@ -211,6 +235,8 @@ def _open_zeusd(
             noise=settings.emulated_noise if noise is None else noise,
             privileged=False,  # the job's copy; only the daemon changes the GPU
             sensors=settings.sensor_spec(),
+            power_decay_s=settings.emulated_power_decay_ms / 1000.0,
+            power_drift_per_hour=settings.emulated_power_drift_per_hour,
         )
 
     return open_zeusd_gpus(indices, emulated=mirror)

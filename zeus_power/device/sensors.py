@@ -19,10 +19,16 @@ what it shows from the exact power history the emulator knows:
 ``IDEAL_SENSORS`` (period 0) is the exact, continuous counter the emulator used to show: for
 tests that need exact per-instruction energy, opt-in and named as such. Temperature is not
 modelled: see ``docs/emulator.md``.
+
+The exact power itself may decay after work stops (``EnergyMeter(decay_s=τ)``): from the end
+of a busy segment until any segment is busy again, the power above idle is the segment's
+times ``exp(−(t − end)/τ)``, integrated in closed form (``docs/emulator.md``, "Power after
+work stops, and drift").
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -43,6 +49,8 @@ MAX_PERIOD_S = 10.0
 _MAX_SEGMENTS = 4096
 _FOLD_HORIZON_S = 2 * MAX_PERIOD_S
 MAX_READ_LATENCY_S = 1.0
+_TAIL_SPENT = 40.0
+"""A tail older than this many time constants is spent (exp(−40) ≈ 4e-18 of it is left)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,11 +123,15 @@ def sensor_spec(sensors: SensorSpec | str) -> SensorSpec:
 class EnergyMeter:
     """The exact energy a GPU draws over time, and what its sensors show of it.
 
-    The exact power is the idle power plus piecewise-constant busy segments (their power
-    above idle). Segments may be added after the fact (`add`: a finished instruction) or
-    opened and closed (`open`, `close`). A refresh that was already shown keeps its value;
-    energy added later to a period already shown goes into the next refresh (the total is
-    conserved), as a real counter's late accounting would.
+    The exact power is the idle power plus busy segments (their power above idle, constant
+    over each) and, with ``decay_s`` = τ > 0, each segment's tail: from the segment's end
+    until any segment is busy again (the next one to start, or one already running at that
+    end), the power above idle decays as ``extra · exp(−(t − end)/τ)``. Segments may be added
+    after the fact (`add`: a finished instruction) or opened and closed (`open`, `close`).
+    A refresh that was already shown keeps its value; energy added later to a period already
+    shown goes into the next refresh (the total is conserved), as a real counter's late
+    accounting would. A segment booked late can also cut a tail already shown: the counter
+    then owes that energy and the following refreshes pay it back (it never runs backwards).
 
     Not thread-safe: the owning GPU holds its lock around every call.
     """
@@ -130,15 +142,21 @@ class EnergyMeter:
         origin_s: float,
         sensors: SensorSpec,
         rng: np.random.Generator,
+        *,
+        decay_s: float = 0.0,
     ) -> None:
+        if not (math.isfinite(decay_s) and decay_s >= 0.0):
+            raise GPUValueError(f"decay_s={decay_s!r} must be finite and >= 0")
         self.idle_power_w = float(idle_power_w)
         self.origin_s = float(origin_s)
         self.sensors = sensors
+        self.decay_s = float(decay_s)
+        """Time constant of the power's decay after work stops (0: it drops to idle at once)."""
         self._rng = rng
         self._segments: list[list[float]] = []
         """[start_s, end_s (inf while open), power above idle W], by start."""
         self._folded_j = 0.0
-        """Above-idle energy of segments dropped from the list (they ended before `_fold_s`)."""
+        """Above-idle energy (tails included) of segments dropped from the list."""
         self._fold_s = -math.inf
         period = sensors.period_s
         self._next_tick_s = origin_s + (float(rng.uniform(0.0, period)) if period > 0 else 0.0)
@@ -147,6 +165,8 @@ class EnergyMeter:
         """The counter as last refreshed, J since `origin_s`."""
         self._accounted_j = 0.0
         """Exact energy up to the last refresh, as known when it was shown."""
+        self._owed_j = 0.0
+        """Energy shown that a later booking took back (a cut tail): paid by the next steps."""
         self._last_step_j: float | None = None
         self._last_tick_s = origin_s
 
@@ -175,25 +195,71 @@ class EnergyMeter:
         return next((seg[0] for seg in self._segments if seg[1] == math.inf), None)
 
     def _insert(self, seg: list[float]) -> None:
-        if seg[0] < self._fold_s:  # too old to keep apart: book its energy now
+        if seg[1] < self._fold_s:  # ended before the folded past: book its energy now
             self._folded_j += seg[2] * (seg[1] - seg[0])
+            if self.decay_s > 0:  # its tail, up to the first kept segment after it
+                starts = [s[0] for s in self._segments]
+                after = bisect.bisect_left(starts, seg[1])
+                cut = starts[after] if after < len(starts) else math.inf
+                self._folded_j += (
+                    max(seg[2], 0.0) * self.decay_s * -math.expm1(-(cut - seg[1]) / self.decay_s)
+                )
             return
-        self._segments.append(seg)
-        self._segments.sort(key=lambda s: s[0])
+        bisect.insort(self._segments, seg, key=lambda s: s[0])
         if len(self._segments) > _MAX_SEGMENTS:  # nobody read the counter for a long while
             self._fold(self._segments[-1][0] - _FOLD_HORIZON_S)
 
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """(starts, ends, power above idle, tail cuts or None without decay) of the kept
+        segments, by start."""
+        a = np.array(self._segments, dtype=float).reshape(len(self._segments), 3)
+        starts, ends = a[:, 0], a[:, 1]
+        cuts = self._cuts(starts, ends) if self.decay_s > 0 else None
+        return starts, ends, a[:, 2], cuts
+
+    @staticmethod
+    def _cuts(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Where each segment's tail ends: its own end when another segment runs at that
+        moment, else the next start after it (inf: none yet)."""
+        n = len(starts)
+        begun = np.searchsorted(starts, ends, side="right")  # segments started by each end
+        latest_end = np.maximum.accumulate(ends)
+        covered = latest_end[np.maximum(begun - 1, 0)] > ends
+        after = np.searchsorted(starts, ends, side="left")
+        nxt = np.where(after < n, starts[np.minimum(after, n - 1)], math.inf)
+        return np.where(covered, ends, nxt)
+
+    def _tails_j(
+        self, t: np.ndarray, ends: np.ndarray, extra: np.ndarray, cuts: np.ndarray
+    ) -> np.ndarray:
+        """Each tail's energy from its segment's end up to `t` (closed form)."""
+        span = np.clip(np.minimum(t, cuts) - ends, 0.0, None)  # an open segment's end is inf
+        return np.clip(extra, 0.0, None) * self.decay_s * -np.expm1(-span / self.decay_s)
+
     def exact_j(self, t_s: float | np.ndarray) -> float | np.ndarray:
         """Exact energy from the origin to time(s) `t_s`, J."""
+        return self._exact_j(t_s, self._arrays() if self._segments else None)
+
+    def _exact_j(self, t_s: float | np.ndarray, arrays: tuple | None) -> float | np.ndarray:
         t = np.asarray(t_s, dtype=float)
         total = self.idle_power_w * (t - self.origin_s) + self._folded_j
-        for start, end, extra in self._segments:
-            total = total + extra * np.clip(np.minimum(t, end) - start, 0.0, None)
+        if arrays is not None:
+            starts, ends, extra, cuts = arrays
+            tt = t[..., None]
+            busy = extra * np.clip(np.minimum(tt, ends) - starts, 0.0, None)
+            total = total + busy.sum(axis=-1)
+            if cuts is not None:
+                total = total + self._tails_j(tt, ends, extra, cuts).sum(axis=-1)
         return float(total) if np.ndim(total) == 0 else total
 
     def power_w(self, t_s: float) -> float:
         """Exact power at `t_s`."""
         extra = sum(s[2] for s in self._segments if s[0] <= t_s <= s[1])
+        if self.decay_s > 0 and self._segments:
+            _, ends, above, cuts = self._arrays()
+            live = (ends < t_s) & (t_s < cuts)
+            decay = np.exp(-(t_s - ends[live]) / self.decay_s)
+            extra += float((np.clip(above[live], 0.0, None) * decay).sum())
         return self.idle_power_w + extra
 
     # -- what the sensors show -------------------------------------------------------------
@@ -203,39 +269,54 @@ class EnergyMeter:
             return
         count = int((now_s - self._next_tick_s) / period + 1e-9) + 1
         ticks = self._next_tick_s + period * np.arange(count)
-        ends = self.exact_j(ticks)
+        arrays = self._arrays() if self._segments else None
+        ends = self._exact_j(ticks, arrays)
         window = self.sensors.window
         if window >= 1.0:
             steps = np.diff(np.concatenate(([self._accounted_j], ends)))
         else:
-            steps = (ends - self.exact_j(ticks - window * period)) / window
+            steps = (ends - self._exact_j(ticks - window * period, arrays)) / window
         if self.sensors.noise:
             steps = steps * (1.0 + self.sensors.noise * self._rng.standard_normal(count))
-        steps = np.maximum(steps, 0.0)
-        self._shown_j += float(steps.sum())
+        # The counter never runs backwards: a negative step (a tail cut after it was shown,
+        # or noise) is owed, and paid back by the steps after it.
+        due = np.cumsum(steps) - self._owed_j
+        shown = np.maximum.accumulate(np.maximum(due, 0.0))
+        self._owed_j = float(shown[-1] - due[-1])
+        self._shown_j += float(shown[-1])
         self._accounted_j = float(ends[-1])
-        self._last_step_j = float(steps[-1])
+        self._last_step_j = float(shown[-1] - (shown[-2] if count > 1 else 0.0))
         self._last_tick_s = float(ticks[-1])
         self._next_tick_s = float(ticks[-1] + period)
-        self._fold(self._last_tick_s - period)
+        self._fold(self._last_tick_s - period, arrays)
 
-    def _fold(self, before_s: float) -> None:
-        """Book segments that ended before `before_s` into `_folded_j` (keeps lists short)."""
-        keep = []
-        for seg in self._segments:
-            if seg[1] < before_s:
-                self._folded_j += seg[2] * (seg[1] - seg[0])
+    def _fold(self, before_s: float, arrays: tuple | None = None) -> None:
+        """Book segments done before `before_s` into `_folded_j` (keeps lists short): those
+        that ended before it and, with a decay, whose tail was cut (or spent) before it.
+        `arrays`: `_arrays()` of the segments as they are, if the caller has them."""
+        if self._segments:
+            starts, ends, extra, cuts = self._arrays() if arrays is None else arrays
+            if cuts is not None:
+                done = (cuts < before_s) | (ends + _TAIL_SPENT * self.decay_s < before_s)
             else:
-                keep.append(seg)
-        self._segments = keep
+                done = ends < before_s
+            if done.any():
+                s, e, x = starts[done], ends[done], extra[done]
+                energy = float((x * (e - s)).sum())
+                if cuts is not None:  # each tail up to its cut (inf: spent)
+                    energy += float(self._tails_j(np.asarray(math.inf), e, x, cuts[done]).sum())
+                self._folded_j += energy
+                self._segments = [s for s, d in zip(self._segments, done, strict=True) if not d]
         self._fold_s = max(self._fold_s, before_s)
 
     def counter_j(self, now_s: float) -> float:
         """What the energy counter shows at `now_s`, J since the origin."""
         if self.sensors.period_s <= 0:
-            value = float(self.exact_j(now_s))
-            self._fold(now_s - 1.0)
-            return value
+            # Exact, but never backwards (a tail cut by work booked late is taken back).
+            arrays = self._arrays() if self._segments else None
+            self._shown_j = max(self._shown_j, float(self._exact_j(now_s, arrays)))
+            self._fold(now_s - 1.0, arrays)
+            return self._shown_j
         self._refresh(now_s)
         return self._shown_j
 
