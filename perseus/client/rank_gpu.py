@@ -22,9 +22,10 @@ from perseus.client.registration import GpuFacts
 from perseus.client.rounds import RoundRecord
 from perseus.client.settings import ClientSettings
 from perseus.client.timing import EmulatedTiming, EventsTiming, SyncTiming, Timing, choose_timing
-from perseus.protocol import EnergyWindow
+from perseus.protocol import MAX_POWER_W, EnergyWindow
+from zeus_power.device.base import GPU, GPUError
 
-__all__ = ["RankGPU"]
+__all__ = ["RankGPU", "read_power_limit_w"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,14 +87,37 @@ class RankGPU:
         return self._meter
 
     def facts(self) -> GpuFacts:
-        """What the rank tells the job and the coordinator about its GPU."""
+        """What the rank tells the job and the coordinator about its GPU (its power limit
+        and idle power too, measured here the first time, while the GPU is idle)."""
+        meter = self.open_meter()
+        power_limit_w = read_power_limit_w(self.gpu)
+        idle_power_w = meter.idle_power_w
+        if idle_power_w is not None and power_limit_w is not None and idle_power_w > power_limit_w:
+            logger.warning(
+                "Rank %d: GPU %d drew %.1f W at start, above its power limit of %.1f W: it was "
+                "not idle; its idle power is not reported",
+                self._rank,
+                self.device_id,
+                idle_power_w,
+                power_limit_w,
+            )
+            idle_power_w = None
+        logger.debug(
+            "Rank %d: GPU %d's power limit is %s, its idle power %s",
+            self._rank,
+            self.device_id,
+            "unknown" if power_limit_w is None else f"{power_limit_w:.1f} W",
+            "not measured" if idle_power_w is None else f"{idle_power_w:.1f} W (measured)",
+        )
         return GpuFacts(
             device_id=self.device_id,
             name=self.gpu.name(),
             frequencies=self.frequencies,
             emulated=self.emulated,
             switch_latency_s=self.switch_latency_s,
-            energy_refresh_s=self.open_meter().refresh_s,
+            energy_refresh_s=meter.refresh_s,
+            power_limit_w=power_limit_w,
+            idle_power_w=idle_power_w,
         )
 
     def start_timing(self) -> Timing:
@@ -134,3 +158,17 @@ class RankGPU:
         freq, self._freq = self._freq, None
         if freq is not None:
             freq.close()
+
+
+def read_power_limit_w(gpu: GPU) -> float | None:
+    """The power limit in force on `gpu`, W; None when the GPU will not say (a `GPUError`)
+    or says something no GPU could (registration never fails for it)."""
+    try:
+        limit_w = gpu.get_power_limit_mw() / 1000.0
+    except GPUError as exc:
+        logger.debug("GPU %d: no power limit to report (%s)", gpu.index, exc)
+        return None
+    if not (1.0 <= limit_w <= MAX_POWER_W):  # NaN too
+        logger.warning("GPU %d reports a power limit of %r W; not reported", gpu.index, limit_w)
+        return None
+    return limit_w

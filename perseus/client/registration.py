@@ -35,6 +35,11 @@ class GpuFacts:
     emulated: bool
     switch_latency_s: float | None
     energy_refresh_s: float | None
+    power_limit_w: float | None = None
+    """The power limit in force, W, as read at start (None: the GPU would not say)."""
+    idle_power_w: float | None = None
+    """The power drawn while idle, W, measured at start (`EnergyReader.idle_power_w`;
+    None: not measured)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,9 @@ def register(
                 available_frequencies=gpu.frequencies,
                 emulated=gpu.emulated,
                 energy_refresh_s=gpu.energy_refresh_s,
+                # The leader's own GPU's: its group's were checked to be the same type.
+                power_limit_w=gpu.power_limit_w,
+                idle_power_w=gpu.idle_power_w,
                 switch_latency_s=fanout.switch_latency_s,
                 replicas=list(fanout.replicas),
             ),

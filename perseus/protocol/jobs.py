@@ -15,6 +15,7 @@ from perseus.domain.schedule import MAX_ACTIONS, PipelineSchedule
 from perseus.errors import ConfigurationError, ScheduleError
 from perseus.protocol.limits import (
     MAX_FREQUENCIES,
+    MAX_POWER_W,
     MAX_REFRESH_S,
     MAX_REPLICAS,
     MAX_SWITCH_LATENCY_S,
@@ -248,6 +249,30 @@ class RankInfo(BaseModel):
     )
     """How often the GPU's energy counter refreshes, as the rank measured it at start
     (0: continuous; None: not measured, e.g. no counter). Rounds are sized from it."""
+    power_limit_w: float | None = Field(
+        default=None,
+        ge=1.0,
+        le=MAX_POWER_W,
+        allow_inf_nan=False,
+        description="the power limit in force on the rank's GPU, W, as the rank read it at start "
+        "(`GPU.get_power_limit_mw` / 1000; NVML's enforced limit); a leader sends its own GPU's; "
+        "None: not read (the GPU refused, or an older client)",
+    )
+    """The GPU's power limit in force, W (see its description): no power a row of its profile
+    holds can be above it."""
+    idle_power_w: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=MAX_POWER_W,
+        allow_inf_nan=False,
+        description="the power the rank's GPU drew while idle, W, measured by the rank at start "
+        "from its energy counter (the energy between the first and the last refresh it saw "
+        "while nothing ran, over the time between them; `perseus.client.meter.EnergyReader`); "
+        "a leader sends its own GPU's; None: not measured (no counter, a counter that did not "
+        "refresh steadily, or an older client)",
+    )
+    """The GPU's idle power, W (see its description): no power a row of its profile holds
+    can be below it. At most `power_limit_w` when both are given."""
     replicas: list[Annotated[int, Field(ge=0)]] | None = Field(
         default=None, min_length=1, max_length=MAX_REPLICAS
     )
@@ -260,6 +285,16 @@ class RankInfo(BaseModel):
         "rank (`perseus.client.frequency.measure_switch_latency`); a leader's is the slowest "
         "of its group; None: not measured",
     )
+
+    @model_validator(mode="after")
+    def _check_powers(self) -> RankInfo:
+        limit, idle = self.power_limit_w, self.idle_power_w
+        if limit is not None and idle is not None and idle > limit:
+            raise ValueError(
+                f"idle_power_w {idle!r} W is above power_limit_w {limit!r} W: a GPU does not "
+                "draw more idle than its limit allows (was it busy while measured?)"
+            )
+        return self
 
     @field_validator("replicas")
     @classmethod

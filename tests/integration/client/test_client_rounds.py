@@ -117,6 +117,9 @@ def test_a_round_is_reported_as_one_profiling_result(all_max, tmp_path):
     (info,) = json.loads((job_dir / "ranks.json").read_text())
     assert info["emulated"] is True
     assert info["energy_refresh_s"] == pytest.approx(0.1, abs=0.01)
+    # Its GPU's power limit (an A100's 400 W) and its idle power, measured at start (55 W).
+    assert info["power_limit_w"] == 400.0
+    assert info["idle_power_w"] == pytest.approx(EmulatedGPU(0).idle_power_w, rel=0.04)
     trace = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
     assert trace[0] == {
         "kind": "job",

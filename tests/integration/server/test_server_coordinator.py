@@ -153,6 +153,14 @@ def test_every_registration_status(client):
     no_freqs = infos[0].model_copy(update={"available_frequencies": []})
     r = client.post(f"/register_rank/{job_id}", json=no_freqs.model_dump())
     assert r.status_code == 422
+    # A GPU's power outside what a GPU could draw (or idle above its limit) is refused.
+    for powers, name in (
+        ({"power_limit_w": 4e5}, "power_limit_w"),  # mW sent as W
+        ({"idle_power_w": -1.0}, "idle_power_w"),
+        ({"idle_power_w": 450.0, "power_limit_w": 400.0}, "above power_limit_w"),
+    ):
+        r = client.post(f"/register_rank/{job_id}", json={**infos[0].model_dump(), **powers})
+        assert r.status_code == 422 and name in r.text, r.text
     assert client.post(f"/register_rank/{job_id}", json=infos[0].model_dump()).status_code == 200
     # The same registration again is a client's retry after a lost answer: accepted as is.
     assert client.post(f"/register_rank/{job_id}", json=infos[0].model_dump()).status_code == 200

@@ -127,7 +127,12 @@ def test_virtual_stages_and_split_backwards_round_trip_through_csv(tmp_path: Pat
     path = tmp_path / "prof.csv"
     result.to_csv(path)
     rows = read_profile_rows(path)
-    assert {(r.rank, r.pp_rank, r.stage) for r in rows} == {(0, 0, 2), (0, 0, 0), (1, 1, 3), (1, 1, 1)}
+    assert {(r.rank, r.pp_rank, r.stage) for r in rows} == {
+        (0, 0, 2),
+        (0, 0, 0),
+        (1, 1, 3),
+        (1, 1, 1),
+    }
     assert {r.instruction for r in rows if r.stage == 0} == {
         "forward", "backward_input", "backward_weight"
     }  # fmt: skip
@@ -202,6 +207,8 @@ def test_json_dumps_round_trip(tmp_path: Path) -> None:
         RankInfo(rank=r, dp_rank=0, pp_rank=r, tp_rank=0, available_frequencies=[1410, 1395])
         for r in range(2)
     ]
+    # ranks.json holds a rank that reported its GPU's powers beside one that did not.
+    ranks[1] = ranks[1].model_copy(update={"power_limit_w": 400.0, "idle_power_w": 55.3})
     scheds = [FrequencySchedule(rank=0, frequencies=[("forward", 1410), ("backward", 1395)])]
     profs = [
         ProfilingResult(
@@ -291,3 +298,45 @@ def test_a_rank_reports_positive_bounded_frequencies() -> None:
     for bad in ([0], [-1410], [10**9]):
         with pytest.raises(ValidationError, match="available_frequencies"):
             RankInfo(rank=0, dp_rank=0, pp_rank=0, tp_rank=0, available_frequencies=bad)
+
+
+_RANK = {"rank": 0, "dp_rank": 0, "pp_rank": 0, "tp_rank": 0, "available_frequencies": [1410]}
+
+
+def test_a_rank_info_round_trips_with_and_without_its_gpus_powers() -> None:
+    bare = RankInfo(**_RANK)
+    assert bare.power_limit_w is None and bare.idle_power_w is None
+    # An older client's body has neither field: it is read as not measured.
+    assert (
+        RankInfo.model_validate_json(
+            '{"rank": 0, "dp_rank": 0, "pp_rank": 0, "tp_rank": 0, "available_frequencies": [1410]}'
+        )
+        == bare
+    )
+    assert RankInfo.model_validate_json(bare.model_dump_json()) == bare
+    full = RankInfo(**_RANK, power_limit_w=400.0, idle_power_w=55.2)
+    assert RankInfo.model_validate_json(full.model_dump_json()) == full
+    assert full.model_dump()["power_limit_w"] == 400.0
+    assert full.model_dump()["idle_power_w"] == 55.2
+    # Either may come alone (a GPU without an energy counter still has a power limit).
+    assert RankInfo(**_RANK, power_limit_w=250.0).idle_power_w is None
+    assert RankInfo(**_RANK, idle_power_w=0.0).power_limit_w is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        ({"power_limit_w": 0.0}, "power_limit_w"),
+        ({"power_limit_w": -400.0}, "power_limit_w"),
+        ({"power_limit_w": 1e9}, "power_limit_w"),  # mW sent as W
+        ({"power_limit_w": float("nan")}, "power_limit_w"),
+        ({"power_limit_w": float("inf")}, "power_limit_w"),
+        ({"idle_power_w": -1.0}, "idle_power_w"),
+        ({"idle_power_w": 1e9}, "idle_power_w"),
+        ({"idle_power_w": float("nan")}, "idle_power_w"),
+        ({"idle_power_w": 500.0, "power_limit_w": 400.0}, "above power_limit_w"),
+    ],
+)
+def test_a_rank_reports_physical_bounded_powers(fields: dict[str, float], names: str) -> None:
+    with pytest.raises(ValidationError, match=names):
+        RankInfo(**_RANK, **fields)
