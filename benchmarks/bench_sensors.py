@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from sensor_ranks import GPU_TYPE, Ranks  # this script's folder is on sys.path
+from sensor_ranks import GPU_TYPE, Ranks, dvfs_truth  # this script's folder is on sys.path
 
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ProfileError
@@ -92,7 +92,7 @@ def run_cell(sensors_name: str, length: str, profiler: str, args: argparse.Names
     schedule = make_schedule("1f1b", args.stages, args.microbatches)
     ranks = Ranks(
         schedule,
-        LENGTHS_MS[length],
+        dvfs_truth(LENGTHS_MS[length]),
         SENSORS[sensors_name],
         seed=args.seed,
         exact_breakdown=profiler == "today's" and sensors_name == "ideal",

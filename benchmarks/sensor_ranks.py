@@ -1,14 +1,21 @@
-"""Simulated ranks for `bench_sensors.py`: one pipeline on emulated GPUs with given sensors.
+"""Simulated ranks for `bench_sensors.py` and `bench_profile_fidelity.py`: one pipeline on
+emulated GPUs with given sensors.
 
 A rank runs its schedule's iterations as the pipeline's DAG orders them, tells its GPU
 each instruction's power as the hook's emulation does, reads the counter at iteration
 boundaries and polls it as `perseus.client.sensing.CounterPoller` does, in virtual time;
-what it reports is exactly what a rank would (see `bench_sensors.py`'s docstring).
+what it reports is exactly what a rank would (see `bench_sensors.py`'s docstring). What
+each (stage, kind, clock) takes and draws is a `Truth`: the DVFS model's (`dvfs_truth`)
+or any other curves (`bench_profile_fidelity.py` draws them around the published A40
+profiles). Each execution's time may be jittered (the GPU's own timing reports the jittered
+time); the GPUs may drift and their power may decay after work stops (`EmulatedGPU`'s).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,6 +28,8 @@ from perseus.protocol import FrequencySchedule, ProfilingResult, RankInfo
 from zeus_power.device import EmulatedGPU, SensorSpec, VirtualClock
 
 GPU_TYPE = "A100-SXM"
+Truth = Callable[[int, str, int], tuple[float, float]]
+"""(stage, kind, clock MHz) → (time s, busy power W) of one instruction, before any sensor."""
 STAGE_WORK = (1.0 / 1.6, 1.0, 1.3 / 1.6, 0.7 / 1.6)
 POLL_S = 0.0024
 """The simulated poller reads about back to back, one read's latency apart (2.4 ms on an
@@ -37,31 +46,35 @@ class Ranks:
     def __init__(
         self,
         schedule: PipelineSchedule,
-        forward_ms: float,
+        truth: Truth,
         sensors: SensorSpec,
         *,
         seed: int,
+        gpu_type: str = GPU_TYPE,
+        frequencies: Sequence[int] | None = None,
+        jitter: float = 0.0,
+        gpu_options: dict[str, Any] | None = None,
         exact_breakdown: bool = False,
     ) -> None:
         self.schedule = schedule
+        self._truth = truth
+        self.jitter = jitter
+        """Relative standard deviation of each execution's time around its truth."""
         self.exact_breakdown = exact_breakdown
         """Report each instruction's own energy (what the emulator handed the hook before
         it had sensors: the reference for today's profiler)."""
         self.sensors = sensors
         self.clocks = [VirtualClock() for _ in schedule.orders]
         self.gpus = [
-            EmulatedGPU(r, gpu_type=GPU_TYPE, clock=c, sensors=sensors, seed=seed)
+            EmulatedGPU(
+                r, gpu_type=gpu_type, clock=c, sensors=sensors, seed=seed, **(gpu_options or {})
+            )
             for r, c in enumerate(self.clocks)
         ]
         model = self.gpus[0]
-        emulation = EmulationSettings()
-        self.work = {k: emulation.workload(k) for k in ("forward", "backward")}
-        self.base_s = {
-            (s, k): forward_ms / 1000 * STAGE_WORK[s] * (1 if k == "forward" else 2)
-            for s in range(schedule.num_stages)
-            for k in ("forward", "backward")
-        }
-        self.frequencies = model.supported_sm_clocks_mhz()
+        self.frequencies = (
+            list(frequencies) if frequencies is not None else model.supported_sm_clocks_mhz()
+        )
         self._cache: dict[tuple[int, str, int], tuple[float, float]] = {}
         order = schedule.instructions()
         dag = schedule.dag()
@@ -75,15 +88,27 @@ class Ranks:
         self.ticks: list[list[Tick]] = [[] for _ in schedule.orders]
         self.now_s = 0.0
         self._rng = np.random.default_rng(seed)
+        self.idle_w = [self._measure_idle(r) for r in range(len(self.gpus))]
+        """Each GPU's idle power as its rank measures it at start (`EnergyReader`): the
+        counter's energy between its first and last refresh over 0.45 s, before any work."""
+
+    def _measure_idle(self, r: int) -> float | None:
+        self._poll_until(r, 0.45, continuous=self.sensors.period_s == 0)
+        ticks = self.ticks[r]
+        self.ticks[r] = ticks[-2:]
+        if len(ticks) < 2 or ticks[-1].time_s <= ticks[0].time_s:
+            return None
+        return (
+            (ticks[-1].energy_mj - ticks[0].energy_mj) / 1000 / (ticks[-1].time_s - ticks[0].time_s)
+        )
 
     def truth(self, stage: int, kind: str, freq: int) -> tuple[float, float]:
         """(time s, energy J) of one instruction: the model, before any sensor."""
         key = (stage, kind, freq)
         hit = self._cache.get(key)
         if hit is None:
-            gpu = self.gpus[0]
-            t = self.base_s[stage, kind] * gpu.stretch_factor(self.work[kind], freq)
-            hit = self._cache[key] = (t, gpu.busy_power_w(self.work[kind], freq) * t)
+            t, p = self._truth(stage, kind, freq)
+            hit = self._cache[key] = (t, p * t)
         return hit
 
     def truth_profile(self, keys: set[tuple[int, str, int]]) -> InstructionProfile:
@@ -101,6 +126,8 @@ class Ranks:
                 available_frequencies=self.frequencies,
                 emulated=True,
                 energy_refresh_s=self.sensors.period_s,
+                idle_power_w=self.idle_w[r],
+                power_limit_w=self.gpus[r].power_limit_w(),
             )
             for r in range(self.schedule.num_stages)
         ]
@@ -114,7 +141,7 @@ class Ranks:
         marks: list[list[float]] = [[] for _ in self.schedule.orders]
         intervals: list[list[tuple[int, float, float]]] = [[] for _ in self.schedule.orders]
         durations: list[list[list[tuple[str, float]]]] = [[] for _ in self.schedule.orders]
-        start = self.now_s + EXCHANGE_S
+        start = max(self.now_s, 0.45) + EXCHANGE_S
         true_j = 0.0
         for _ in range(steps):
             finish = [0.0] * len(self._order)
@@ -126,6 +153,9 @@ class Ranks:
                 k = self._slot[ins]
                 kind, f = freqs[ins.rank][k]
                 t, e = self.truth(ins.stage, kind, f)
+                if self.jitter:
+                    scale = max(0.5, 1.0 + self.jitter * float(self._rng.standard_normal()))
+                    t, e = t * scale, e * scale
                 begin = max([finish[p] for p in self._preds[i]] + [rank_free[ins.rank]])
                 finish[i] = rank_free[ins.rank] = begin + t
                 events[ins.rank].append((begin, 1, "begin", (e / t,)))
@@ -149,7 +179,7 @@ class Ranks:
             eb: dict[str, list[list[float]]] = {}
             for it, instrs in enumerate(durations[r]):
                 power = iter_energy[it] / iter_time[it]
-                for kind in ("forward", "backward"):
+                for kind in sorted({k for k, _, _ in instrs}):
                     tb.setdefault(kind, []).append([t for k, t, _ in instrs if k == kind])
                     eb.setdefault(kind, []).append(
                         [
@@ -177,7 +207,7 @@ class Ranks:
                 )
             )
             idle = sum(iter_time) - sum(t for instrs in durations[r] for _, t, _ in instrs)
-            true_j += idle * gpu.idle_power_w
+            true_j += idle * gpu.idle_power_w  # the model's figure, before decay or drift
         return results, true_j
 
     def _replay(self, r: int, events: list, marks: list[float]) -> list[float]:
@@ -220,3 +250,19 @@ class Ranks:
                 width = self.poll_t[r] - prev_t
                 self.ticks[r].append(Tick(0.5 * (prev_t + self.poll_t[r]), v, True, width))
             self.prev[r] = (self.poll_t[r], v)
+
+
+def dvfs_truth(forward_ms: float, gpu_type: str = GPU_TYPE) -> Truth:
+    """The emulator's own DVFS model with the hook's per-kind presets: stages
+    1 : 1.6 : 1.3 : 0.7 (cycled), a backward twice its forward."""
+    gpu = EmulatedGPU(0, gpu_type=gpu_type, clock=VirtualClock())
+    emulation = EmulationSettings()
+    work = {k: emulation.workload(k) for k in ("forward", "backward")}
+
+    def truth(stage: int, kind: str, freq: int) -> tuple[float, float]:
+        w = work["forward" if kind == "forward" else "backward"]
+        base = forward_ms / 1000 * STAGE_WORK[stage % len(STAGE_WORK)]
+        base *= 1 if kind == "forward" else 2
+        return base * gpu.stretch_factor(w, freq), gpu.busy_power_w(w, freq)
+
+    return truth
