@@ -24,7 +24,19 @@ therefore carries a weak prior: kinds of one stage at one clock draw powers with
 `PRIOR_SPREAD` of the GPU's mean power of each other (pseudo-observations of their
 difference). Windows that tell them apart override it; where they cannot, the estimates
 fall back to the kinds' common power, and the standard errors (which include the prior)
-say how little the windows told. Powers are bounded below by 0 (bounded least squares).
+say how little the windows told.
+
+What a GPU can draw bounds the fit. The windows are fitted for each (stage, kind) as a
+curve over its clocks that does not fall as the clock rises (the power at its lowest clock
+: the power at its highest clock, and non-negative steps down to each lower one): a lower clock never draws more power for
+the same work, and the curve pools what its clocks' windows say, so a clock measured in few
+windows no longer stands alone. Every power, the blocking power included, lies between the
+GPU's idle power and its power limit when the rank reported them (`GPUBounds`; else between
+0 and no limit). A unit whose fitted power ends up at a bound (the windows asked for less
+than idle) or above the limit is named in `GPUFit.unphysical`: the profile leaves it out
+(`schedulers.sweep_estimates`). Standard errors come from the windows' own residuals (a
+heteroskedasticity-robust sandwich), not from the model's assumption that its noise is
+uniform, so a misfit (power that decays after work stops, drift) widens them.
 
 An instruction that starts while a clock change lands runs at the previous clock until the
 change lands (the rank's measured switch latency) and draws that clock's power: those
@@ -39,16 +51,18 @@ the smaller residual (over every GPU of the job) is kept and reported.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import lsq_linear
 
 __all__ = [
+    "GPUBounds",
     "GPUFit",
     "MODELS",
     "PowerRegression",
@@ -74,6 +88,30 @@ one clock, as a share of the GPU's mean power."""
 
 
 @dataclass(frozen=True)
+class GPUBounds:
+    """What a GPU can draw: its idle power and its power limit (W), as its rank reported them
+    (None: not known)."""
+
+    idle_w: float | None = None
+    limit_w: float | None = None
+
+    @property
+    def low_w(self) -> float:
+        return self.idle_w if self.idle_w is not None else 0.0
+
+    @property
+    def high_w(self) -> float:
+        return self.limit_w if self.limit_w is not None else math.inf
+
+
+_AT_BOUND = 0.01
+"""A fitted power within this share of the idle bound sits on it: the windows asked for less."""
+_OVER_LIMIT = 0.02
+"""A fitted power this share above the power limit (the curve's steps added up) is not
+physical."""
+
+
+@dataclass(frozen=True)
 class WindowRow:
     """One energy window, its busy seconds keyed by unit (`Parallel3D.measure` maps them)."""
 
@@ -82,6 +120,9 @@ class WindowRow:
     busy: Mapping[Unit, float]
     tail_s: float = 0.0
     tail_busy: Mapping[Unit, float] = field(default_factory=dict)
+    after: Mapping[Unit, tuple[float, ...]] = field(default_factory=dict)
+    """Per unit, the idle seconds in each band after its work stopped (`EnergyWindow.after_s`)."""
+    tail_after: Mapping[Unit, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -102,15 +143,23 @@ class GPUFit:
     windows: int
     rms_j: float
     """Root-mean-square residual per window."""
+    unphysical: dict[Unit, str] = field(default_factory=dict)
+    """Units whose fitted power a GPU cannot draw, and why."""
+    decay: list[float] = field(default_factory=list)
+    """Per band after work stopped (`WindowRow.after`), the share of the last instruction's
+    power above blocking the GPU still draws there (none without such windows)."""
 
 
 class PowerRegression:
     """Energy windows of every GPU (rank) of a job, and the least-squares fit of each."""
 
-    def __init__(self) -> None:
+    def __init__(self, bounds: Mapping[int, GPUBounds] | None = None) -> None:
+        self._bounds = dict(bounds or {})
         self._rows: dict[int, list[WindowRow]] = {}
         self._time: dict[int, dict[Unit, list[float]]] = {}
         self._fits: dict[int, GPUFit] | None = None
+        self._decay: dict[tuple[int, str], list[float]] = {}
+        """Each GPU's last decay shares per sampling model: where its next fit starts."""
 
     @property
     def ranks(self) -> list[int]:
@@ -143,11 +192,13 @@ class PowerRegression:
         score = dict.fromkeys(MODELS, 0.0)
         for rank, rows in self._rows.items():
             for model in MODELS:
-                fit = fit_windows(rows, model)
+                last = self._decay.get((rank, model))
+                fit = fit_windows(rows, model, self._bounds.get(rank), last)
                 if fit is None:
                     score[model] = math.inf
                     continue
                 by_model[model][rank] = fit
+                self._decay[rank, model] = fit.decay
                 score[model] += fit.rms_j**2 * fit.windows
         best = min(MODELS, key=lambda m: (score[m], MODELS.index(m)))
         if self._rows and score[best] < math.inf and score[MODELS[0]] != score[best]:
@@ -177,26 +228,35 @@ class PowerRegression:
 
 def _design(
     rows: list[WindowRow], model: str
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Unit]]:
-    """(X, y, weights, units): one row per window, a column per unit and one for idle."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[Unit]]:
+    """(X, y, weights, after, units): one row per window, a column per unit and one for its
+    idle seconds; ``after[k, w, u]`` the seconds of band k after unit u's work stopped."""
     units = sorted({u for r in rows for u in r.busy})
     col = {u: i for i, u in enumerate(units)}
-    x_rows, y, w = [], [], []
+    bands = max((len(v) for r in rows for v in r.after.values()), default=0)
+    x_rows, y, w, a_rows = [], [], [], []
     for r in rows:
         if model == MODELS[0]:
-            busy, span, scale = r.busy, r.time_s, 1.0
+            busy, span, scale, after = r.busy, r.time_s, 1.0, r.after
         else:
             if r.tail_s <= 0:
                 continue
             busy, span, scale = r.tail_busy, r.tail_s, r.time_s / r.tail_s
+            after = r.tail_after
         x = np.zeros(len(units) + 1)
         for u, s in busy.items():
             x[col[u]] += s * scale
         x[-1] = max(span - sum(busy.values()), 0.0) * scale
+        a = np.zeros((bands, len(units)))
+        for u, secs in after.items():
+            if u in col:
+                a[: len(secs), col[u]] = np.asarray(secs) * scale
         x_rows.append(x)
+        a_rows.append(a)
         y.append(r.energy_j)
         w.append(1.0 / max(r.time_s, 1e-6))  # noise grows with the refreshes inside
-    return np.array(x_rows), np.array(y), np.array(w), units
+    after_arr = np.stack(a_rows, axis=1) if a_rows else np.zeros((bands, 0, len(units)))
+    return np.array(x_rows), np.array(y), np.array(w), after_arr, units
 
 
 def _prior_rows(units: list[Unit], scale_w: float) -> np.ndarray:
@@ -214,15 +274,94 @@ def _prior_rows(units: list[Unit], scale_w: float) -> np.ndarray:
     return np.array(rows).reshape(len(rows), len(units) + 1)
 
 
-def fit_windows(rows: list[WindowRow], model: str = MODELS[0]) -> GPUFit | None:
-    """One GPU's fit to its windows under one sampling `model` (None: no usable window)."""
-    x, y, w, units = _design(rows, model)
-    n = len(y)
-    p = len(units) + 1
-    if n == 0:
+def _monotone_map(units: list[Unit]) -> tuple[np.ndarray, np.ndarray]:
+    """(C, anchors) with ``power = C @ θ``: per (stage, kind), θ holds the power at its
+    highest clock (an anchor) and, for each lower clock, the non-negative step from it up to
+    the next clock (units are sorted, so a group's clocks rise). Bounding the anchors by the
+    power limit bounds the whole curve."""
+    n = len(units)
+    c = np.zeros((n, n))
+    anchors = []
+    start = 0
+    for i in range(n + 1):
+        if i == n or (i > start and units[i][:2] != units[start][:2]):
+            top = i - 1
+            anchors.append(top)
+            for k in range(start, i):
+                c[k, top] = 1.0
+                c[k, k:top] -= 1.0
+            start = i
+    return c, np.array(anchors, dtype=int)
+
+
+def fit_windows(
+    rows: list[WindowRow],
+    model: str = MODELS[0],
+    bounds: GPUBounds | None = None,
+    decay: Sequence[float] | None = None,
+) -> GPUFit | None:
+    """One GPU's fit to its windows under one sampling `model` (None: no usable window).
+
+    `decay`: the shares of the last fit (`GPUFit.decay`) to start from; without them the
+    windows are fitted once without and then once with the shares that fit implies."""
+    bounds = bounds or GPUBounds()
+    x, y, w, after, units = _design(rows, model)
+    if len(y) == 0:
         return None
+    bands = after.shape[0] if after.any() else 0
+    if bands == 0:
+        return _fit_powers(x, y, w, units, bounds, model, np.zeros(0), after[:0])
+    shares = np.asarray(decay, float) if decay is not None and len(decay) == bands else None
+    if shares is None:
+        plain = _fit_powers(x, y, w, units, bounds, model, np.zeros(bands), after)
+        shares = _decay_shares(x, y, w, after, plain)
+    fit = _fit_powers(x, y, w, units, bounds, model, shares, after)
+    return dataclasses.replace(fit, decay=_decay_shares(x, y, w, after, fit).tolist())
+
+
+def _decay_shares(
+    x: np.ndarray, y: np.ndarray, w: np.ndarray, after: np.ndarray, fit: GPUFit
+) -> np.ndarray:
+    """Per band after work stopped, the share of the last instruction's power above the
+    blocking power that the GPU still draws there (bounded to [0, 1]), from what `fit`'s
+    powers leave of each window's energy."""
+    nu = after.shape[2]
+    powers = np.array([e.power_w for e in fit.units.values()])
+    block = fit.block.power_w
+    plain = x[:, :nu] @ powers + x[:, -1] * block
+    z = np.stack([after[k] @ (powers - block) for k in range(after.shape[0])], axis=1)
+    sw = np.sqrt(w)
+    if not z.any():
+        return np.zeros(after.shape[0])
+    return lsq_linear(z * sw[:, None], (y - plain) * sw, bounds=(0.0, 1.0)).x
+
+
+def _fit_powers(
+    x: np.ndarray,
+    y: np.ndarray,
+    w: np.ndarray,
+    units: list[Unit],
+    bounds: GPUBounds,
+    model: str,
+    shares: np.ndarray,
+    after: np.ndarray,
+) -> GPUFit:
+    """The bounded, monotone fit of every unit's power and the blocking power, each band
+    after work stopped drawing `shares` of its instruction's power above blocking."""
+    n = len(y)
+    nu = len(units)
+    p = nu + 1
+    if len(shares):
+        extra = np.tensordot(shares, after, axes=1)  # (windows, units): seconds at p_u
+        x = x.copy()
+        x[:, :nu] += extra
+        x[:, -1] -= extra.sum(axis=1)
+    # Parameters: per (stage, kind) its highest clock's power and steps down, then blocking.
+    c = np.eye(p)
+    c[:nu, :nu], anchors = _monotone_map(units)
+    xc = x @ c
     scale_w = PRIOR_SPREAD * float(np.sum(y) / max(np.sum(x), 1e-12))  # of the mean power
-    prior = _prior_rows(units, max(scale_w, 1e-6))
+    prior = _prior_rows(units, max(scale_w, 1e-6)) @ c
     keep = np.ones(n, dtype=bool)
     # The windows' own noise, from the plain least-squares fit (dropping gross outliers).
     sigma2 = math.inf
@@ -239,36 +378,87 @@ def fit_windows(rows: list[WindowRow], model: str = MODELS[0]) -> GPUFit | None:
         if not outliers.any() or (keep & ~outliers).sum() <= p:
             break
         keep &= ~outliers
-    # Then the bounded fit with the prior, whose rows count in units of that noise.
+    # Then the bounded, monotone fit with the prior, whose rows count in units of that noise.
     sigma = math.sqrt(sigma2) if math.isfinite(sigma2) else 0.0
     sw = np.sqrt(w[keep])
-    xs, ys = x[keep] * sw[:, None], y[keep] * sw
+    xs, ys = xc[keep] * sw[:, None], y[keep] * sw
     a = np.vstack([xs, prior * max(sigma, 1e-12)]) if len(prior) else xs
     b = np.concatenate([ys, np.zeros(len(prior))])
-    beta = lsq_linear(a, b, bounds=(np.zeros(p), np.inf), method="bvls").x
-    se = _standard_errors(a, sigma2 if math.isfinite(sigma2) else math.inf)
+    low, high = bounds.low_w, bounds.high_w
+    lower = np.zeros(p)
+    upper = np.full(p, high - low if math.isfinite(high) else np.inf)
+    lower[anchors], upper[anchors] = low, high
+    lower[-1], upper[-1] = low, high
+    upper = np.maximum(upper, lower + 1e-9)
+    # The same least squares on the triangular factor of [a b]: p rows, not one per window.
+    r = _triangular(a, b)
+    theta = lsq_linear(r[:, :-1], r[:, -1], bounds=(lower, upper), method="bvls").x
+    beta = c @ theta
+    resid_w = ys - xs @ theta
+    se = _sandwich_errors(a, r[:, :-1], c, resid_w, sigma2, n_data=len(ys))
     rms = float(np.sqrt(np.mean((y[keep] - x[keep] @ beta) ** 2)))
+    unphysical: dict[Unit, str] = {}
+    for i, u in enumerate(units):
+        if bounds.limit_w is not None and beta[i] > bounds.limit_w * (1 + _OVER_LIMIT):
+            unphysical[u] = f"{beta[i]:.0f} W is above the GPU's {bounds.limit_w:.0f} W limit"
+        elif beta[i] <= low + _AT_BOUND * max(low, 1.0) and (
+            bounds.idle_w is not None or beta[i] < 1.0
+        ):
+            unphysical[u] = (
+                f"the windows ask for less than the GPU's idle power ({low:.0f} W)"
+                if bounds.idle_w is not None
+                else "the windows ask for no power at all"
+            )
     return GPUFit(
         units={u: UnitEstimate(float(beta[i]), float(se[i])) for i, u in enumerate(units)},
         block=UnitEstimate(float(beta[-1]), float(se[-1])),
         model=model,
         windows=int(keep.sum()),
         rms_j=rms,
+        unphysical=unphysical,
+        decay=[float(v) for v in shares],
     )
 
 
-def _standard_errors(xs: np.ndarray, sigma2: float) -> np.ndarray:
-    """Per coefficient, sqrt(σ² · (XᵀX)⁻¹)ᵢᵢ; inf where the columns cannot tell it apart
-    from the others (a direction of the null space loads on it) or σ² is unknown."""
-    p = xs.shape[1]
-    if not math.isfinite(sigma2):
+def _triangular(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """R of the QR factorisation of ``[a b]`` (``[a b]`` itself when it has no more rows
+    than columns): ``‖aθ − b‖² = ‖R[:, :-1]θ − R[:, -1]‖² + const``."""
+    ab = np.column_stack([a, b])
+    if ab.shape[0] <= ab.shape[1]:
+        return ab
+    return np.linalg.qr(ab, mode="r")
+
+
+def _sandwich_errors(
+    a: np.ndarray,
+    r: np.ndarray,
+    c: np.ndarray,
+    resid: np.ndarray,
+    sigma2: float,
+    *,
+    n_data: int,
+) -> np.ndarray:
+    """Standard errors of ``c @ θ`` for the fit of `a` (its first `n_data` rows windows with
+    residuals `resid`, then the prior's rows, whose noise is σ²): the robust sandwich
+    ``B (Σ rᵢ² aᵢaᵢᵀ · n/(n−p) + σ² Σ_prior aⱼaⱼᵀ) B``, ``B = (AᵀA)⁺`` (from `r`, whose
+    ``RᵀR`` is ``AᵀA``); inf where the rows cannot tell a parameter apart (a null direction
+    loads on it) or σ² is unknown."""
+    p = a.shape[1]
+    if not math.isfinite(sigma2) or n_data <= 0:
         return np.full(p, math.inf)
-    _, s, vt = np.linalg.svd(xs, full_matrices=False)
-    tol = s.max(initial=0.0) * max(xs.shape) * np.finfo(float).eps * 1e3
+    _, s, vt = np.linalg.svd(r, full_matrices=False)
+    tol = s.max(initial=0.0) * max(a.shape) * np.finfo(float).eps * 1e3
     good = s > tol
-    cov = (vt[good].T / s[good] ** 2) @ vt[good] * sigma2
-    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    null = vt[~good]
+    bread = (vt[good].T / s[good] ** 2) @ vt[good]
+    data = a[:n_data]
+    dof_scale = n_data / max(n_data - int(good.sum()), 1)
+    meat = (data * (resid**2 * dof_scale)[:, None]).T @ data
+    meat += sigma2 * (a[n_data:].T @ a[n_data:])
+    robust = np.einsum("ij,jk,ik->i", c @ bread, meat, c @ bread)
+    # Never below the classical figure: a window's residual can be small by chance.
+    classical = sigma2 * np.einsum("ij,jk,ik->i", c, bread, c)
+    se = np.sqrt(np.clip(np.maximum(robust, classical), 0.0, None))
+    null = vt[~good] @ c.T if len(vt[~good]) else vt[~good]
     if len(null):
         se[np.abs(null).max(axis=0) > 1e-6] = math.inf
     if len(s) < p:  # fewer rows than unknowns

@@ -284,7 +284,17 @@ class Parallel3D:
             for split, b in zip(shares, w.tail_busy_s, strict=False):
                 for unit, share in split if b > 0 else ():
                     tail[unit] = tail.get(unit, 0.0) + b * share
-            rows.append(WindowRow(w.energy_j, w.time_s, busy, w.tail_s, tail))
+            rows.append(
+                WindowRow(
+                    w.energy_j,
+                    w.time_s,
+                    busy,
+                    w.tail_s,
+                    tail,
+                    after=_by_unit(shares, w.after_s),
+                    tail_after=_by_unit(shares, w.tail_after_s),
+                )
+            )
         return rows, clean_unit_times(units, where, res.time_breakdown, lag_s)
 
     def measure(
@@ -402,3 +412,16 @@ class _RankNumbers:
     stage_energy_j: dict[tuple[int, str], float] = field(default_factory=dict)
     busy_s: float = 0.0
     energy: float = 0.0
+
+
+def _by_unit(
+    shares: list[list[tuple[Unit, float]]], bands: list[list[float]]
+) -> dict[Unit, tuple[float, ...]]:
+    """Per unit, its seconds in each band after work stopped (`EnergyWindow.after_s`, per
+    band and instruction), split as the instructions' busy seconds are."""
+    out: dict[Unit, list[float]] = {}
+    for k, band in enumerate(bands):
+        for split, b in zip(shares, band, strict=True):
+            for unit, share in split if b > 0 else ():
+                out.setdefault(unit, [0.0] * len(bands))[k] += b * share
+    return {u: tuple(v) for u, v in out.items()}

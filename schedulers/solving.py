@@ -124,6 +124,14 @@ class DeployStep:
         )
         self.promise.costs_known(model.costs)
         problems = profile_problems(profile, switch_latency_s=model.costs.switch_latency_s)
+        unphysical = self.sweep.estimates.unphysical_at_max() if self.sweep is not None else []
+        if unphysical:
+            problems.append(
+                "the profile's max-clock rows include powers no GPU of the job can draw, which "
+                "every plan's accounting would rest on: "
+                + "; ".join(unphysical[:3])
+                + (f" and {len(unphysical) - 3} more" if len(unphysical) > 3 else "")
+            )
         if problems:
             self.report_profiling(None)
             self._hold("held", problems)

@@ -8,7 +8,12 @@ kind, clock) its energy and a standard error, and the blocking power its value. 
 sizes its rounds to hold ``round_ticks`` refreshes, and after its passes measures again
 the options whose relative standard error is above ``target_uncertainty`` and that are not
 clearly dominated (CONFIRM: at most ``max_repeats`` times each, in at most a quarter as many
-rounds as came before). ``estimator="breakdown"`` takes each instruction's reported energy
+rounds as came before). A unit whose fitted power no GPU can draw (outside the idle power and
+the power limit its rank reported: `schedulers.estimation.GPUBounds`) counts as unknown
+(infinite standard error, so CONFIRM measures it again), and if it still is at the end it
+never reaches the solver: below the max clock its row is left out; at the max clock, which
+every plan needs, all-max stays (`unphysical_at_max`). Both are logged and listed in
+``profiling.json`` (``left_out``). ``estimator="breakdown"`` takes each instruction's reported energy
 as it is (a real GPU's breakdown is its iteration's mean power times the instruction's
 time): it remains for ranks that report no windows.
 """
@@ -23,7 +28,7 @@ from typing import Any
 from perseus.domain.kinds import MIN_PLAUSIBLE_POWER_W
 from perseus.domain.rows import ProfileRow
 from schedulers.args import SweepArgs
-from schedulers.estimation import PowerRegression
+from schedulers.estimation import GPUBounds, PowerRegression
 from schedulers.measurement import RoundMeasurement
 from schedulers.pipeline import PipelineScheduler
 
@@ -47,7 +52,16 @@ class SweepEstimates:
         """Energies are fitted to the ranks' energy windows (`schedulers.estimation`)."""
         self.refresh_s = max((r for r in refresh if r is not None), default=0.0)
         """The slowest energy counter's refresh period (0: continuous)."""
-        self.regression = PowerRegression()
+        self.regression = PowerRegression(
+            {
+                r.rank: GPUBounds(
+                    getattr(r, "idle_power_w", None), getattr(r, "power_limit_w", None)
+                )
+                for r in scheduler.rank_infos
+            }
+        )
+        self.left_out: list[dict[str, Any]] = []
+        """Rows `annotate` left out last, each with its reason (``profiling.json``)."""
         self.energy_se: dict[tuple[int, str], dict[int, float]] = {}
         """'windows': each option's standard error, J."""
         if args.estimator == "windows" and not self.windows:
@@ -90,9 +104,32 @@ class SweepEstimates:
             est = self.regression.unit_energy(info.rank, (stage, name, freq))
             if est is None:
                 return None
+            if self.unphysical(stage, name, freq) is not None:
+                est = (est[0], math.inf)
             total += est[0]
             var += est[1] ** 2
         return total, math.sqrt(var)
+
+    def unphysical(self, stage: int, name: str, freq: int) -> str | None:
+        """Why the fitted power of (stage, name) at `freq` is one no GPU of the stage can
+        draw (None: it can)."""
+        pp = self._scheduler.pipeline.stage_ranks[stage]
+        fits = self.regression.fit()
+        for info in self._scheduler.stage_ranks[pp]:
+            fit = fits.get(info.rank)
+            why = None if fit is None else fit.unphysical.get((stage, name, freq))
+            if why is not None:
+                return f"rank {info.rank}: {why}"
+        return None
+
+    def unphysical_at_max(self) -> list[str]:
+        """The max-clock options whose fitted power no GPU can draw, described: every plan
+        needs them, so all-max stays while there is one."""
+        return [
+            f"stage {e['stage']} {e['instruction']} at {e['frequency']} MHz ({e['reason']})"
+            for e in self.left_out
+            if e.get("max_clock")
+        ]
 
     def refit(self, energy_j: dict[tuple[int, str], dict[int, float]]) -> None:
         """Every measured option's energy (in `energy_j`, updated) and standard error from
@@ -116,31 +153,50 @@ class SweepEstimates:
         return statistics.median(values) if values else None
 
     def annotate(self, rows: list[ProfileRow]) -> list[ProfileRow]:
-        """'windows': `rows` marked as estimated, with their standard error; an option below
-        the max clock whose energy the windows could not tell apart (a fit at or near its
-        bound, zero: a power below `MIN_PLAUSIBLE_POWER_W`, which no GPU draws and no
-        profile loads with) is left out: the plan does without the clock rather than trust
-        it."""
+        """'windows': `rows` marked as estimated, with their standard error. An option whose
+        energy the windows could not tell (a power below `MIN_PLAUSIBLE_POWER_W`) or whose
+        fitted power no GPU can draw (`unphysical`) is left out below the max clock: the plan
+        does without the clock rather than trust it. At the max clock it stays in the rows
+        and `unphysical_at_max` says so (all-max stays)."""
         if not self.windows:
             return rows
         top = {(r.stage, r.instruction): r.frequency for r in rows}
         for r in rows:
             top[r.stage, r.instruction] = max(top[r.stage, r.instruction], r.frequency)
         out = []
+        left_out: list[dict[str, Any]] = []
         for r in rows:
-            implausible = r.energy <= 0 or r.energy < MIN_PLAUSIBLE_POWER_W * r.time
-            if implausible and r.frequency < top[r.stage, r.instruction]:
-                logger.info(
-                    "Job %s: stage %d %s at %d MHz left out of the profile: its energy could "
-                    "not be estimated from the counter's refreshes",
-                    self._scheduler.job_info.job_id,
-                    r.stage,
-                    r.instruction,
-                    r.frequency,
+            why = self.unphysical(r.stage, r.instruction, r.frequency)
+            if why is None and (r.energy <= 0 or r.energy < MIN_PLAUSIBLE_POWER_W * r.time):
+                why = "its energy could not be estimated from the counter's refreshes"
+            at_max = r.frequency >= top[r.stage, r.instruction]
+            if why is not None:
+                left_out.append(
+                    {
+                        "stage": r.stage,
+                        "instruction": r.instruction,
+                        "frequency": r.frequency,
+                        "reason": why,
+                        "max_clock": at_max,
+                    }
                 )
-                continue
+                if not at_max:
+                    continue
             se = self.energy_se.get((r.stage, r.instruction), {}).get(r.frequency, math.inf)
             out.append(r._replace(estimated=True, energy_se=se))
+        if left_out and left_out != self.left_out:
+            logger.warning(
+                "Job %s: %d profile row(s) a GPU cannot produce%s: %s",
+                self._scheduler.job_info.job_id,
+                len(left_out),
+                " (left out below the max clock)",
+                "; ".join(
+                    f"stage {e['stage']} {e['instruction']} at {e['frequency']} MHz: {e['reason']}"
+                    for e in left_out[:5]
+                )
+                + (f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""),
+            )
+        self.left_out = left_out
         return out
 
     def report(self, energy_j: dict[tuple[int, str], dict[int, float]]) -> dict[str, Any]:
@@ -162,4 +218,5 @@ class SweepEstimates:
             "options": len(rel),
             "energy_se_median": statistics.median(rel) if rel else None,
             "energy_se_max": rel[-1] if rel else None,
+            "left_out": self.left_out,
         }

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perseus.protocol import MAX_WINDOWS, SAMPLED_TAIL, EnergyWindow
+from perseus.protocol import AFTER_WORK_EDGES_S, MAX_WINDOWS, SAMPLED_TAIL, EnergyWindow
 
 __all__ = [
     "CONTINUOUS_BELOW_S",
@@ -340,10 +340,20 @@ def energy_windows(
         np.add.at(tail_busy[:, index], owner, in_tail)
     tail_len = np.zeros(nwin)
     np.add.at(tail_len, owner, steps_end - tail_start)
+    after, tail_after = _after_work(
+        intervals, num_indices, cut_t, steps_end, tail_start, owner, nwin
+    )
     windows = []
     for w in range(nwin):
         a, b = cuts[w], cuts[w + 1]
         time_s = b.time_s - a.time_s
+        # After-work seconds are idle seconds: never more than the window's busy seconds leave.
+        idle_s = max(time_s - float(np.clip(busy[w], 0.0, None).sum()), 0.0)
+        if after[w].sum() > idle_s:
+            after[w] *= idle_s / after[w].sum() * (1 - 1e-9)
+        idle_tail_s = max(float(tail_len[w]) - float(np.clip(tail_busy[w], 0.0, None).sum()), 0.0)
+        if tail_after[w].sum() > idle_tail_s:
+            tail_after[w] *= idle_tail_s / tail_after[w].sum() * (1 - 1e-9)
         windows.append(
             EnergyWindow(
                 energy_j=max(0.0, (b.energy_mj - a.energy_mj) / 1000.0),
@@ -353,6 +363,46 @@ def energy_windows(
                 tail_busy_s=[
                     min(float(x), float(tail_len[w])) for x in np.clip(tail_busy[w], 0.0, None)
                 ],
+                after_s=[[float(x) for x in band] for band in after[w]],
+                tail_after_s=[[float(x) for x in band] for band in tail_after[w]],
             )
         )
     return windows
+
+
+def _after_work(
+    intervals: Sequence[tuple[int, float, float]],
+    num_indices: int,
+    cut_t: np.ndarray,
+    steps_end: np.ndarray,
+    tail_start: np.ndarray,
+    owner: np.ndarray,
+    nwin: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per window, band of `AFTER_WORK_EDGES_S` and instruction index, the idle seconds in
+    that band after an instruction of that index ended (until the next began), in the whole
+    window and in its tails."""
+    bands = len(AFTER_WORK_EDGES_S)
+    after = np.zeros((nwin, bands, num_indices))
+    tail_after = np.zeros_like(after)
+    spans = sorted((a, b, i) for i, a, b in intervals if b > a)
+    if not spans:
+        return after, tail_after
+    index = np.array([i for _, _, i in spans])
+    ends = np.array([b for _, b, _ in spans])
+    next_start = np.array([a for a, _, _ in spans[1:]] + [np.inf])
+    low = 0.0
+    for band, high in enumerate(AFTER_WORK_EDGES_S):
+        starts = np.minimum(ends + low, next_start)
+        stops = np.minimum(ends + high, next_start)
+        for i in np.unique(index):
+            mine = (index == i) & (stops > starts)
+            if not mine.any():
+                continue
+            a, b = starts[mine], stops[mine]
+            cum = np.concatenate(([0.0], np.cumsum(b - a)))
+            after[:, band, i] = np.clip(np.diff(_busy_until(a, b, cum, cut_t)), 0.0, None)
+            in_tail = _busy_until(a, b, cum, steps_end) - _busy_until(a, b, cum, tail_start)
+            np.add.at(tail_after[:, band, i], owner, np.clip(in_tail, 0.0, None))
+        low = high
+    return after, tail_after

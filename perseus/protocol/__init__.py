@@ -28,6 +28,7 @@ from perseus.io.jobdir import JobDir
 from perseus.io.model_files import dump_models, load_models
 from perseus.protocol.jobs import JobInfo, JobRecord, PipelineSpec, RankInfo
 from perseus.protocol.limits import (
+    AFTER_WORK_EDGES_S,
     MAX_ENERGY_J,
     MAX_FREQ_MHZ,
     MAX_FREQUENCIES,
@@ -76,6 +77,7 @@ __all__ = [
     "REGISTER_RANK_URL",
     "REPORT_RESULT_URL",
     "SAMPLED_TAIL",
+    "AFTER_WORK_EDGES_S",
     "STRAGGLER_URL",
     "EnergyWindow",
     "FrequencySchedule",

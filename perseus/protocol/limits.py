@@ -19,6 +19,7 @@ __all__ = [
     "MAX_WINDOWS",
     "PROTOCOL_VERSION",
     "SAMPLED_TAIL",
+    "AFTER_WORK_EDGES_S",
     "FreqMHz",
     "InstructionKind",
     "Joules",
@@ -50,6 +51,11 @@ MAX_REFRESH_S = 60.0
 SAMPLED_TAIL = 0.25
 """The share of each refresh period that A100 and H100 power sensors sample, at its end
 (arXiv 2312.02741): windows carry their busy seconds in it (`EnergyWindow.tail_busy_s`)."""
+AFTER_WORK_EDGES_S = (0.004, 0.016, 0.064)
+"""A GPU's power does not fall to idle the moment its work stops: it decays over milliseconds
+(the H200's gaps drew ~100 W where the H100 idles at 70 W; `docs/emulator.md`). Windows carry
+the idle seconds within these edges after each instruction ends (`EnergyWindow.after_s`:
+[0, 4 ms), [4, 16 ms), [16, 64 ms)), so the fit gives each band its own power."""
 MAX_SWITCH_LATENCY_S = 10.0
 """A clock switch measured longer than this is a broken measurement."""
 MAX_REPLICAS = 65_536

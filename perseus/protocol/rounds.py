@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perseus.domain.schedule import MAX_ACTIONS
 from perseus.protocol.limits import (
+    AFTER_WORK_EDGES_S,
     MAX_ITERATIONS,
     MAX_POWER_W,
     MAX_REPLICAS,
@@ -142,6 +143,11 @@ class EnergyWindow(BaseModel):
             ran inside the window, summed over the iterations there; the rest is idle.
         tail_s: Seconds of the window within the last `SAMPLED_TAIL` of each refresh period.
         tail_busy_s: Per instruction, its seconds within those tails.
+        after_s: Per band after work stopped (`AFTER_WORK_EDGES_S`: the first 4 ms, up
+            to 16 ms, up to 64 ms), per instruction (as `busy_s`), the window's idle seconds
+            in that band after an instruction ended, before the next began; empty from
+            older clients.
+        tail_after_s: The same within the periods' tails.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -151,6 +157,12 @@ class EnergyWindow(BaseModel):
     busy_s: list[Span] = Field(max_length=MAX_ACTIONS)
     tail_s: Span = 0.0
     tail_busy_s: list[Span] = Field(default_factory=list, max_length=MAX_ACTIONS)
+    after_s: list[Annotated[list[Span], Field(max_length=MAX_ACTIONS)]] = Field(
+        default_factory=list, max_length=len(AFTER_WORK_EDGES_S)
+    )
+    tail_after_s: list[Annotated[list[Span], Field(max_length=MAX_ACTIONS)]] = Field(
+        default_factory=list, max_length=len(AFTER_WORK_EDGES_S)
+    )
 
     @model_validator(mode="after")
     def _check_parts(self) -> EnergyWindow:
@@ -164,6 +176,14 @@ class EnergyWindow(BaseModel):
             raise ValueError("tail_s and tail_busy_s must fit in the window and its tails")
         if self.tail_busy_s and len(self.tail_busy_s) != len(self.busy_s):
             raise ValueError("tail_busy_s needs one entry per entry of busy_s")
+        for name, bands, parts, span in (
+            ("after_s", self.after_s, self.busy_s, self.time_s),
+            ("tail_after_s", self.tail_after_s, self.tail_busy_s, self.tail_s),
+        ):
+            if any(len(band) != len(self.busy_s) for band in bands):
+                raise ValueError(f"each band of {name} needs one entry per entry of busy_s")
+            if sum(parts) + sum(sum(band) for band in bands) > span + slack:
+                raise ValueError(f"{name} and the busy seconds together must fit in the window")
         return self
 
 
