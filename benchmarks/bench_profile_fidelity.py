@@ -149,6 +149,9 @@ def run_job(job: JobShape, args: argparse.Namespace) -> JobResult:
             except ProfileError as exc:
                 result.failed = str(exc)
                 break
+            except Exception as exc:  # the job would fail: count it, go on with the family
+                result.failed = f"{type(exc).__name__}: {str(exc)[:160]}"
+                break
             if deployed is None and scheduler.phase is PerseusPhase.DEPLOYED:
                 deployed = scheduler.chosen
                 result.predicted_saving, _ = scheduler._predicted(deployed)
@@ -158,7 +161,11 @@ def run_job(job: JobShape, args: argparse.Namespace) -> JobResult:
                 else:
                     break
             results, _ = ranks.run(schedules)
-            scheduler.observe(results)
+            try:
+                scheduler.observe(results)
+            except Exception as exc:  # the job would fail: count it, go on with the family
+                result.failed = f"{type(exc).__name__}: {str(exc)[:160]}"
+                break
         else:
             result.failed = f"still profiling after {MAX_ROUNDS} rounds"
         report_path = scheduler.job_dir.profiling

@@ -51,7 +51,6 @@ the smaller residual (over every GPU of the job) is kept and reported.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import math
@@ -104,6 +103,9 @@ class GPUBounds:
         return self.limit_w if self.limit_w is not None else math.inf
 
 
+_GN_PASSES = 4
+"""Gauss-Newton passes of the powers and the decay shares, at most (each fit starts from the
+GPU's last shares, so a later fit needs one or two)."""
 _AT_BOUND = 0.01
 """A fitted power within this share of the idle bound sits on it: the windows asked for less."""
 _OVER_LIMIT = 0.02
@@ -311,29 +313,19 @@ def fit_windows(
     bands = after.shape[0] if after.any() else 0
     if bands == 0:
         return _fit_powers(x, y, w, units, bounds, model, np.zeros(0), after[:0])
-    shares = np.asarray(decay, float) if decay is not None and len(decay) == bands else None
-    if shares is None:
-        plain = _fit_powers(x, y, w, units, bounds, model, np.zeros(bands), after)
-        shares = _decay_shares(x, y, w, after, plain)
+    warm = decay is not None and len(decay) == bands
+    shares = np.asarray(decay, float) if warm else np.zeros(bands)
     fit = _fit_powers(x, y, w, units, bounds, model, shares, after)
-    return dataclasses.replace(fit, decay=_decay_shares(x, y, w, after, fit).tolist())
-
-
-def _decay_shares(
-    x: np.ndarray, y: np.ndarray, w: np.ndarray, after: np.ndarray, fit: GPUFit
-) -> np.ndarray:
-    """Per band after work stopped, the share of the last instruction's power above the
-    blocking power that the GPU still draws there (bounded to [0, 1]), from what `fit`'s
-    powers leave of each window's energy."""
-    nu = after.shape[2]
-    powers = np.array([e.power_w for e in fit.units.values()])
-    block = fit.block.power_w
-    plain = x[:, :nu] @ powers + x[:, -1] * block
-    z = np.stack([after[k] @ (powers - block) for k in range(after.shape[0])], axis=1)
-    sw = np.sqrt(w)
-    if not z.any():
-        return np.zeros(after.shape[0])
-    return lsq_linear(z * sw[:, None], (y - plain) * sw, bounds=(0.0, 1.0)).x
+    # Gauss-Newton on the bilinear model: the shares and the powers fitted together, each
+    # band's regressor linearised at the last powers.
+    for _ in range(_GN_PASSES):
+        powers = np.array([e.power_w for e in fit.units.values()])
+        z = np.stack([after[k] @ (powers - fit.block.power_w) for k in range(bands)], axis=1)
+        fit = _fit_powers(x, y + z @ shares, w, units, bounds, model, shares, after, z)
+        last, shares = shares, np.asarray(fit.decay)
+        if np.abs(shares - last).max() < 0.005:
+            break
+    return fit
 
 
 def _fit_powers(
@@ -345,23 +337,30 @@ def _fit_powers(
     model: str,
     shares: np.ndarray,
     after: np.ndarray,
+    z: np.ndarray | None = None,
 ) -> GPUFit:
     """The bounded, monotone fit of every unit's power and the blocking power, each band
-    after work stopped drawing `shares` of its instruction's power above blocking."""
+    after work stopped drawing `shares` of its instruction's power above blocking; with `z`
+    (per window and band, the linearised regressor of each share), the shares too."""
     n = len(y)
     nu = len(units)
-    p = nu + 1
     if len(shares):
         extra = np.tensordot(shares, after, axes=1)  # (windows, units): seconds at p_u
         x = x.copy()
         x[:, :nu] += extra
         x[:, -1] -= extra.sum(axis=1)
-    # Parameters: per (stage, kind) its highest clock's power and steps down, then blocking.
+    nz = 0 if z is None else z.shape[1]
+    if z is not None:
+        x = np.column_stack([x[:, :-1], z, x[:, -1:]])
+    p = nu + nz + 1
+    # Parameters: per (stage, kind) its highest clock's power and steps down, the shares,
+    # then blocking.
     c = np.eye(p)
     c[:nu, :nu], anchors = _monotone_map(units)
     xc = x @ c
-    scale_w = PRIOR_SPREAD * float(np.sum(y) / max(np.sum(x), 1e-12))  # of the mean power
-    prior = _prior_rows(units, max(scale_w, 1e-6)) @ c
+    scale_w = PRIOR_SPREAD * float(np.sum(y) / max(np.sum(x[:, :nu]) + np.sum(x[:, -1]), 1e-12))
+    prior = _prior_rows(units, max(scale_w, 1e-6))
+    prior = np.column_stack([prior[:, :-1], np.zeros((len(prior), nz)), prior[:, -1:]]) @ c
     keep = np.ones(n, dtype=bool)
     # The windows' own noise, from the plain least-squares fit (dropping gross outliers).
     sigma2 = math.inf
@@ -389,6 +388,7 @@ def _fit_powers(
     upper = np.full(p, high - low if math.isfinite(high) else np.inf)
     lower[anchors], upper[anchors] = low, high
     lower[-1], upper[-1] = low, high
+    lower[nu : nu + nz], upper[nu : nu + nz] = 0.0, 1.0
     upper = np.maximum(upper, lower + 1e-9)
     # The same least squares on the triangular factor of [a b]: p rows, not one per window.
     r = _triangular(a, b)
@@ -416,7 +416,7 @@ def _fit_powers(
         windows=int(keep.sum()),
         rms_j=rms,
         unphysical=unphysical,
-        decay=[float(v) for v in shares],
+        decay=[float(v) for v in (beta[nu : nu + nz] if nz else shares)],
     )
 
 
