@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from fidelity_family import CLOCKS, GPU_TYPE, IDLE_W, SENSORS, JobShape, family
+from fidelity_family import CLOCKS, GPU_TYPE, IDLE_W, LIMIT_W, SENSORS, JobShape, family
 from sensor_ranks import Ranks  # this script's folder is on sys.path
 
 from perseus.domain.profile import InstructionProfile
@@ -65,6 +65,8 @@ class JobResult:
     name: str
     rows: int = 0
     left_out: int = 0
+    unphysical: int = 0
+    """Rows of the profile whose power (energy over time) is above the limit or below idle."""
     energy_err: list[float] = field(default_factory=list)
     time_err: list[float] = field(default_factory=list)
     covered: list[bool] = field(default_factory=list)
@@ -187,6 +189,7 @@ def run_job(job: JobShape, args: argparse.Namespace) -> JobResult:
             t_true, p_true = job.truth(stage, kind, int(f))
             e_true = p_true * t_true
             result.energy_err.append(abs(e / e_true - 1))
+            result.unphysical += not (IDLE_W <= e / t <= LIMIT_W * (1 + 1e-9))
             result.time_err.append(abs(t / t_true - 1))
             s = profile.energy_se.get((stage, kind, int(f)), 0.0)
             result.covered.append(abs(e - e_true) <= 2 * s)
@@ -242,6 +245,7 @@ def table(results: list[JobResult]) -> dict[str, Any]:
         "failed": len(results) - len(ok),
         "rows": len(e),
         "left_out": sum(r.left_out for r in ok),
+        "unphysical": sum(r.unphysical for r in ok),
         "energy_err": {"median": _pct(e, 50), "p95": _pct(e, 95), "max": max(e, default=math.nan)},
         "time_err": {"median": _pct(t, 50), "p95": _pct(t, 95), "max": max(t, default=math.nan)},
         "coverage": float(np.mean(cov)) if cov else math.nan,
@@ -284,7 +288,8 @@ def print_table(fig: dict[str, Any]) -> None:
     e, t, r = fig["energy_err"], fig["time_err"], fig["regret"]
     print(
         f"jobs {fig['jobs']} (failed {fig['failed']}), rows {fig['rows']} "
-        f"(left out {fig['left_out']})"
+        f"(left out {fig['left_out']}; a power above the limit or below idle: "
+        f"{fig['unphysical']})"
     )
     print("| figure | median | p95 | max |")
     print("|---|---|---|---|")

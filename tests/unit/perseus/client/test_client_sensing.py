@@ -162,3 +162,30 @@ def test_a_rounds_mean_power_is_read_between_its_first_and_last_refresh():
     assert mean_power_w(ticks[:1], 1.0) is None
     assert mean_power_w(ticks[:4], 1.0) is None
     assert mean_power_w([Tick(0.1, 0.0, False), Tick(0.9, 1.0, False)], 1.0) is None
+
+
+def test_windows_carry_the_idle_seconds_after_each_instruction_ended():
+    """Two instructions per 100 ms, each followed by a gap: 2 ms before the next (all in the
+    first band), 48 ms (4 ms, 12 ms and 32 ms in the three bands): per band, per instruction."""
+    from perseus.protocol import AFTER_WORK_EDGES_S, EnergyWindow
+
+    assert AFTER_WORK_EDGES_S == (0.004, 0.016, 0.064)
+    ticks = [Tick(0.1 * k, 1000.0 * k, True, 0.001) for k in range(5)]
+    intervals = []
+    for k in range(4):
+        t = 0.1 * k
+        intervals += [(0, t, t + 0.02), (1, t + 0.022, t + 0.052)]
+    windows = energy_windows(ticks, intervals, 2, start_s=0.0, end_s=0.4)
+    assert len(windows) == 4
+    for w in windows:
+        # index 0 ends at +20 ms, index 1 starts at +22 ms: 2 ms in band 0.
+        # index 1 ends at +52 ms, the next window's index 0 starts at +100 ms: 48 ms.
+        assert w.after_s[0] == pytest.approx([0.002, 0.004], abs=1e-9)
+        assert w.after_s[1] == pytest.approx([0.0, 0.012], abs=1e-9)
+        assert w.after_s[2] == pytest.approx([0.0, 0.032], abs=1e-9)
+        assert sum(w.busy_s) + sum(map(sum, w.after_s)) <= w.time_s + 1e-12
+    # The wire refuses after seconds that do not fit in the window's idle time.
+    with pytest.raises(ValueError, match="after_s"):
+        EnergyWindow(energy_j=1.0, time_s=0.1, busy_s=[0.09], after_s=[[0.02]])
+    with pytest.raises(ValueError, match="one entry per entry"):
+        EnergyWindow(energy_j=1.0, time_s=0.1, busy_s=[0.01, 0.01], after_s=[[0.02]])
