@@ -317,7 +317,7 @@ def print_table(fig: dict[str, Any]) -> None:
 
 def run_family(args: argparse.Namespace) -> tuple[list[JobResult], dict[str, Any]]:
     results = []
-    for job in family(args.seed, args.jobs, max_ranks=args.max_ranks):
+    for job in family(args.seed, args.jobs, max_ranks=args.max_ranks, start=args.start):
         r = run_job(job, args)
         results.append(r)
         if not args.quiet:
@@ -338,6 +338,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start", type=int, default=0, help="the family's first job to run")
     p.add_argument("--max-ranks", type=int, default=16)
     p.add_argument("--max-slowdown", type=float, default=0.01)
     p.add_argument("--guard-rounds", type=int, default=8)

@@ -162,6 +162,6 @@ def draw_job(seed: int, index: int, *, max_ranks: int = 16) -> JobShape:
     )
 
 
-def family(seed: int, jobs: int, *, max_ranks: int = 16) -> list[JobShape]:
-    """The first `jobs` jobs of the family drawn from `seed`."""
-    return [draw_job(seed, i, max_ranks=max_ranks) for i in range(jobs)]
+def family(seed: int, jobs: int, *, max_ranks: int = 16, start: int = 0) -> list[JobShape]:
+    """`jobs` jobs of the family drawn from `seed`, from job `start` on."""
+    return [draw_job(seed, i, max_ranks=max_ranks) for i in range(start, start + jobs)]
