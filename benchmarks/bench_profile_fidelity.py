@@ -43,14 +43,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from fidelity_family import CLOCKS, GPU_TYPE, IDLE_W, LIMIT_W, SENSORS, JobShape, family
 from sensor_ranks import Ranks  # this script's folder is on sys.path
 
 from perseus.domain.profile import InstructionProfile
 from perseus.errors import ProfileError
 from perseus.planning import evaluate, max_frequencies, solve_frontier
-from perseus.protocol import JobInfo, PipelineSpec
 from perseus.settings import PerseusSettings
 from schedulers.base import build_scheduler
 from schedulers.perseus_scheduler import Perseus, PerseusPhase
@@ -92,30 +90,6 @@ class JobResult:
         return d
 
 
-def _job_info(job: JobShape) -> JobInfo:
-    schedule = job.schedule()
-    return JobInfo(
-        pp_degree=job.ranks,
-        dp_degree=1,
-        tp_degree=1,
-        world_size=job.ranks,
-        pipeline=PipelineSpec.of(schedule),
-    ).model_copy(update={"job_id": f"fidelity-{job.index}"})
-
-
-def truth_profile(job: JobShape, keys: set[tuple[int, str, int]] | None = None):
-    """The truth's profile over `keys` (default: every clock)."""
-    rows = [
-        (stage, kind, f, t, p * t)
-        for (stage, kind) in sorted(job.curves)
-        for f in CLOCKS
-        if keys is None or (stage, kind, f) in keys
-        for t, p in [job.truth(stage, kind, f)]
-    ]
-    frame = pd.DataFrame(rows, columns=["stage", "instruction", "frequency", "time", "energy"])
-    return InstructionProfile.from_frame(frame, source="truth")
-
-
 def _saving(profile: InstructionProfile, job: JobShape, freqs: list[list[int]], p2p: float):
     schedule = job.schedule()
     base = evaluate(profile, schedule, max_frequencies(profile, schedule), p2p)
@@ -140,7 +114,7 @@ def run_job(job: JobShape, args: argparse.Namespace) -> JobResult:
     sched_args: dict[str, object] = {"max_slowdown": args.max_slowdown}
     with tempfile.TemporaryDirectory() as tmp:
         settings = PerseusSettings(scheduler="Perseus", scheduler_args=sched_args, dump_dir=tmp)
-        info = _job_info(job)
+        info = ranks.job_info(f"fidelity-{job.index}")
         scheduler = build_scheduler(Perseus, info, ranks.rank_infos(), settings, sched_args)
         assert isinstance(scheduler, Perseus)
         guard_left = args.guard_rounds
@@ -180,7 +154,6 @@ def run_job(job: JobShape, args: argparse.Namespace) -> JobResult:
         result.failed = result.failed or "no profile"
         result.wall_s = time.perf_counter() - t0
         return result
-    truth = truth_profile(job)
     keys = set()
     for stage, kind in profile:
         o = profile.options(stage, kind)
@@ -197,7 +170,8 @@ def run_job(job: JobShape, args: argparse.Namespace) -> JobResult:
     result.left_out = sum(1 for e in report.get("left_out") or [] if not e.get("max_clock"))
     p2p_est = scheduler.p2p_power_w
     est_frontier = solve_frontier(profile, schedule, p2p_power_w=p2p_est)
-    same = truth_profile(job, keys)
+    truth = ranks.truth_profile({(s, k, f) for s, k in job.curves for f in CLOCKS})
+    same = ranks.truth_profile(keys)
     true_frontier = solve_frontier(same, schedule, p2p_power_w=IDLE_W)
     every_clock = solve_frontier(truth, schedule, p2p_power_w=IDLE_W)
     true_max = evaluate(truth, schedule, max_frequencies(truth, schedule), IDLE_W)

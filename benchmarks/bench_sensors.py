@@ -54,7 +54,6 @@ from sensor_ranks import GPU_TYPE, Ranks, dvfs_truth  # this script's folder is 
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ProfileError
 from perseus.planning import evaluate, solve_frontier
-from perseus.protocol import JobInfo, PipelineSpec
 from perseus.settings import PerseusSettings
 from schedulers.base import build_scheduler
 from schedulers.perseus_scheduler import Perseus, PerseusPhase
@@ -68,6 +67,8 @@ SENSORS = {
 }
 """Read latency 0 here: in virtual time a read costs nothing; the poller reads every 2.4 ms."""
 LENGTHS_MS = {"sub-ms": 0.6, "ms": 3.0, "10ms": 12.0}
+
+
 @dataclass
 class Cell:
     sensors: str
@@ -97,13 +98,7 @@ def run_cell(sensors_name: str, length: str, profiler: str, args: argparse.Names
         seed=args.seed,
         exact_breakdown=profiler == "today's" and sensors_name == "ideal",
     )
-    info = JobInfo(
-        pp_degree=schedule.num_stages,
-        dp_degree=1,
-        tp_degree=1,
-        world_size=schedule.num_stages,
-        pipeline=PipelineSpec.of(schedule),
-    ).model_copy(update={"job_id": f"bench-{sensors_name}-{length}-{profiler}"})
+    info = ranks.job_info(f"bench-{sensors_name}-{length}-{profiler}")
     sched_args: dict[str, object] = {"max_slowdown": 0.0, "freq_step": args.freq_step}
     if args.round_ticks is not None:
         sched_args["round_ticks"] = args.round_ticks

@@ -24,7 +24,7 @@ from perseus.client.emulation import EmulationSettings
 from perseus.client.sensing import Tick, energy_windows
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule
-from perseus.protocol import FrequencySchedule, ProfilingResult, RankInfo
+from perseus.protocol import FrequencySchedule, JobInfo, PipelineSpec, ProfilingResult, RankInfo
 from zeus_power.device import EmulatedGPU, SensorSpec, VirtualClock
 
 GPU_TYPE = "A100-SXM"
@@ -115,6 +115,16 @@ class Ranks:
         rows = [(s, k, f, *self.truth(s, k, f)) for s, k, f in sorted(keys)]
         frame = pd.DataFrame(rows, columns=["stage", "instruction", "frequency", "time", "energy"])
         return InstructionProfile.from_frame(frame, source="truth")
+
+    def job_info(self, job_id: str) -> JobInfo:
+        """The job as its ranks register it: one pipeline, a rank per pipeline stage."""
+        return JobInfo(
+            pp_degree=len(self.schedule.orders),
+            dp_degree=1,
+            tp_degree=1,
+            world_size=len(self.schedule.orders),
+            pipeline=PipelineSpec.of(self.schedule),
+        ).model_copy(update={"job_id": job_id})
 
     def rank_infos(self) -> list[RankInfo]:
         return [

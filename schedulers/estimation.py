@@ -27,16 +27,22 @@ fall back to the kinds' common power, and the standard errors (which include the
 say how little the windows told.
 
 What a GPU can draw bounds the fit. The windows are fitted for each (stage, kind) as a
-curve over its clocks that does not fall as the clock rises (the power at its lowest clock
-: the power at its highest clock, and non-negative steps down to each lower one): a lower clock never draws more power for
+curve over its clocks that does not fall as the clock rises: its power at its highest clock
+and a non-negative step down to each lower clock. A lower clock never draws more power for
 the same work, and the curve pools what its clocks' windows say, so a clock measured in few
-windows no longer stands alone. Every power, the blocking power included, lies between the
-GPU's idle power and its power limit when the rank reported them (`GPUBounds`; else between
-0 and no limit). A unit whose fitted power ends up at a bound (the windows asked for less
-than idle) or above the limit is named in `GPUFit.unphysical`: the profile leaves it out
+windows no longer stands alone. The curve's top, and so all of it, is at most the GPU's power
+limit; the top and the blocking power are at least its idle power (`GPUBounds`, as the rank
+reported them; else 0 and no limit). A unit whose fitted power still ends at or below idle
+(the windows asked for less) is named in `GPUFit.unphysical`: the profile leaves it out
 (`schedulers.sweep_estimates`). Standard errors come from the windows' own residuals (a
-heteroskedasticity-robust sandwich), not from the model's assumption that its noise is
-uniform, so a misfit (power that decays after work stops, drift) widens them.
+heteroskedasticity-robust sandwich, never below the classical figure), so a misfit widens
+them.
+
+A GPU's power does not fall to idle the moment its work stops. Windows carry, per unit, the
+idle seconds in bands after its instructions ended (`WindowRow.after`), and in band ``k``
+the GPU draws ``P_block + g_k · (p_u − P_block)``: one share ``g_k`` in [0, 1] per band and
+GPU (`GPUFit.decay`). The model is bilinear; the powers and the shares are fitted together
+by Gauss–Newton, each fit starting from the GPU's last shares.
 
 An instruction that starts while a clock change lands runs at the previous clock until the
 change lands (the rank's measured switch latency) and draws that clock's power: those
@@ -108,9 +114,6 @@ _GN_PASSES = 4
 GPU's last shares, so a later fit needs one or two)."""
 _AT_BOUND = 0.01
 """A fitted power within this share of the idle bound sits on it: the windows asked for less."""
-_OVER_LIMIT = 0.02
-"""A fitted power this share above the power limit (the curve's steps added up) is not
-physical."""
 
 
 @dataclass(frozen=True)
@@ -304,8 +307,8 @@ def fit_windows(
 ) -> GPUFit | None:
     """One GPU's fit to its windows under one sampling `model` (None: no usable window).
 
-    `decay`: the shares of the last fit (`GPUFit.decay`) to start from; without them the
-    windows are fitted once without and then once with the shares that fit implies."""
+    `decay`: the shares of the GPU's last fit (`GPUFit.decay`) to start from (none: 0);
+    then at most `_GN_PASSES` Gauss-Newton passes fit them with the powers."""
     bounds = bounds or GPUBounds()
     x, y, w, after, units = _design(rows, model)
     if len(y) == 0:
@@ -398,10 +401,8 @@ def _fit_powers(
     se = _sandwich_errors(a, r[:, :-1], c, resid_w, sigma2, n_data=len(ys))
     rms = float(np.sqrt(np.mean((y[keep] - x[keep] @ beta) ** 2)))
     unphysical: dict[Unit, str] = {}
-    for i, u in enumerate(units):
-        if bounds.limit_w is not None and beta[i] > bounds.limit_w * (1 + _OVER_LIMIT):
-            unphysical[u] = f"{beta[i]:.0f} W is above the GPU's {bounds.limit_w:.0f} W limit"
-        elif beta[i] <= low + _AT_BOUND * max(low, 1.0) and (
+    for i, u in enumerate(units):  # none is above the limit: the curve's top is bounded
+        if beta[i] <= low + _AT_BOUND * max(low, 1.0) and (
             bounds.idle_w is not None or beta[i] < 1.0
         ):
             unphysical[u] = (
@@ -458,7 +459,7 @@ def _sandwich_errors(
     # Never below the classical figure: a window's residual can be small by chance.
     classical = sigma2 * np.einsum("ij,jk,ik->i", c, bread, c)
     se = np.sqrt(np.clip(np.maximum(robust, classical), 0.0, None))
-    null = vt[~good] @ c.T if len(vt[~good]) else vt[~good]
+    null = vt[~good] @ c.T
     if len(null):
         se[np.abs(null).max(axis=0) > 1e-6] = math.inf
     if len(s) < p:  # fewer rows than unknowns

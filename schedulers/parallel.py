@@ -276,21 +276,13 @@ class Parallel3D:
         shares = window_shares(units, where, res.time_breakdown, lag_s, start_mhz)
         rows = []
         for w in res.energy_windows or ():
-            busy: dict[Unit, float] = {}
-            tail: dict[Unit, float] = {}
-            for split, b in zip(shares, w.busy_s, strict=True):
-                for unit, share in split if b > 0 else ():
-                    busy[unit] = busy.get(unit, 0.0) + b * share
-            for split, b in zip(shares, w.tail_busy_s, strict=False):
-                for unit, share in split if b > 0 else ():
-                    tail[unit] = tail.get(unit, 0.0) + b * share
             rows.append(
                 WindowRow(
                     w.energy_j,
                     w.time_s,
-                    busy,
+                    _split(shares, w.busy_s),
                     w.tail_s,
-                    tail,
+                    _split(shares, w.tail_busy_s, strict=False),
                     after=_by_unit(shares, w.after_s),
                     tail_after=_by_unit(shares, w.tail_after_s),
                 )
@@ -414,14 +406,23 @@ class _RankNumbers:
     energy: float = 0.0
 
 
+def _split(
+    shares: list[list[tuple[Unit, float]]], seconds: list[float], *, strict: bool = True
+) -> dict[Unit, float]:
+    """Per unit, its share of each instruction's `seconds` (an entry per instruction of the
+    rank's order; not `strict`: or none at all)."""
+    out: dict[Unit, float] = {}
+    for split, b in zip(shares, seconds, strict=strict):
+        for unit, share in split if b > 0 else ():
+            out[unit] = out.get(unit, 0.0) + b * share
+    return out
+
+
 def _by_unit(
     shares: list[list[tuple[Unit, float]]], bands: list[list[float]]
 ) -> dict[Unit, tuple[float, ...]]:
     """Per unit, its seconds in each band after work stopped (`EnergyWindow.after_s`, per
     band and instruction), split as the instructions' busy seconds are."""
-    out: dict[Unit, list[float]] = {}
-    for k, band in enumerate(bands):
-        for split, b in zip(shares, band, strict=True):
-            for unit, share in split if b > 0 else ():
-                out.setdefault(unit, [0.0] * len(bands))[k] += b * share
-    return {u: tuple(v) for u, v in out.items()}
+    per_band = [_split(shares, band) for band in bands]
+    units = {u for band in per_band for u in band}
+    return {u: tuple(band.get(u, 0.0) for band in per_band) for u in units}

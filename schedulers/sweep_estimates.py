@@ -8,8 +8,8 @@ kind, clock) its energy and a standard error, and the blocking power its value. 
 sizes its rounds to hold ``round_ticks`` refreshes, and after its passes measures again
 the options whose relative standard error is above ``target_uncertainty`` and that are not
 clearly dominated (CONFIRM: at most ``max_repeats`` times each, in at most a quarter as many
-rounds as came before). A unit whose fitted power no GPU can draw (outside the idle power and
-the power limit its rank reported: `schedulers.estimation.GPUBounds`) counts as unknown
+rounds as came before). A unit whose fitted power no GPU can draw (at or below the idle power its
+rank reported: `schedulers.estimation.GPUBounds`; the limit bounds the fit itself) counts as unknown
 (infinite standard error, so CONFIRM measures it again), and if it still is at the end it
 never reaches the solver: below the max clock its row is left out; at the max clock, which
 every plan needs, all-max stays (`unphysical_at_max`). Both are logged and listed in
@@ -53,12 +53,7 @@ class SweepEstimates:
         self.refresh_s = max((r for r in refresh if r is not None), default=0.0)
         """The slowest energy counter's refresh period (0: continuous)."""
         self.regression = PowerRegression(
-            {
-                r.rank: GPUBounds(
-                    getattr(r, "idle_power_w", None), getattr(r, "power_limit_w", None)
-                )
-                for r in scheduler.rank_infos
-            }
+            {r.rank: GPUBounds(r.idle_power_w, r.power_limit_w) for r in scheduler.rank_infos}
         )
         self.left_out: list[dict[str, Any]] = []
         """Rows `annotate` left out last, each with its reason (``profiling.json``)."""
@@ -186,10 +181,9 @@ class SweepEstimates:
             out.append(r._replace(estimated=True, energy_se=se))
         if left_out and left_out != self.left_out:
             logger.warning(
-                "Job %s: %d profile row(s) a GPU cannot produce%s: %s",
+                "Job %s: %d profile row(s) a GPU cannot produce (left out below the max clock): %s",
                 self._scheduler.job_info.job_id,
                 len(left_out),
-                " (left out below the max clock)",
                 "; ".join(
                     f"stage {e['stage']} {e['instruction']} at {e['frequency']} MHz: {e['reason']}"
                     for e in left_out[:5]

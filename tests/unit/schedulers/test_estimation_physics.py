@@ -104,8 +104,6 @@ def test_no_power_above_the_limit_reaches_the_profile(seed):
     assert fit is not None
     assert max(e.power_w for e in fit.units.values()) <= LIMIT_W + 1e-6
     assert IDLE_W - 1e-6 <= fit.block.power_w <= LIMIT_W + 1e-6
-    unbounded = fit_windows(rows)
-    assert unbounded is not None  # without the limit nothing stops the noise
     assert not fit.unphysical
 
 
