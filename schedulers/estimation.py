@@ -32,8 +32,8 @@ and a non-negative step down to each lower clock. A lower clock never draws more
 the same work, and the curve pools what its clocks' windows say, so a clock measured in few
 windows no longer stands alone. The curve's top, and so all of it, is at most the GPU's power
 limit; the top and the blocking power are at least its idle power (`GPUBounds`, as the rank
-reported them; else 0 and no limit). A unit whose fitted power still ends at or below idle
-(the windows asked for less) is named in `GPUFit.unphysical`: the profile leaves it out
+reported them; else 0 and no limit). A unit whose fitted power cannot be told from idle
+(within 2 standard errors and a quarter of it: no instruction draws that little) is named in `GPUFit.unphysical`: the profile leaves it out
 (`schedulers.sweep_estimates`). Standard errors come from the windows' own residuals (a
 heteroskedasticity-robust sandwich, never below the classical figure), so a misfit widens
 them.
@@ -113,7 +113,10 @@ _GN_PASSES = 4
 """Gauss-Newton passes of the powers and the decay shares, at most (each fit starts from the
 GPU's last shares, so a later fit needs one or two)."""
 _AT_BOUND = 0.01
-"""A fitted power within this share of the idle bound sits on it: the windows asked for less."""
+_NEAR_IDLE = 0.25
+"""A fitted power within `_AT_BOUND` of the idle power, or within 2 of its standard errors
+of it and at most `_NEAR_IDLE` above it, cannot be told from idle: no instruction draws
+that little."""
 
 
 @dataclass(frozen=True)
@@ -402,11 +405,11 @@ def _fit_powers(
     rms = float(np.sqrt(np.mean((y[keep] - x[keep] @ beta) ** 2)))
     unphysical: dict[Unit, str] = {}
     for i, u in enumerate(units):  # none is above the limit: the curve's top is bounded
-        if beta[i] <= low + _AT_BOUND * max(low, 1.0) and (
-            bounds.idle_w is not None or beta[i] < 1.0
-        ):
+        noise = min(2 * se[i], _NEAR_IDLE * low) if math.isfinite(se[i]) else 0.0
+        margin = max(_AT_BOUND * max(low, 1.0), noise)
+        if (bounds.idle_w is not None and beta[i] <= low + margin) or beta[i] < 1.0:
             unphysical[u] = (
-                f"the windows ask for less than the GPU's idle power ({low:.0f} W)"
+                f"its power cannot be told from the GPU's idle power ({low:.0f} W)"
                 if bounds.idle_w is not None
                 else "the windows ask for no power at all"
             )

@@ -125,6 +125,22 @@ class DeployStep:
         self.promise.costs_known(model.costs)
         problems = profile_problems(profile, switch_latency_s=model.costs.switch_latency_s)
         unphysical = self.sweep.estimates.unphysical_at_max() if self.sweep is not None else []
+        left_out = (
+            [e for e in self.sweep.estimates.left_out if not e["max_clock"]]
+            if self.sweep is not None
+            else []
+        )
+        if left_out:
+            reason = (
+                f"{len(left_out)} profile row(s) below the max clock whose power no GPU of the "
+                "job can draw (or the windows could not tell) are left out of the plan: "
+                + "; ".join(
+                    f"stage {e['stage']} {e['instruction']} at {e['frequency']} MHz"
+                    for e in left_out[:3]
+                )
+                + (f" and {len(left_out) - 3} more" if len(left_out) > 3 else "")
+            )
+            self.promise.note(reason, warning=True)
         if unphysical:
             problems.append(
                 "the profile's max-clock rows include powers no GPU of the job can draw, which "

@@ -9,6 +9,7 @@ A40s whose curves are drawn around the published A40 profiles, with the real-lik
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -52,3 +53,47 @@ def test_plans_from_the_profile_cost_what_the_truths_would(family):
     assert at_1["median"] <= 0.005, fig["regret"]
     if fig["deployed"]:
         assert fig["saving_gap_points"]["median"] <= 2.0, fig["saving_gap_points"]
+
+
+def test_a_row_no_gpu_can_draw_is_left_out_and_said(tmp_path):
+    """Stage 0's backward below the max clock 'draws' 20 W on an A100 that idles at 55 W (a
+    broken sensor or model): the windows cannot show less than idle, the fit names those
+    rows, and they are left out of the profile, listed in ``profiling.json`` and said in the
+    job's log (a note rank 0 logs) instead of reaching the solver."""
+    from sensor_ranks import Ranks, dvfs_truth
+
+    from perseus.domain.schedule import make_schedule
+    from perseus.settings import PerseusSettings
+    from schedulers.base import build_scheduler
+    from schedulers.perseus_scheduler import Perseus, PerseusPhase
+    from zeus_power.device import SensorSpec
+
+    model = dvfs_truth(10.0)
+
+    def truth(stage: int, kind: str, freq: int) -> tuple[float, float]:
+        t, p = model(stage, kind, freq)
+        return (t, 20.0) if (stage, kind) == (0, "backward") and freq < 1410 else (t, p)
+
+    schedule = make_schedule("1f1b", 2, 4)
+    sensors = SensorSpec(period_s=0.1, window=1.0, read_latency_s=0.0, noise=0.01)
+    ranks = Ranks(schedule, truth, sensors, seed=1)
+    args = {"max_slowdown": 0.0, "freq_step": 20}
+    settings = PerseusSettings(scheduler="Perseus", scheduler_args=args, dump_dir=str(tmp_path))
+    scheduler = build_scheduler(
+        Perseus, ranks.job_info("left-out"), ranks.rank_infos(), settings, args
+    )
+    assert isinstance(scheduler, Perseus)
+    for _ in range(200):
+        schedules = scheduler.next_schedule()
+        if scheduler.phase is not PerseusPhase.PROFILING:
+            break
+        scheduler.observe(ranks.run(schedules)[0])
+    assert scheduler.profile is not None
+    kept = scheduler.profile.options(0, "backward").freq_mhz.tolist()
+    assert kept == [1410], kept
+    report = json.loads(scheduler.job_dir.profiling.read_text())
+    listed = {(e["stage"], e["instruction"]) for e in report["left_out"]}
+    assert listed == {(0, "backward")}, report["left_out"]
+    assert all("idle" in e["reason"] for e in report["left_out"])
+    notes = [n.text for n in scheduler.status().notes if "left out of the plan" in n.text]
+    assert len(notes) == 1 and "stage 0 backward" in notes[0], notes
