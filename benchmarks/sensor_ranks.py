@@ -9,6 +9,10 @@ each (stage, kind, clock) takes and draws is a `Truth`: the DVFS model's (`dvfs_
 or any other curves (`bench_profile_fidelity.py` draws them around the published A40
 profiles). Each execution's time may be jittered (the GPU's own timing reports the jittered
 time); the GPUs may drift and their power may decay after work stops (`EmulatedGPU`'s).
+Clock changes may take time (`switch_latency_s`: asked for when an instruction begins, as
+the hook does, a change lands that many seconds of wall time later, bubbles and P2P waits
+included; the work before it runs at the clock in force, as on the emulated GPU) and each
+P2P hop between ranks may add `hop_latency_s`.
 """
 
 from __future__ import annotations
@@ -55,9 +59,13 @@ class Ranks:
         jitter: float = 0.0,
         gpu_options: dict[str, Any] | None = None,
         exact_breakdown: bool = False,
+        switch_latency_s: float = 0.0,
+        hop_latency_s: float = 0.0,
     ) -> None:
         self.schedule = schedule
         self._truth = truth
+        self.switch_latency_s = switch_latency_s
+        self.hop_latency_s = hop_latency_s
         self.jitter = jitter
         """Relative standard deviation of each execution's time around its truth."""
         self.exact_breakdown = exact_breakdown
@@ -81,6 +89,11 @@ class Ranks:
         index = {ins: i for i, ins in enumerate(order)}
         self._order = order
         self._preds = [[index[p] for p in dag.predecessors(ins)] for ins in order]
+        self._asked: list[int | None] = [None for _ in schedule.orders]
+        """Per rank: the clock asked for last (None: the max, before any)."""
+        self._before: list[int | None] = [None for _ in schedule.orders]
+        """Per rank: the clock in force until `_lands`."""
+        self._lands = [-np.inf for _ in schedule.orders]
         self._slot = {ins: k for r in schedule.orders for k, ins in enumerate(r)}
         self.poll_t = [0.0 for _ in schedule.orders]
         self.next_poll = [0.0 for _ in schedule.orders]
@@ -137,6 +150,7 @@ class Ranks:
                 emulated=True,
                 energy_refresh_s=self.sensors.period_s,
                 idle_power_w=self.idle_w[r],
+                switch_latency_s=self.switch_latency_s or None,
                 power_limit_w=self.gpus[r].power_limit_w(),
             )
             for r in range(self.schedule.num_stages)
@@ -162,11 +176,15 @@ class Ranks:
             for i, ins in enumerate(self._order):
                 k = self._slot[ins]
                 kind, f = freqs[ins.rank][k]
-                t, e = self.truth(ins.stage, kind, f)
+                hops = [
+                    finish[p] + (self.hop_latency_s if self._order[p].rank != ins.rank else 0.0)
+                    for p in self._preds[i]
+                ]
+                begin = max([*hops, rank_free[ins.rank]])
+                t, e = self._switching(ins.rank, ins.stage, kind, f, begin)
                 if self.jitter:
                     scale = max(0.5, 1.0 + self.jitter * float(self._rng.standard_normal()))
                     t, e = t * scale, e * scale
-                begin = max([finish[p] for p in self._preds[i]] + [rank_free[ins.rank]])
                 finish[i] = rank_free[ins.rank] = begin + t
                 events[ins.rank].append((begin, 1, "begin", (e / t,)))
                 events[ins.rank].append((begin + t, 0, "end", (t, e)))
@@ -219,6 +237,27 @@ class Ranks:
             idle = sum(iter_time) - sum(t for instrs in durations[r] for _, t, _ in instrs)
             true_j += idle * gpu.idle_power_w  # the model's figure, before decay or drift
         return results, true_j
+
+    def _switching(self, r: int, stage: int, kind: str, f: int, begin: float) -> tuple[float, float]:
+        """(time, energy) of an instruction of rank `r` at clock `f` that begins at `begin`
+        (seconds of the job's time): a change asked for then lands `switch_latency_s` later,
+        counted in time, not in the rank's busy seconds; until it lands the work runs at the
+        clock in force before it (two clocks, as `EmulatedGPU` runs it)."""
+        top = max(self.frequencies)
+        if f != (self._asked[r] or top):
+            in_force = self._before[r] if begin < self._lands[r] else self._asked[r]
+            self._before[r], self._asked[r] = in_force, f
+            self._lands[r] = begin + self.switch_latency_s
+        lag = self._lands[r] - begin
+        old = self._before[r] or top
+        t, e = self.truth(stage, kind, f)
+        if lag <= 0 or old == f:
+            return t, e
+        t_old, e_old = self.truth(stage, kind, old)
+        if t_old <= lag:  # done before the change lands
+            return t_old, e_old
+        left = 1.0 - lag / t_old  # the share of the work still to do at the new clock
+        return lag + left * t, e_old * lag / t_old + left * e
 
     def _replay(self, r: int, events: list, marks: list[float]) -> list[float]:
         """Run one rank's events on its GPU in virtual time, polling the counter; the

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from paths import SHARED_DATA, TESTS, ci_mode, require_data
+from paths import SHARED_DATA, TESTS, ci_mode, require_data, require_module
 
 _TIERS = ("unit", "integration", "e2e")
 
@@ -102,7 +102,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(scope="module")
 def process_group():
     """A one-rank gloo process group for the module's tests (the hook needs one)."""
-    dist = pytest.importorskip("torch.distributed")
+    dist = require_module("torch.distributed")
     from perseus.demo import free_port
 
     dist.init_process_group(

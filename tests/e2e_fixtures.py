@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
+from paths import require_module
 
 from perseus.client.emulation import EmulationSettings
 from perseus.demo import Coordinator, DemoJob, read_traces, run_training, torchrun_command
@@ -47,7 +47,7 @@ GPU_TYPE = "A100-SXM"
 
 
 def require_torch() -> None:
-    pytest.importorskip("torch")
+    require_module("torch")
 
 
 def run_job(

@@ -3,14 +3,17 @@ run under CI.
 
 CI mode (`ci_mode`: the ``CI`` variable is ``true``, ``1`` or ``yes``, as CI services set
 it and `.ci/run` makes sure of) turns what a developer may skip into failures CI can see:
-a run that collects no test (a mistyped ``-k`` or ``-m``) and reference data that is
-missing (`require_data`).
+a run that collects no test (a mistyped ``-k`` or ``-m``), reference data that is
+missing (`require_data`) and a dependency that does not import (`require_module`: torch,
+which whole tiers need).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -36,3 +39,19 @@ def require_data(path: Path) -> Path:
             pytrace=False,
         )
     pytest.skip(f"reference data not present at {path}")
+
+
+def require_module(name: str) -> ModuleType:
+    """The module `name` (``pytest.importorskip``'s stand-in): one that does not import
+    skips the test (or the whole module, at import time), and fails it under CI, where a
+    skipped tier would pass whatever the product does."""
+    if ci_mode():
+        try:
+            return importlib.import_module(name)
+        except ImportError as e:
+            pytest.fail(
+                f"{name} does not import under CI ({e!r}); outside CI the tests that need it "
+                "are skipped",
+                pytrace=False,
+            )
+    return pytest.importorskip(name)

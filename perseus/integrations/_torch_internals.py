@@ -126,6 +126,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("attribute", "stage", "num_stages", "the pipeline's stages"),
     Internal("attribute", "stage", "group_rank", "this rank's pipeline rank"),
     Internal("attribute", "stage", "group_size", "the pipeline's ranks"),
+    Internal("attribute", "stage", "device", "the GPU this rank drives"),
     Internal("method", "stage", "forward_one_chunk", "wrapped: one forward", ("fwd_chunk_id",)),
     Internal(
         "method",

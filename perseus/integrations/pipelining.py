@@ -129,6 +129,48 @@ def _process_group() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _rank_device(stages: list[Any], device_id: int | None, gpu: Any) -> int:
+    """This rank's GPU index, from what tells it, never a guess: `device_id` when given, else
+    the index of the `gpu` object given, else the CUDA device the rank's stages run on
+    (``torch.cuda.current_device()`` for a bare ``cuda``), else ``LOCAL_RANK`` (stages on the
+    CPU: emulated GPUs). A launcher other than torchrun (SLURM, mpirun) sets no
+    ``LOCAL_RANK``: with CPU stages and nothing else, every rank of a node would take GPU 0,
+    so that is refused."""
+    import torch
+
+    cuda = [torch.device(stage.device) for stage in stages]
+    cuda = [d for d in cuda if d.type == "cuda"]
+    on = sorted({torch.cuda.current_device() if d.index is None else d.index for d in cuda})
+    if len(on) > 1:
+        raise ConfigurationError(
+            f"this rank's stages are on GPUs {on}: Perseus drives one GPU per rank (one clock "
+            "per instruction); build every stage of a rank on the same GPU"
+        )
+    if device_id is None and gpu is not None:
+        device_id = int(gpu.index)
+    if device_id is not None:
+        if on and on != [device_id]:
+            raise ConfigurationError(
+                f"attach() was given GPU {device_id}, but this rank's stages run on cuda:{on[0]}"
+            )
+        return device_id
+    if on:
+        return on[0]
+    local = os.environ.get("LOCAL_RANK")
+    if local is None:
+        where = sorted({str(stage.device) for stage in stages})
+        raise ConfigurationError(
+            f"attach() cannot tell which GPU this rank drives: its stages are on {where} and "
+            "LOCAL_RANK is not set (a launcher other than torchrun, such as SLURM or mpirun). "
+            "Build the stages on the rank's CUDA device, pass device_id=<this rank's GPU "
+            "index on its node>, or set LOCAL_RANK"
+        )
+    try:
+        return int(local)
+    except ValueError:
+        raise ConfigurationError(f"LOCAL_RANK={local!r} is not an integer") from None
+
+
 class PipelineAttachment(ClosesOnExit):
     """Perseus attached to one rank's `torch.distributed.pipelining` schedule (see `attach`).
 
@@ -334,7 +376,10 @@ def attach(
         device_mesh: The job's ``torch.distributed.DeviceMesh`` with named dimensions: ``pp``
             (checked against the schedule's stages), ``tp``, and any others (``dp``,
             ``dp_shard``, ...), which count as data-parallel (`perseus.client.place.mesh_place`).
-        device_id: This rank's GPU index (default: ``LOCAL_RANK``, else 0).
+        device_id: This rank's GPU index on its node (default: the ``gpu`` given's index,
+            else the CUDA device of this rank's stages, else ``LOCAL_RANK`` for stages on the
+            CPU; with none of these, a `ConfigurationError`: SLURM and mpirun set no
+            ``LOCAL_RANK``, and Perseus does not guess GPU 0).
         job_metadata: Free text appended to the job id.
         **hook_options: Passed to `PerseusOptimizer` (``steps_per_round``, ``trace_dir``,
             ``gpu``, ``emulation``, ``timeout_s``, ``token`` (default ``PERSEUS_TOKEN``),
@@ -368,12 +413,7 @@ def attach(
         dp_degree = place.dp_degree if dp_degree is None else dp_degree
         tp_rank = place.tp_rank if tp_rank is None else tp_rank
         tp_degree = place.tp_degree if tp_degree is None else tp_degree
-    if device_id is None:
-        local = os.environ.get("LOCAL_RANK", "0")
-        try:
-            device_id = int(local)
-        except ValueError:
-            raise ConfigurationError(f"LOCAL_RANK={local!r} is not an integer") from None
+    device_id = _rank_device(stages, device_id, hook_options.get("gpu"))
     hook = PerseusOptimizer(
         rank=rank,
         dp_rank=0 if dp_rank is None else dp_rank,

@@ -91,10 +91,9 @@ def test_the_job_first_runs_all_max_then_its_plan(run):
         ran = [[tuple(x) for x in r["frequencies"]] for r in after]
         plan_rounds = [r for r in ran if r == want[rank]]
         assert len(plan_rounds) >= 0.8 * len(ran), (rank, ran)
-    if _events(job_dir)[0]["event"] == "deployed":
-        assert any(f < MAX_MHZ for s in plan.stage_frequencies() for f in s)
-    else:  # all-max kept (see below): it is what ran
-        assert all(f == MAX_MHZ for s in plan.stage_frequencies() for f in s)
+    # The job deploys (README): a plan that lowers some clock, not all-max kept.
+    assert _events(job_dir)[0]["event"] == "deployed", _events(job_dir)
+    assert any(f < MAX_MHZ for s in plan.stage_frequencies() for f in s)
 
 
 def test_the_plan_keeps_its_promise_measured(run):
@@ -102,12 +101,7 @@ def test_the_plan_keeps_its_promise_measured(run):
     events = _events(job_dir)
     report = read_dump(job_dir).report
     assert report.measured_all_max is not None
-    if events[0]["event"] == "held":
-        # With 15 ms clock switches and 4 microbatches the frontier may hold no plan within
-        # 1 % of all-max (its first point about +1.7 %): all-max stays, and the job says why.
-        assert events[0]["reason"], events
-        assert len(events) == 1, events
-        return
+    # README's job deploys: all-max kept ("held") fails here, as does a fall-back.
     assert events[0]["event"] == "deployed", events
     assert not [e for e in events if e["event"] in ("held", "fallback")], events
     assert report.measured_slowdown is not None and report.measured_saving is not None

@@ -30,6 +30,8 @@ from perseus.planning import evaluate_plan, max_frequencies
 require_torch()
 
 MAX_MHZ = 1410
+BUDGET = 0.01
+SLOWDOWN_TOLERANCE = 0.02
 STEPS = 40  # profiling rounds last about 2 s (20 refreshes of the GPUs' energy counter)
 MEASURED = 3  # steady-state steps under the deployed plan, at least, after the last decision
 KINDS = {
@@ -52,7 +54,7 @@ def run(request, tmp_path_factory):
         nominal_ms_per_layer=8.0,
     )
     # No default pipeline on the coordinator: the job describes its own. Few sweep clocks.
-    args = {"freq_step": 20, "min_frequency": 800, "max_slowdown": 0.01}
+    args = {"freq_step": 20, "min_frequency": 800, "max_slowdown": BUDGET}
     with Coordinator(
         scheduler="Perseus",
         scheduler_args=args,
@@ -133,7 +135,7 @@ def test_measured_energy_and_time_against_the_all_max_steps(run):
     base_e, pers_e = per_step("iter_energy_j", all_max), per_step("iter_energy_j", tail)
     saved = 1 - statistics.median(pers_e) / statistics.median(base_e)
     slowdown = statistics.median(pers_t) / statistics.median(base_t) - 1
-    # The wider of the two sets' own spread on top of the 1 % budget (see test_e2e_perseus).
-    jitter = max((max(t) - min(t)) / statistics.median(t) for t in (base_t, pers_t))
+    # A fixed tolerance on top of the 1 % budget, as test_e2e_perseus (README, "How numbers
+    # are checked"): never the run's own spread, which a noisy run would widen.
     assert saved >= 0.05, (saved, base_e, pers_e)
-    assert slowdown <= 0.01 + jitter, (slowdown, jitter, base_t, pers_t)
+    assert slowdown <= BUDGET + SLOWDOWN_TOLERANCE, (slowdown, base_t, pers_t)

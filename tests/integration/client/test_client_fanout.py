@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 from e2e_fixtures import read_traces, request_counts, runs_its_leaders_schedules
+from paths import require_module
 
 from perseus.demo import Coordinator, free_port
 
-pytest.importorskip("torch.distributed")
+require_module("torch.distributed")
 
 RANKS = Path(__file__).with_name("leader_ranks.py")
 STEPS = 3

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from paths import require_module
 from server_fixtures import single_rank_layout
 
 from perseus.client import (
@@ -19,8 +20,8 @@ from perseus.errors import ConfigurationError, CoordinatorError
 from zeus_power.device.base import GPUInitError, GPUPermissionError
 from zeus_power.device.emulated import EmulatedGPU, Workload
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+torch = require_module("torch")
+dist = require_module("torch.distributed")
 
 
 def test_frequency_controller_applies_the_latest_clock_and_always_resets():

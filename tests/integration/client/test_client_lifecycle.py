@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from paths import require_module
 from prometheus_client.parser import text_string_to_metric_families
 from server_fixtures import single_rank_layout
 from typer.testing import CliRunner
@@ -29,7 +30,7 @@ from perseus.io.jobdir import JobDir
 from perseus.synth import stage_workloads, synthesize_profile
 from zeus_power.device.emulated import EmulatedGPU
 
-pytest.importorskip("torch.distributed")
+require_module("torch.distributed")
 
 RANKS = Path(__file__).with_name("lifecycle_ranks.py")
 ROUND_TIMEOUT_S = 4.0

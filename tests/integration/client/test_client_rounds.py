@@ -12,6 +12,7 @@ import logging
 import time
 
 import pytest
+from paths import require_module
 from server_fixtures import single_rank_layout
 
 from perseus.client import EmulationSettings, PerseusOptimizer
@@ -24,7 +25,7 @@ from perseus.protocol import ParallelLayout
 from zeus_power.device.base import GPUPermissionError
 from zeus_power.device.emulated import EmulatedGPU
 
-dist = pytest.importorskip("torch.distributed")
+dist = require_module("torch.distributed")
 
 NOMINAL = {"forward": 0.005, "backward": 0.01}
 ORDER = ["forward", "backward", "forward", "backward"]  # 1F1B, one stage, 2 microbatches

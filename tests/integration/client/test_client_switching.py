@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pandas as pd
 import pytest
+from paths import require_module
 from server_fixtures import single_rank_layout
 
 from perseus.client import EmulationSettings, PerseusOptimizer
@@ -24,11 +26,12 @@ from perseus.io.plan_file import save_plan
 from perseus.planning import evaluate, make_plan
 from zeus_power.device.emulated import EmulatedGPU
 
-dist = pytest.importorskip("torch.distributed")
+dist = require_module("torch.distributed")
 
 LATENCY_S = 0.015
 NOMINAL = {"forward": 0.02, "backward": 0.04}
 M = 4
+STEPS = 8
 # Alternating clocks: every instruction changes the clock, the first 15 ms of each runs at
 # the previous one (up: slower than planned; down: faster and dearer).
 PLAN_FREQS = [[1410, 810, 1005, 1410, 705, 1200, 1410, 900]]
@@ -68,7 +71,7 @@ def test_measured_time_and_energy_match_the_switching_models_prediction(tmp_path
             trace_dir=tmp_path / "trace",
         ) as hook,
     ):
-        for _ in range(3):  # the clock in force at a step's start is the last step's
+        for _ in range(STEPS):  # the clock in force at a step's start is the last step's
             hook.on_step_begin()
             for instr in schedule.orders[0]:
                 hook.on_instruction_begin(instr.kind)
@@ -76,15 +79,22 @@ def test_measured_time_and_energy_match_the_switching_models_prediction(tmp_path
             hook.on_step_end()
     lines = (tmp_path / "trace" / "rank0.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
-    last = [r for r in records if r["kind"] == "instruction" and r["step"] == 2]
-    assert [r["freq_mhz"] for r in last] == PLAN_FREQS[0]  # the plan was deployed
-    # One rank: the iteration is its instructions back to back (no blocking time), and its
-    # energy (the counter's, exact with ideal sensors) is theirs.
-    time_s = math.fsum(r["time_s"] for r in last)
-    (step,) = [r for r in records if r["kind"] == "step" and r["step"] == 2]
-    energy_j = step["iter_energy_j"]
-    # Within 2 % of the switching model (the worker thread's few hundred µs per switch
-    # and timer jitter are the noise), and the free-switch prediction is out of it.
-    assert time_s == pytest.approx(plan.iteration_time, rel=0.02)
-    assert energy_j == pytest.approx(plan.energy, rel=0.02)
-    assert abs(time_s / free.iteration_time_s - 1) > 0.04
+    measured = range(2, STEPS)  # the plan is in force from step 2 on
+    energies_j = []
+    for k in measured:
+        ran = [r for r in records if r["kind"] == "instruction" and r["step"] == k]
+        assert [r["freq_mhz"] for r in ran] == PLAN_FREQS[0]  # the plan was deployed
+        # One rank: the iteration is its instructions back to back (no blocking time).
+        time_s = math.fsum(r["time_s"] for r in ran)
+        # Within 2 % of the switching model, and the free-switch prediction is out of it.
+        assert time_s == pytest.approx(plan.iteration_time, rel=0.02)
+        assert abs(time_s / free.iteration_time_s - 1) > 0.04
+        (step,) = [r for r in records if r["kind"] == "step" and r["step"] == k]
+        # The step's counter (exact with ideal sensors) also covers the hook's own gaps
+        # between instructions, spent at idle power.
+        gaps_s = max(step["iter_time_s"] - time_s, 0.0)
+        energies_j.append(step["iter_energy_j"] - gpu.idle_power_w * gaps_s)
+    # Energy: the switch worker lands each change on the host's wall clock, so on a loaded
+    # host a step's energy moves by a few % with where the switches fell; over the measured
+    # steps it is the model's within 3 %.
+    assert statistics.fmean(energies_j) == pytest.approx(plan.energy, rel=0.03)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from paths import require_module
 
 from perseus.errors import ConfigurationError
 
-torch = pytest.importorskip("torch")
+torch = require_module("torch")
 
 from perseus.train.layout import Topology  # noqa: E402
 from perseus.train.model import GPTConfig, StageModule, parse_layers, synthetic_batch  # noqa: E402

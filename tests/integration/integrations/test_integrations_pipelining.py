@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from paths import require_module
 
 from perseus.client import EmulationSettings
 from perseus.demo import Coordinator
@@ -18,8 +19,8 @@ from perseus.errors import ConfigurationError, ScheduleError
 from perseus.integrations.pipelining import attach
 from zeus_power.device.emulated import EmulatedGPU
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+torch = require_module("torch")
+dist = require_module("torch.distributed")
 from torch import nn  # noqa: E402
 from torch.distributed.pipelining import PipelineStage  # noqa: E402
 from torch.distributed.pipelining import schedules as ts  # noqa: E402
@@ -40,12 +41,13 @@ def coordinator(tmp_path_factory, process_group):
         yield c
 
 
-def make(cls: type, stages: int = 1, **kwargs):  # type: ignore[no-untyped-def]
+def make(cls: type, stages: int = 1, devices: tuple[str, ...] = ("cpu",), **kwargs):  # type: ignore[no-untyped-def]
     built = []
     for index in range(stages):
         torch.manual_seed(index)
         module = nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.Tanh())
-        built.append(PipelineStage(module, index, stages, torch.device("cpu")))
+        device = torch.device(devices[index % len(devices)])
+        built.append(PipelineStage(module, index, stages, device))
     single = issubclass(cls, ts.PipelineScheduleSingle)
     kwargs.setdefault("loss_fn", nn.functional.mse_loss)
     return cls(built[0] if single else built, n_microbatches=M, **kwargs)
@@ -171,3 +173,63 @@ def test_attaching_twice_or_overriding_the_pipeline_is_refused(tmp_path, coordin
         pytest.raises(ConfigurationError, match="already attached"),
     ):
         attach(schedule, server_url=coordinator.url, **options(tmp_path / "2"))
+
+
+# Which GPU a rank drives. Stages "on" cuda:N are real PipelineStages built for that device
+# (this CPU torch builds them; no step runs); the GPU opened is the emulated one of that index.
+
+
+@pytest.mark.parametrize(
+    ("devices", "local_rank", "expected"),
+    [(("cuda:1",), None, 1), (("cuda:2",), "0", 2), (("cpu",), "3", 3)],
+    ids=["stage-device", "stage-device-over-local-rank", "cpu-stages-local-rank"],
+)
+def test_the_gpu_comes_from_the_stages_else_local_rank(
+    tmp_path, coordinator, monkeypatch, devices, local_rank, expected
+):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    if local_rank is not None:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    schedule = make(ts.ScheduleGPipe, devices=devices)
+    opts = options(tmp_path)
+    del opts["gpu"]  # attach opens the GPU itself
+    with attach(schedule, server_url=coordinator.url, **opts) as perseus:
+        assert perseus.hook.device_id == expected
+        assert perseus.hook.gpu.index == expected
+
+
+def test_without_a_cuda_stage_or_local_rank_attach_refuses_to_guess_the_gpu(
+    tmp_path, coordinator, monkeypatch
+):
+    """SLURM and mpirun set no LOCAL_RANK: every rank of a node would have driven GPU 0."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    schedule = make(ts.ScheduleGPipe)
+    opts = options(tmp_path)
+    del opts["gpu"]
+    with pytest.raises(ConfigurationError) as info:
+        attach(schedule, server_url=coordinator.url, **opts)
+    message = str(info.value)
+    assert "cannot tell which GPU this rank drives: its stages are on ['cpu']" in message
+    assert "LOCAL_RANK is not set" in message and "device_id=" in message
+    assert "step" not in vars(schedule)  # nothing wrapped, nothing registered
+    with attach(schedule, server_url=coordinator.url, device_id=5, **opts) as perseus:
+        assert perseus.hook.device_id == 5  # the explicit argument tells it
+
+
+@pytest.mark.parametrize(
+    ("devices", "extra", "message"),
+    [
+        (("cuda:0", "cuda:1"), {}, r"stages are on GPUs \[0, 1\]: Perseus drives one GPU"),
+        (("cuda:1",), {"device_id": 0}, "given GPU 0, but this rank's stages run on cuda:1"),
+        (("cuda:1",), {"gpu": EmulatedGPU(0)}, "given GPU 0, but this rank's stages run on cuda:1"),
+    ],
+    ids=["stages-on-two-gpus", "device-id-disagrees", "gpu-disagrees"],
+)
+def test_a_gpu_the_stages_contradict_is_refused(tmp_path, coordinator, devices, extra, message):
+    schedule = make(ts.ScheduleInterleaved1F1B if len(devices) > 1 else ts.ScheduleGPipe,
+                    len(devices), devices=devices)  # fmt: skip
+    opts = {**options(tmp_path), **extra}
+    if "gpu" not in extra:
+        del opts["gpu"]
+    with pytest.raises(ConfigurationError, match=message):
+        attach(schedule, server_url=coordinator.url, **opts)

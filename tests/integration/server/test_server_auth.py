@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from paths import REPO
+from paths import REPO, require_module
 from server_fixtures import GroundTruth, SimulatedJob, job_info, rank_infos, running_server
 
 from perseus.client.coordinator import CoordinatorClient
@@ -410,7 +410,7 @@ def test_half_open_connections_past_the_descriptor_limit(tmp_path: Path) -> None
     """The issue's storm: more half-open connections than the process has descriptors.
     Before: /info timed out and asyncio logged every accept() retry (1,991 records in
     16 s here). Now: the header timeout frees the descriptors and the log has one line."""
-    pytest.importorskip("resource")
+    require_module("resource")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERSEUS_")}
     env.update(

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from paths import require_module
 
-torch = pytest.importorskip("torch")
-mp = pytest.importorskip("torch.multiprocessing")
+torch = require_module("torch")
+mp = require_module("torch.multiprocessing")
 
 from zeus_assets.dist_worker import rank_workload, run_rank  # noqa: E402
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import socket
 
 import pytest
+from paths import require_module
 
 from perseus.client.bootstrap import process_group, share_job_id
 from perseus.client.place import check_layout
 from perseus.errors import ConfigurationError, CoordinatorError
 
-dist = pytest.importorskip("torch.distributed")
+dist = require_module("torch.distributed")
 
 
 @pytest.fixture

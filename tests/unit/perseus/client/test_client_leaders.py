@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from paths import require_module
 
 from perseus.client.fold import GroupFold
 from perseus.client.leaders import JobFanOut
@@ -13,7 +14,7 @@ from perseus.client.place import mesh_place
 from perseus.errors import ConfigurationError, RankError
 from perseus.protocol import ParallelLayout, ProfilingResult
 
-dist = pytest.importorskip("torch.distributed")
+dist = require_module("torch.distributed")
 
 # One stage's group: replicas 2 and 3 (the leader's block), tensor ranks 0 and 1;
 # global rank = 10 + 2·(dp − 2) + tp, so the leader (dp 2, tp 0) is rank 10.

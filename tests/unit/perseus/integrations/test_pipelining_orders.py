@@ -8,14 +8,16 @@ each schedule class and returns its ``pipeline_order``) at 4 pipeline ranks.
 from __future__ import annotations
 
 import pytest
+from paths import require_module
 
 from perseus.errors import ConfigurationError
 from perseus.integrations.orders import compute_orders, renumber_single_stage
 from perseus.protocol import PipelineSpec
 
-pytest.importorskip("torch")
-from torch.distributed.pipelining import schedules as ts
-from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+ts = require_module("torch.distributed.pipelining.schedules")
+get_schedule_ops = require_module(
+    "torch.distributed.pipelining._schedule_visualizer"
+).get_schedule_ops
 
 RANKS = 4
 CASES = [

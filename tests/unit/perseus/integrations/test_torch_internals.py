@@ -9,13 +9,14 @@ removed for the test (`monkeypatch`), which is what a rename in a later release 
 from __future__ import annotations
 
 import pytest
+from paths import require_module
 
 from perseus.errors import ConfigurationError
 from perseus.integrations import _torch_internals as internals
 from perseus.integrations.pipelining import attach
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("torch.distributed")
+torch = require_module("torch")
+require_module("torch.distributed")
 from torch import nn  # noqa: E402
 from torch.distributed.pipelining import PipelineStage  # noqa: E402
 from torch.distributed.pipelining import schedules as ts  # noqa: E402
@@ -48,6 +49,7 @@ PINNED = [
     "stage.num_stages",
     "stage.group_rank",
     "stage.group_size",
+    "stage.device",
     "stage.forward_one_chunk(fwd_chunk_id, ...)",
     "stage.backward_one_chunk(bwd_chunk_id, loss, full_backward, ...)",
     "stage.backward_weight_one_chunk(bwd_chunk_id, ...)",
