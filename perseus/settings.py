@@ -47,6 +47,15 @@ class PerseusSettings(BaseSettings):
             GPU clock. None: ``/metrics`` needs the cluster token (when there is one).
         ended_job_ttl_s: Seconds a finished or failed job stays listed (``/jobs``, its
             ``/metrics`` series) after it ends; then it is forgotten (its dump stays).
+        solve_workers: Frontier solves that run at once, each in a process of its own,
+            for all the coordinator's jobs together (`schedulers.solve_pool`); more wait
+            their turn, their jobs at all-max meanwhile. Each needs ~100 KB of memory per
+            instruction of its pipeline (0.8 GB at 16 stages × 256 microbatches).
+        solve_timeout_s: Seconds a frontier solve may run; one that runs longer is stopped
+            and its job holds all-max, saying why.
+        solve_memory_mb: Memory a solve's process may add, MiB (its address-space limit);
+            a frontier estimated to need more is not solved (the job holds all-max, saying
+            why). None: the machine's available memory is the only bound.
     """
 
     model_config = SettingsConfigDict(
@@ -73,6 +82,9 @@ class PerseusSettings(BaseSettings):
     dump_keep_rounds: int = Field(default=10, ge=0, le=1_000_000)
     metrics_token: SecretStr | None = Field(default=None, repr=False)
     ended_job_ttl_s: float = Field(default=600.0, ge=0.0, le=7 * 24 * 3600.0, allow_inf_nan=False)
+    solve_workers: int = Field(default=2, ge=1, le=256)
+    solve_timeout_s: float = Field(default=1800.0, gt=0.0, le=7 * 24 * 3600.0, allow_inf_nan=False)
+    solve_memory_mb: int | None = Field(default=None, ge=1, le=2**30)
 
     @field_validator("metrics_token", mode="before")
     @classmethod

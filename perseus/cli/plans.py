@@ -95,7 +95,11 @@ def choose(
     The path goes to stdout alone (so that $(perseus choose ...) is the path); the plan's
     time, energy, saving and slowdown against all-max follow it on stderr.
     """
-    from perseus.io.frontier_dir import read_frontier_table, read_reference_plan
+    from perseus.io.frontier_dir import (
+        frontier_plan_file,
+        read_frontier_table,
+        read_reference_plan,
+    )
     from perseus.planning import choose_index
 
     if (max_slowdown is None) == (deadline is None):
@@ -117,7 +121,7 @@ def choose(
         deadline_s=deadline,
         reference_s=reference_s if max_slowdown is not None else None,
     )
-    path = Path(frontier_dir) / table.plan[k]
+    path = frontier_plan_file(frontier_dir, table, k)  # written from plans.npz if compact
     typer.echo(str(path))
     time_s, energy_j = float(table.iteration_time[k]), float(table.energy[k])
     figures = f"{path.name}: {time_s:.4f} s, {energy_j:.1f} J per iteration"

@@ -16,7 +16,8 @@ dump_dir/<job_id>/
 ├── instruction_profile.csv  the profile a sweep measured               scheduler, always
 ├── profiling.json           what the sweep cost and how sure it is     scheduler, always
 ├── frontier/                the solved time–energy frontier            scheduler, always
-└── promise.jsonl            deployments and the guard's checks/moves   scheduler, always
+├── promise.jsonl            deployments and the guard's checks/moves   scheduler, always
+└── guard.json               the guard's all-max rounds and state       scheduler, dump_data
 ```
 
 There is one job directory, ``dump_dir/<job_id>``. `dump_data` decides whether the
@@ -24,7 +25,8 @@ coordinator dumps its state there; the schedulers' products (profile, frontier) 
 written there whether or not it is on. Only the last `dump_keep_rounds` rounds' ``N.sched.json``
 and ``N.prof.json`` are kept, and the rounds the job's energy report is made from, which the
 coordinator names (`prune_rounds`'s `protect`: its latest all-max and deployed rounds); a
-restarted coordinator needs only the last round's number, the ranks and the deployed plan.
+restarted coordinator needs only the last round's number, the ranks and the deployed plan,
+and (`Perseus`) ``guard.json``, so that its guard goes on watching the plan.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class JobDir:
     PROFILING = "profiling.json"
     FRONTIER = "frontier"
     PROMISE = "promise.jsonl"
+    GUARD = "guard.json"
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -158,6 +161,12 @@ class JobDir:
     def promise(self) -> Path:
         """The `Perseus` scheduler's deployments, checks and moves, one JSON object a line."""
         return self.path / self.PROMISE
+
+    @property
+    def guard(self) -> Path:
+        """What the `Perseus` scheduler's guard needs after a restart (bounded: its newest
+        all-max rounds, its state and back-off), written atomically."""
+        return self.path / self.GUARD
 
     @property
     def frontier(self) -> Path:

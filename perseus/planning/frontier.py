@@ -27,9 +27,14 @@ from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule
 from perseus.errors import ScheduleError, SolverError
 from perseus.io.frontier_dir import (
+    CompactPlans,
     FrontierRow,
+    FrontierTable,
+    read_compact_plans,
     read_frontier_dir,
+    read_frontier_table,
     read_reference_plan,
+    write_compact_frontier_dir,
     write_frontier_dir,
 )
 from perseus.memory import memory_shortfall
@@ -193,9 +198,13 @@ class Frontier:
             hop_latency_s=self.hop_latency_s,
         )
 
-    def write(self, out_dir: str | os.PathLike[str]) -> Path:
+    def write(self, out_dir: str | os.PathLike[str], *, compact: bool = False) -> Path:
         """Write ``frontier.csv``, ``plans/plan_NNNNN.json`` (one Plan file per point) and
-        the all-max plan as ``all_max.json``."""
+        the all-max plan as ``all_max.json``. `compact`: every point's clocks in one
+        ``plans.npz`` instead of a plan file each (`perseus.io.frontier_dir`; ~100× smaller
+        on big pipelines); it needs the all-max plan, which carries the pipeline."""
+        if compact:
+            return self._write_compact(out_dir)
         rows = (  # built as they are written (`write_frontier_dir`)
             FrontierRow(p.iteration_time_s, p.energy_j, p.lower_bound_j, self._plan(p))
             for p in self.points
@@ -203,10 +212,33 @@ class Frontier:
         reference = self._plan(self.all_max) if self.all_max is not None else None
         return write_frontier_dir(out_dir, rows, reference)
 
+    def _write_compact(self, out_dir: str | os.PathLike[str]) -> Path:
+        if self.all_max is None:
+            raise SolverError("A compact frontier directory needs the all-max plan")
+        freqs = np.stack([np.concatenate(p._freqs) for p in self.points])
+        plans = CompactPlans(
+            frequencies=freqs,
+            compute_energy=np.array([p.compute_energy_j for p in self.points]),
+            stage_sizes=tuple(len(f) for f in self.all_max._freqs),
+        )
+        return write_compact_frontier_dir(
+            out_dir,
+            [p.iteration_time_s for p in self.points],
+            [p.energy_j for p in self.points],
+            [p.lower_bound_j for p in self.points],
+            plans,
+            self._plan(self.all_max),
+        )
+
     @classmethod
     def read(cls, out_dir: str | os.PathLike[str]) -> Frontier:
         """Read a frontier written by `write` (plans are validated on load), points in
-        ``index`` order whatever the file's row order (see `read_frontier_table`)."""
+        ``index`` order whatever the file's row order (see `read_frontier_table`); a
+        compact directory's clocks are read as arrays, no plan is built."""
+        table = read_frontier_table(out_dir)
+        compact = read_compact_plans(out_dir, table)
+        if compact is not None:
+            return cls._read_compact(out_dir, table, compact)
         rows = read_frontier_dir(out_dir)
         schedule = rows[0].plan.pipeline_schedule()  # the table has at least one row
         reference = read_reference_plan(out_dir)
@@ -238,21 +270,62 @@ class Frontier:
             hop_latency_s=rows[0].plan.hop_latency,
         )
 
+    @classmethod
+    def _read_compact(
+        cls, out_dir: str | os.PathLike[str], table: FrontierTable, compact: CompactPlans
+    ) -> Frontier:
+        reference = read_reference_plan(out_dir)
+        assert reference is not None  # `read_compact_plans` checked it is there
+        points = [
+            FrontierPoint(
+                table.iteration_time[k],
+                table.energy[k],
+                table.lower_bound[k],
+                compact.stage_frequencies(row),
+                compute_energy_j=float(compact.compute_energy[row]),
+            )
+            for k, row in enumerate(table.index)
+        ]
+        all_max = FrontierPoint(
+            reference.iteration_time,
+            reference.energy,
+            math.nan,
+            reference.stage_frequencies(),
+        )
+        return cls(
+            points,
+            schedule=reference.pipeline_schedule(),
+            p2p_power_w=reference.p2p_power,
+            all_max=all_max,
+            emulated=reference.emulated,
+            switch_latency_s=reference.switch_latency,
+            hop_latency_s=reference.hop_latency,
+        )
 
-def check_frontier_memory(num_instructions: int, schedule_name: str) -> None:
-    """Refuse a frontier that cannot fit in this machine's available memory.
+
+def check_frontier_memory(
+    num_instructions: int, schedule_name: str, *, budget_bytes: int | None = None
+) -> None:
+    """Refuse a frontier that cannot fit in this machine's available memory, or in
+    `budget_bytes` (the memory a solve may use, when it is bounded: the coordinator's
+    solve processes, `schedulers.solve_pool`).
 
     `solve_frontier` calls it first; `perseus solve` (before building the schedule) and the
     `Perseus` scheduler (at registration) call it earlier, so that a job too big to solve
     fails at once instead of after a schedule build or a profiling sweep.
 
     Raises:
-        SolverError: ``num_instructions`` × ~100 KB is more than the available memory.
+        SolverError: ``num_instructions`` × ~100 KB is more than the available memory or
+            the budget.
     """
-    short = memory_shortfall(
-        num_instructions * _BYTES_PER_INSTRUCTION,
-        f"The frontier of {num_instructions:,} instructions ({schedule_name})",
-    )
+    need = num_instructions * _BYTES_PER_INSTRUCTION
+    what = f"The frontier of {num_instructions:,} instructions ({schedule_name})"
+    if budget_bytes is not None and need > budget_bytes:
+        raise SolverError(
+            f"{what} needs about {need / 2**20:,.0f} MiB, more than the "
+            f"{budget_bytes / 2**20:,.0f} MiB a solve may use"
+        )
+    short = memory_shortfall(need, what)
     if short:
         raise SolverError(f"{short}; solve fewer microbatches or stages")
 

@@ -187,10 +187,21 @@ class CoordinatedJob(RoundBarrier):
             logger.error("Job %s failed: %s", self.job_id, error)
             status = status_of(JobStateError(str(error), cause=error))
             self.dump.mark("failed", f"{status} {error}\n")
+            self._stop_scheduler()
             if self.on_end is not None:
                 self.on_end(self)
         if self.round.timer is not None:
             self.round.timer.cancel()
+
+    def _stop_scheduler(self) -> None:
+        """Stop the scheduler's background work (a frontier solve's process): the job is
+        over for this coordinator. Never raises (the job's end must go through)."""
+        if self.scheduler is None:
+            return
+        try:
+            self.scheduler.close()
+        except Exception:
+            logger.exception("Job %s: the scheduler failed to close", self.job_id)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -320,6 +331,7 @@ class CoordinatedJob(RoundBarrier):
                 ),
             )
         self.dump.mark("finished", f"finished after round {rnd.number - 1}\n")
+        self._stop_scheduler()
         report = self.stats.report()
         figures = ""
         if report.measured_saving is not None and report.measured_slowdown is not None:
@@ -338,5 +350,7 @@ class CoordinatedJob(RoundBarrier):
             self.on_end(self)
 
     def close(self, error: JobError) -> None:
-        """Fail the pending round (shutdown or eviction) and cancel its timer."""
+        """Fail the pending round (shutdown or eviction) and cancel its timer; stop the
+        scheduler's background work."""
         fail_round(self.round, error)
+        self._stop_scheduler()

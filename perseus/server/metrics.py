@@ -4,8 +4,10 @@ Coordinator-wide, counted as they happen: ``perseus_build_info{version,python}``
 ``perseus_rounds_total``, ``perseus_round_latency_seconds`` (from a round's last request to
 its schedules being ready: the scheduler's observe + plan and the dumps),
 ``perseus_http_requests_total{route,method,status}`` (`RequestCounter`, labelled by the
-route's template, so a job id never becomes a label value here) and
-``perseus_jobs_ended_total{state}`` (finished, failed, evicted).
+route's template, so a job id never becomes a label value here),
+``perseus_jobs_ended_total{state}`` (finished, failed, evicted) and
+``perseus_solve_failures_total{reason}`` (frontier solves that failed, their jobs held at
+all-max: ``error``, ``memory``, ``crashed``, ``timeout``; `schedulers.solve_pool`).
 
 Read from the listed jobs at each scrape (`JobsCollector`): ``perseus_jobs{state}``,
 ``perseus_ranks``, and per job (label ``job_id``; Prometheus keeps ``job`` for the scrape
@@ -41,6 +43,7 @@ from prometheus_client.registry import Collector
 
 from perseus.server.barrier import JobPhase
 from perseus.server.job import CoordinatedJob
+from schedulers.solve_pool import SolveFailedError
 
 if TYPE_CHECKING:
     from perseus.server.job_manager import JobManager
@@ -97,6 +100,15 @@ class CoordinatorMetrics:
         )
         for state in _ENDED_STATES:
             self.jobs_ended.labels(state)
+        self.solve_failures = Counter(
+            "perseus_solve_failures",
+            "Frontier solves that failed (their jobs hold all-max), by why: error, memory, "
+            "crashed (the process died), timeout",
+            ["reason"],
+            registry=self.registry,
+        )
+        for kind in SolveFailedError.KINDS:
+            self.solve_failures.labels(kind)
         self._request_children: dict[tuple[str, str, int], Any] = {}
         self._jobs: JobsCollector | None = None
 
@@ -112,6 +124,9 @@ class CoordinatorMetrics:
     def observe_round(self, job: CoordinatedJob, latency_s: float) -> None:
         self.rounds.inc()
         self.round_latency.observe(latency_s)
+        for kind in job.stats.take_solve_failures():
+            label = kind if kind in SolveFailedError.KINDS else "error"
+            self.solve_failures.labels(label).inc()
 
     def observe_end(self, job: CoordinatedJob, state: str) -> None:
         self.jobs_ended.labels(state if state in _ENDED_STATES else "failed").inc()
