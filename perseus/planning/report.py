@@ -5,8 +5,9 @@ One accounting, shared by the coordinator (``GET /jobs/{job_id}``, ``/metrics``)
 ``perseus report`` (which reads a job's dump):
 
 - A round's **measurement** (`IterationFigures`) is per iteration: its time is the slowest
-  rank's mean iteration time, its energy the sum over every rank (every GPU of the job) of
-  that rank's mean iteration energy. A leader's result (protocol 2) already holds its
+  rank's median iteration time (`perseus.domain.robust.rank_time`: one iteration the host
+  stalled does not move it), its energy the sum over every rank (every GPU of the job) of
+  that rank's mean iteration energy. The promise guard judges the same figures. A leader's result (protocol 2) already holds its
   group's slowest time and summed energy per iteration, so the same sums over leaders
   give the same figures.
 - A round is **all-max** when every rank ran every instruction at the highest frequency it
@@ -14,9 +15,10 @@ One accounting, shared by the coordinator (``GET /jobs/{job_id}``, ``/metrics``)
   and **other** otherwise (profiling sweeps, straggler overrides).
 - **Predicted** figures are the plan's (one pipeline) times the data-parallel degree; the
   predicted baseline is the all-max plan scored on the same profile.
-- **Measured** figures are medians over rounds (`median_of_rounds`): the all-max figures over
-  every all-max round but the job's first (a warm-up), the deployed figures over every round
-  of the plan deployed now (a plan replaced by the guard no longer counts). When the plan
+- **Measured** figures are medians over rounds (`median_of_rounds`, the statistic of
+  `perseus.domain.robust` the guard uses too): the all-max figures over the newest
+  `REPORT_WINDOW` all-max rounds but the job's first (a warm-up), the deployed figures over
+  the newest rounds of the plan deployed now (a plan replaced by the guard no longer counts). When the plan
   deployed now is all-max itself (the guard fell back, or a check kept all-max), the
   deployed figures are the all-max ones: nothing is saved.
 - **Saving** is ``1 − E(deployed) / E(all-max)``; **slowdown** ``T(deployed) / T(all-max) − 1``.
@@ -26,12 +28,12 @@ from __future__ import annotations
 
 import enum
 import math
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, Field
 
 from perseus.domain.plan import Plan
+from perseus.domain.robust import ROUND_WINDOW, rank_time, window_medians
 from perseus.protocol import FrequencySchedule, ProfilingResult
 
 __all__ = [
@@ -78,7 +80,7 @@ class IterationMeter:
         self._energy_j = 0.0
 
     def add(self, result: ProfilingResult) -> None:
-        t, e = _mean(result.iter_time), _mean(result.iter_energy)
+        t, e = rank_time(result.iter_time), _mean(result.iter_energy)
         if t is None or e is None:
             return
         self.ranks += 1
@@ -125,9 +127,10 @@ def round_kind(
     return RoundKind.ALL_MAX if all_max else RoundKind.DEPLOYED
 
 
-REPORT_WINDOW = 20
+REPORT_WINDOW = ROUND_WINDOW
 """Measured rounds of each kind a report's medians take: the newest, so that the coordinator
-(which keeps them) and a dump (which never prunes them) report the same figures."""
+(which keeps them) and a dump (which never prunes them) report the same figures, and the
+guard's all-max window (`perseus.domain.robust.ROUND_WINDOW`)."""
 
 
 def median_of_rounds(
@@ -141,13 +144,13 @@ def median_of_rounds(
             f
             for n, k, f in sorted(rounds, key=lambda r: r[0])
             if k is kind and (n > 0 or kind is not RoundKind.ALL_MAX)
-        ][-REPORT_WINDOW:]
+        ]
         if not picked:
             return None
-        return IterationFigures(
-            iteration_time_s=statistics.median(f.iteration_time_s for f in picked),
-            energy_j=statistics.median(f.energy_j for f in picked),
+        t, e = window_medians(
+            [f.iteration_time_s for f in picked], [f.energy_j for f in picked], window=REPORT_WINDOW
         )
+        return IterationFigures(iteration_time_s=t, energy_j=e)
 
     all_max = median(RoundKind.ALL_MAX)
     return all_max, all_max if plan_is_all_max else median(RoundKind.DEPLOYED)
