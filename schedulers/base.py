@@ -18,6 +18,8 @@ Optional hooks, declared here with defaults and overridden by the schedulers tha
 - `status()`: what rank 0 should log with the next schedule (default None).
 - `promise_events()`: the plan's deployments, checks and moves since the last call, for
   the operator's view (default none).
+- `close()`: the job ended, failed or was evicted, or the coordinator shuts down: stop
+  what works for it in the background (a frontier solve's process); default nothing.
 
 Per-instruction breakdowns (`ProfilingResult.time_breakdown` / ``energy_breakdown``) are
 optional on the wire: Zeus's clients send none by default. A scheduler that cannot work
@@ -112,6 +114,12 @@ class FrequencyScheduler(abc.ABC):
         """Deployments, checks and moves of the plan since the last call, each a JSON
         object with at least ``round``, ``event`` and ``reason`` (default: none)."""
         return []
+
+    def close(self) -> None:  # noqa: B027 - a hook whose default is to do nothing
+        """The job is over for the coordinator (it ended, failed or was evicted, or the
+        coordinator shuts down): stop its background work. Called on the event loop, maybe
+        while a round of the job is being computed on a worker thread: it must return at
+        once and not wait for that work (default: nothing to stop)."""
 
     def resume(self, plan: Plan) -> None:  # noqa: B027 - a hook whose default is to do nothing
         """Go back to running `plan`, persisted before a coordinator restart (default: ignore)."""

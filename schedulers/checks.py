@@ -13,6 +13,8 @@ The thresholds and why:
   an SM clock cannot follow it either (a real GPU takes 10-20 ms to apply a clock).
   Instructions also must last at least a tenth of the measured clock switch: shorter ones
   put ten or more instructions inside every change, and no per-instruction plan can land.
+  Such a job is planned per stage instead (`schedulers.stage_clocks`: one clock per stage,
+  no switch within an iteration), whose profile `profile_problems(per_stage=True)` checks.
 - `MAX_SPEEDUP_BELOW_MAX` (10 %): only a power cap makes a lower clock faster, and by
   little (2 % on the published Bloom A40 profile); more is noise in the profile.
 - Saving vs spread: the predicted saving must exceed twice the relative spread of the
@@ -67,8 +69,12 @@ def short_instructions(times_at_max_s: Sequence[float], *, switch_latency_s: flo
     )
 
 
-def profile_problems(profile: InstructionProfile, *, switch_latency_s: float) -> list[str]:
-    """What makes `profile` unfit to plan from (empty: nothing)."""
+def profile_problems(
+    profile: InstructionProfile, *, switch_latency_s: float, per_stage: bool = False
+) -> list[str]:
+    """What makes `profile` unfit to plan from (empty: nothing). `per_stage`: the profile
+    is scaled per stage from per-stage clock rounds (`schedulers.stage_clocks`), whose
+    plans switch no clock and time no instruction alone: short instructions are no problem."""
     problems: list[str] = []
     at_max: list[float] = []
     bad_values: list[str] = []
@@ -92,7 +98,7 @@ def profile_problems(profile: InstructionProfile, *, switch_latency_s: float) ->
         problems.append(
             "the profile has non-positive times or energies for " + ", ".join(bad_values[:4])
         )
-    short = short_instructions(at_max, switch_latency_s=switch_latency_s)
+    short = None if per_stage else short_instructions(at_max, switch_latency_s=switch_latency_s)
     if short is not None:
         problems.append(short)
     if fast:

@@ -44,9 +44,9 @@ class PerseusArgs(PlanningArgs):
         default=2048,
         ge=0,
         le=10_000_000,
-        description="pipelines of more instructions than this are solved on a thread of their "
-        "own while all-max rounds go on, so that no rank waits on a solve of minutes "
-        "(16 stages × 256 microbatches); 0: always",
+        description="pipelines of more instructions than this are solved in a process of their "
+        "own (PERSEUS_SOLVE_WORKERS at once) while all-max rounds go on, so that no rank waits "
+        "on a solve of minutes (16 stages × 256 microbatches); 0: always",
     )
     baseline_rounds: int = Field(
         default=4,

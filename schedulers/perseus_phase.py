@@ -8,7 +8,7 @@ __all__ = ["PerseusPhase"]
 
 
 class PerseusPhase(enum.Enum):
-    """PROFILING → DEPLOYED → ALL_MAX (or PROFILING → ALL_MAX).
+    """PROFILING → DEPLOYED ⇄ ALL_MAX (or PROFILING → ALL_MAX).
 
     PROFILING: a warm-up round and `baseline_rounds` all-max rounds (the reference every
     measured saving and slowdown is taken against), then the instruction sweep (only the
@@ -17,8 +17,9 @@ class PerseusPhase(enum.Enum):
     calibrated, the profile checked, the frontier solved and the chosen plan checked.
     DEPLOYED: every round runs the chosen plan, watched by the `PromiseGuard`; while a
     data-parallel pipeline straggles, the others run a slower, cheaper plan.
-    ALL_MAX (terminal): every round runs all-max, because the profile or the plan failed a
-    check, or because the guard measured the plan breaking its promise.
+    ALL_MAX: every round runs all-max: for good when the profile or the plan failed a
+    check; for the guard's cool-down when it measured the plan breaking its promise, after
+    which the plan is deployed again (DEPLOYED).
     """
 
     PROFILING = "profiling"

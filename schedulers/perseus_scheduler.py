@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+import math
+import statistics
 from typing import TYPE_CHECKING, Any
 
 from perseus.domain.kinds import DEFAULT_P2P_POWER_W
 from perseus.domain.plan import Plan
+from perseus.domain.profile import InstructionProfile
 from perseus.errors import PlanError
 from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.settings import PerseusSettings
 from schedulers.args import SchedulerArgs
 from schedulers.costs import CostModel, job_switch_latency
-from schedulers.guard import GuardDecision, PromiseGuard, RoundFigures, median_figures
+from schedulers.guard import (
+    GuardDecision,
+    GuardState,
+    PromiseGuard,
+    RoundFigures,
+    median_figures,
+)
 from schedulers.measurement import RoundMeasurement, StagePlan
 from schedulers.perseus_args import PerseusArgs
 from schedulers.perseus_phase import PerseusPhase
@@ -21,12 +31,26 @@ from schedulers.planning import PlanningScheduler
 from schedulers.profiling_progress import ProfilingProgress
 from schedulers.promise import Promise
 from schedulers.solving import DeployStep, FrontierSolve
+from schedulers.stage_clocks import (
+    StageClockSweep,
+    StageCurve,
+    StageLimits,
+    fit_stage_curves,
+    fit_time_sensitivity,
+    stage_levels,
+    stage_profile,
+)
 from schedulers.stragglers import StragglerTracker
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from perseus.planning import Frontier
+    from schedulers.sweep import InstructionSweep
 
 __all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
+
+logger = logging.getLogger(__name__)
 
 
 class Perseus(DeployStep, PlanningScheduler):
@@ -44,10 +68,17 @@ class Perseus(DeployStep, PlanningScheduler):
        T ≤ `deadline`, else T ≤ (1 + `max_slowdown`)·T(all-max).
     6. The guard (`schedulers.promise`): the deployed plan's measured rounds against the
        all-max ones; over budget, it moves to a faster point re-scored with the measured
-       costs, then to all-max; saving nothing, to all-max. Every step is logged, sent to
-       the job (rank 0 logs it), and written to ``promise.jsonl``.
+       costs, then to all-max; saving nothing, to all-max, for a cool-down after which the
+       plan is re-deployed (`schedulers.guard`). Every step is logged, sent to the job
+       (rank 0 logs it), and written to ``promise.jsonl``; the guard's state to
+       ``guard.json``, so that a restarted coordinator goes on guarding (`resume`).
     7. Stragglers (`schedulers.stragglers`): the other pipelines run the cheapest frontier
        point that still meets the straggler's time, and go back when it recovers.
+
+    Instructions too short for per-instruction clocks (`schedulers.checks.short_instructions`,
+    seen in the all-max rounds) are not swept: the stages' clocks are
+    (`schedulers.stage_clocks`), and the plans run every instruction of a stage at one clock,
+    then are checked, deployed and guarded as above.
     """
 
     Args = PerseusArgs
@@ -77,7 +108,14 @@ class Perseus(DeployStep, PlanningScheduler):
         self.deadline_s = args.deadline
         self.baseline_rounds = args.baseline_rounds
         self.reference_every = args.reference_every
-        self.promise = Promise(job_info.job_id, self.job_dir.promise, args, self._predicted)
+        self.promise = Promise(
+            job_info.job_id,
+            self.job_dir.promise,
+            args,
+            self._predicted,
+            # Only a coordinator that dumps its state resumes jobs (and reads guard.json).
+            state_path=self.job_dir.guard if perseus_settings.dump_data else None,
+        )
         """The deployed plan's checked promise: all-max and plan rounds, guard, record."""
         self.model: PlanModel | None = None  # once profiling is complete (or resumed)
         self.stragglers = StragglerTracker(
@@ -103,6 +141,15 @@ class Perseus(DeployStep, PlanningScheduler):
         self._overrides: dict[int, StagePlan] = {}
         self._running: dict[int, Plan] = {}
         self._solve: FrontierSolve | None = None
+        self.stage_sweep: StageClockSweep | None = None
+        """The per-stage clock rounds, once the all-max rounds showed instructions too short."""
+        self.stage_curves: list[StageCurve] | None = None
+        """Per stage, its fitted clocks (a per-stage plan's profile), once fitted."""
+        self._all_max_rounds: list[RoundMeasurement] = []
+        """The all-max profiling rounds (not the warm-up): the max clock's stage figures."""
+        self.stage_sensitivity: tuple[float, ...] | None = None
+        """Per stage, the share of its added busy time the per-stage rounds' iterations
+        grew by (`schedulers.stage_clocks.fit_time_sensitivity`), once fitted."""
         if self.sweep is None and not self.progress.lead_in:
             self._deploy()
 
@@ -111,8 +158,8 @@ class Perseus(DeployStep, PlanningScheduler):
         return self.promise.guard
 
     @property
-    def baseline(self) -> list[RoundFigures]:
-        """The measured all-max rounds."""
+    def baseline(self) -> Sequence[RoundFigures]:
+        """The newest measured all-max rounds (the guard's bounded window)."""
         return self.promise.baseline
 
     @property
@@ -133,6 +180,12 @@ class Perseus(DeployStep, PlanningScheduler):
             if self._sweep_left():
                 plan = self.sweep.current_plan()
                 self._ran = "sweep-max" if plan == self.max_plan() else "sweep"
+                self._last_plan = plan
+                return plan
+            if self._stage_sweep_left():
+                assert self.stage_sweep is not None
+                plan = self.uniform_plan(self.stage_sweep.current_freqs())
+                self._ran = "stage-sweep"
                 self._last_plan = plan
                 return plan
             self._issuing = True
@@ -181,12 +234,118 @@ class Perseus(DeployStep, PlanningScheduler):
         switch_s, _ = job_switch_latency(self.perseus_args.switch_latency_ms, self.rank_infos)
         return self.progress.too_short(switch_s)
 
-    def _reference_due(self) -> bool:
-        """Whether this round is one of the deployed plan's all-max reference rounds."""
-        every = self.reference_every
-        if not (self.promise.guarded and every and self.phase is PerseusPhase.DEPLOYED):
+    def _stage_sweep_left(self) -> bool:
+        """Whether per-stage clock rounds are still to run: the all-max rounds showed
+        instructions too short to plan one by one, and the GPUs offer clocks to try (the
+        sweep starts at the first call that finds so)."""
+        if self.profile is not None or self.sweep is None or not self._too_short():
             return False
-        return not self._overrides and (self._round - self.promise.plan_since) % every == every - 1
+        if self.stage_sweep is None:
+            levels = stage_levels(self.frequencies)
+            if len(levels) < 2 or not self._all_max_rounds:
+                return False  # nothing to try: `_deploy` holds all-max, saying why
+            self.stage_sweep = StageClockSweep(self.pipeline, levels)
+            for m in self._all_max_rounds:
+                self.stage_sweep.add_all_max(m)
+            self.promise.note(
+                f"{self._per_stage_why()}; measuring {len(levels)} clocks per stage "
+                f"({levels[0]}..{levels[-1]} MHz) over {len(self.stage_sweep.rounds)} rounds"
+            )
+        return not self.stage_sweep.done
+
+    def _per_stage_why(self) -> str:
+        """Why the job's plans are per stage (for its log and its promise record)."""
+        m = self.progress.all_max_round
+        times = [] if m is None else [t for s in m.virtual_stages for t in s.time_s.values()]
+        median_ms = 1000 * statistics.median(times) if times else math.nan
+        return (
+            f"instructions of {median_ms:.2f} ms (median at the max clock) are too short for "
+            "per-instruction clocks; per-stage constant clocks instead"
+        )
+
+    def _per_stage_profile(self) -> InstructionProfile:
+        """The profile of a job whose instructions are too short: scaled per stage from the
+        per-stage clock rounds (`schedulers.stage_clocks`), or the max clock only when there
+        were none (its plan is all-max; `_deploy` holds it, saying why)."""
+        job_id = self.job_info.job_id
+        sweep = self.stage_sweep
+        if sweep is None or not sweep.done or not self._all_max_rounds:
+            return self.progress.max_clock_profile(job_id, self.max_freq_mhz, self.rank_infos)
+        if self.p2p_power_w is None:  # as `complete_profile` measures it, once for both
+            measured = self.sweep.p2p_power_w() if self.sweep is not None else None
+            self.p2p_power_w = (
+                DEFAULT_P2P_POWER_W if measured is None else measured
+            ) * self.job_info.tp_degree
+        first_dp = min(r.dp_rank for r in self.rank_infos)
+        members = [[r for r in rs if r.dp_rank == first_dp] for rs in self.stage_ranks]
+
+        def total(values: list[float | None]) -> float | None:
+            known = [v for v in values if v is not None]
+            return math.fsum(known) if len(known) == len(values) else None
+
+        self.stage_curves = curves = fit_stage_curves(
+            sweep.samples,
+            sweep.levels,
+            p2p_power_w=self.p2p_power_w,
+            power_floor_w=[total([r.idle_power_w for r in rs]) for rs in members],
+            power_cap_w=[total([r.power_limit_w for r in rs]) for rs in members],
+        )
+        max_times: dict[tuple[int, str], list[float]] = {}
+        for m in self._all_max_rounds:
+            for stage, vs in enumerate(m.virtual_stages):
+                for kind, t in vs.time_s.items():
+                    max_times.setdefault((stage, kind), []).append(t)
+        firsts = [min(rs, key=lambda r: r.tp_rank) for rs in members]
+        profile = stage_profile(
+            {key: statistics.fmean(ts) for key, ts in max_times.items()},
+            curves,
+            self.pipeline,
+            ranks=[(r.rank, r.dp_rank, r.pp_rank, r.tp_rank) for r in firsts],
+            emulated=any(r.emulated for r in self.rank_infos),
+            source=f"job {job_id} (per-stage clock rounds)",
+        )
+        for c in curves:
+            logger.info("Job %s: per-stage clocks, %s", job_id, c.describe())
+            if c.left_out:
+                self.promise.note(
+                    f"stage {c.stage}: clocks left out of the per-stage plans: "
+                    + "; ".join(c.left_out),
+                    warning=True,
+                )
+        return profile
+
+    def _stage_limits(self) -> StageLimits:
+        """What the per-stage plans aim at: the job's time limit, and each stage's share of
+        its added busy time the per-stage rounds' iterations grew by (`fit_time_sensitivity`)."""
+        sensitivity = None
+        if self.stage_sweep is not None:
+            sensitivity = fit_time_sensitivity(self.stage_sweep.samples)
+        if sensitivity is not None:
+            self.promise.note(
+                "per-stage rounds: the iteration grew by "
+                + ", ".join(f"{a:.0%}" for a in sensitivity)
+                + " of each stage's added busy time (plans are scored with the larger of "
+                "that and the pipeline's own timing)"
+            )
+        self.stage_sensitivity = sensitivity
+        return StageLimits(self.deadline_s, self.max_slowdown, sensitivity)
+
+    @property
+    def per_stage(self) -> bool:
+        """Whether the job's plans are per-stage constant clocks (fitted already)."""
+        return self.stage_curves is not None
+
+    def _reference_due(self) -> bool:
+        """Whether this round is one of the deployed plan's all-max reference rounds: every
+        `reference_every`-th round of a plan, and every round while the guard holds fewer
+        all-max rounds than `baseline_rounds` (a coordinator restarted from a dump without
+        ``guard.json`` measures them again before the guard can check the plan)."""
+        if not (self.promise.guarded and self.phase is PerseusPhase.DEPLOYED) or self._overrides:
+            return False
+        if len(self.guard.baseline) < self.baseline_rounds:
+            return True
+        every = self.reference_every
+        return bool(every) and (self._round - self.promise.plan_since) % every == every - 1
 
     def pipeline_overrides(self) -> dict[int, StagePlan]:
         return {} if self._ran == "baseline" else self._overrides
@@ -197,6 +356,8 @@ class Perseus(DeployStep, PlanningScheduler):
         issued = self._ran
         if issued.startswith("sweep") and self.sweep is not None:
             self.sweep.observe(measurement)
+        if issued == "stage-sweep" and self.stage_sweep is not None:
+            self.stage_sweep.observe(measurement)
         if measurement is None:
             return
         self.progress.count(results, measurement.iteration_time_s)
@@ -205,18 +366,28 @@ class Perseus(DeployStep, PlanningScheduler):
             self.sweep.absorb(measurement)  # all-max windows: the blocking power, the top clock
             if self.phase is PerseusPhase.PROFILING and self._round > 0:
                 self.progress.saw_all_max(measurement)
+                self._all_max_rounds.append(measurement)
+                if self.stage_sweep is not None:
+                    self.stage_sweep.add_all_max(measurement)
         if issued in ("baseline", "sweep-max") and self._round > 0:
             self.promise.add_baseline(figures)
             if issued == "baseline" and self.sweep is not None and measurement.p2p_power_w:
                 self.sweep.p2p_samples.append(measurement.p2p_power_w)
         if self.phase is PerseusPhase.PROFILING:
-            if issued == "sweep":
+            if issued in ("sweep", "stage-sweep"):
                 freqs = [[f for _, f in rank] for rank in self._last_plan]
                 self.progress.sweep_rounds.append((freqs, measurement.iteration_time_s))
                 self.progress.add_sweep_round(figures, self.baseline)
+            if issued == "stage-sweep" and self.sweep is not None:
+                self.sweep.cost.add(measurement)  # in profiling.json's cost
             baseline_round = issued in ("baseline", "sweep-max")
             self.promise.note(
-                self.progress.note(self._round, self.sweep, baseline_round=baseline_round)
+                self.progress.note(
+                    self._round,
+                    self._profiling_sweep(),
+                    baseline_round=baseline_round,
+                    what="per-stage clock sweep" if issued == "stage-sweep" else None,
+                )
             )
             return
         if issued == self.phase.value:
@@ -225,6 +396,10 @@ class Perseus(DeployStep, PlanningScheduler):
                 decision = self.guard.observe(figures)
                 if decision is not None:
                     self._on_guard(decision)
+            elif self.phase is PerseusPhase.ALL_MAX and self.guard.cool(figures):
+                self._redeploy()  # after a cool-down of fresh all-max rounds: the plan again
+        if self.phase is not PerseusPhase.PROFILING and self.promise.guarded:
+            self.promise.save(self._round)  # at most every SAVE_EVERY rounds
         if (
             self.phase is PerseusPhase.DEPLOYED
             and self.profile is not None
@@ -245,19 +420,27 @@ class Perseus(DeployStep, PlanningScheduler):
 
     def _run(self, plan: Plan, event: str, reason: str, *, costs: CostModel | None = None) -> None:
         """Deploy `plan` (a frontier point) and watch it."""
+        if self.per_stage:
+            reason = f"{reason}; per-stage plan: {self._per_stage_why()}"
         self.adopt(plan)
         self.phase = PerseusPhase.DEPLOYED
         first = self._first_round_of_a_new_plan()
         self.promise.deployed(self._round, first, plan, event, reason, costs=costs)
+        self.promise.save(self._round, force=True)
         self._update_overrides()
 
     def _hold(self, event: str, problems: list[str]) -> None:
-        """Run all-max from now on, saying why."""
+        """Run all-max, saying why: from now on (``held``: a check before deployment
+        failed), or for the guard's cool-down (``fallback``: the plan is re-deployed after
+        it, `_redeploy`)."""
         all_max = self._scoring().all_max()
+        if self.per_stage and event == "held":
+            problems = [*problems, f"per-stage plans were tried: {self._per_stage_why()}"]
         self.adopt(all_max)
         self.phase = PerseusPhase.ALL_MAX
         first = self._first_round_of_a_new_plan()
         self.promise.held(self._round, first, all_max, event, problems)
+        self.promise.save(self._round, force=True)
         self._update_overrides()
 
     def baseline_plan(self) -> Plan | None:
@@ -273,6 +456,49 @@ class Perseus(DeployStep, PlanningScheduler):
             self._run(move, "move", reason)
         elif reason is not None:
             self._hold("fallback", [reason])
+        else:
+            self.promise.save(self._round, force=True)
+
+    def _redeploy(self) -> None:
+        """The cool-down after a fall-back is over: deploy the plan chosen for the budget
+        again (the frontier's cheapest point within it), watched as a new deployment, if
+        the fresh all-max rounds let the guard tell its saving from their spread; else cool
+        down again, longer. Without a frontier to choose from, all-max stays for good."""
+        try:
+            model = self._scoring()
+            plan = model.choose(deadline_s=self.deadline_s, max_slowdown=self.max_slowdown)
+        except PlanError as exc:
+            self.guard.hold()
+            self.promise.record(
+                self._round,
+                "check",
+                f"no plan to re-deploy ({exc}): all-max stays",
+                warning=True,
+                text=f"guard: no plan to re-deploy ({exc}): all-max stays",
+            )
+            self.promise.save(self._round, force=True)
+            return
+        saving, _ = self._predicted(plan)
+        problem = self.guard.redeploy_problem(saving)
+        if problem is not None:
+            rounds = self.guard.cool_longer()
+            reason = f"re-deployment declined: {problem}; all-max for {rounds} more round(s)"
+            self.promise.record(
+                self._round,
+                "check",
+                reason,
+                warning=True,
+                text=f"guard: {reason}",
+                cooldown_rounds=rounds,
+            )
+            self.promise.save(self._round, force=True)
+            return
+        self._run(
+            plan,
+            "redeploy",
+            f"after a cool-down of all-max rounds (fall-back {self.guard.fallbacks}), "
+            f"measured against {len(self.baseline)} fresh all-max round(s)",
+        )
 
     def _faster_plan(self, decision: GuardDecision) -> Plan | None:
         """The cheapest faster frontier point that meets the budget with the hop latency
@@ -287,6 +513,34 @@ class Perseus(DeployStep, PlanningScheduler):
         )
 
     # ------------------------------------------------------------------ reporting
+    def _profiling_sweep(self) -> InstructionSweep | StageClockSweep | None:
+        """The sweep whose rounds profiling still runs (the per-stage one once started)."""
+        return self.stage_sweep if self.stage_sweep is not None else self.sweep
+
+    def profiling_extras(self) -> dict[str, Any]:
+        """``profiling.json``'s plan kind, and a per-stage plan's fitted clocks."""
+        if not self.per_stage or self.stage_curves is None or self.stage_sweep is None:
+            return {"plan_kind": "per-instruction"}
+        return {
+            "plan_kind": "per-stage",
+            "per_stage_reason": self._per_stage_why(),
+            "stage_clock_rounds": len(self.stage_sweep.rounds),
+            "time_sensitivity": self.stage_sensitivity,
+            "stage_clocks": [
+                {
+                    "stage": c.stage,
+                    "frequencies": c.freqs,
+                    "time_ratio": c.time_ratio,
+                    "time_ratio_se": c.time_ratio_se,
+                    "busy_power_w": c.power_w,
+                    "busy_power_se_w": c.power_se_w,
+                    "samples": c.samples,
+                    "left_out": c.left_out,
+                }
+                for c in self.stage_curves
+            ],
+        }
+
     def promise_events(self) -> list[dict[str, Any]]:
         return self.promise.story.take_events()
 
@@ -301,7 +555,8 @@ class Perseus(DeployStep, PlanningScheduler):
         notes = self.promise.story.take_notes()
         estimate = None
         if self.phase is PerseusPhase.PROFILING:
-            estimate = self._round + 1 + self.progress.rounds_left(self._round, self.sweep)
+            left = self.progress.rounds_left(self._round, self._profiling_sweep())
+            estimate = self._round + 1 + left
         return RoundStatus(
             phase=self.phase.value,
             round=max(0, self._round),
@@ -311,11 +566,17 @@ class Perseus(DeployStep, PlanningScheduler):
         )
 
     def resume(self, plan: Plan) -> None:
-        """Go straight to DEPLOYED with a persisted plan (restarted coordinator).
+        """Go back to a persisted plan (restarted coordinator), guarded as before.
 
         The frontier is read back from ``frontier/`` when present, so straggler handling
-        keeps working; otherwise stragglers are only logged. The all-max rounds measured
-        before the restart are not kept, so the guard does not watch a resumed plan.
+        and re-deployments after a fall-back keep working. The guard is re-armed from
+        ``guard.json`` (`Promise.load`: its all-max rounds, its state and back-off): a plan
+        it watched or kept is checked again from its next rounds, a cool-down goes on (and
+        ends in a re-deployment), a hold stays. From a dump without ``guard.json`` (written
+        before it existed, or unreadable) the guard starts afresh: the first
+        `baseline_rounds` rounds run all-max (`_reference_due`), then it checks the plan; a
+        persisted all-max plan then stays as it was (why it ran is not known). Round numbers
+        go on from the dump's last round.
         """
         self.adopt(plan)
         self.p2p_power_w = plan.p2p_power
@@ -325,10 +586,57 @@ class Perseus(DeployStep, PlanningScheduler):
             self.job_info.job_id, self.pipeline, self.profile, plan, self.job_dir.frontier
         )
         self.sweep = None
-        self.promise.guarded = False
         self.phase = PerseusPhase.DEPLOYED
-        self._round = max(self._round, 0)
+        state = self.promise.load()
+        rounds = self.job_dir.rounds()
+        last = rounds[-1] if rounds else int(state["round"]) if state is not None else 0
+        self._round = max(self._round, last, 0)
+        self.promise.plan_since = self._round + 1
+        self.promise.plan_rounds.clear()
+        all_max = self._chosen_plan == self.max_plan()
+        if self.promise.guarded:
+            self._rearm_guard(plan, state, all_max=all_max)
         self._update_overrides()
+
+    def _rearm_guard(self, plan: Plan, state: dict[str, Any] | None, *, all_max: bool) -> None:
+        """`resume`'s guard: restored from `state` (``guard.json``), else afresh."""
+        try:
+            _, slowdown = self._predicted(plan)
+        except PlanError:  # no profile in the dump to score it with
+            slowdown = 0.0
+        if state is None:
+            if all_max:  # held or fallen back before the restart: all-max stays, unwatched
+                self.guard.hold()
+                self.phase = PerseusPhase.ALL_MAX
+                return
+            self.guard.watch(slowdown)
+            reason = (
+                f"coordinator restarted without the guard's state ({self.job_dir.GUARD}): the "
+                f"guard re-measures {self.baseline_rounds} all-max round(s), then checks the plan"
+            )
+        else:
+            self.guard.restore(state["guard"])
+            if self.guard.state is GuardState.ALL_MAX:
+                self.phase = PerseusPhase.ALL_MAX
+                reason = "coordinator restarted: all-max stays (held before the restart)"
+            elif self.guard.cooling and (all_max or self.profile is not None):
+                self.phase = PerseusPhase.ALL_MAX
+                if not all_max:  # killed between the fall-back and its plan's dump
+                    self.adopt(self._scoring().all_max())
+                reason = (
+                    "coordinator restarted: the guard's cool-down goes on "
+                    f"({self.guard.cooldown_left} all-max round(s) left)"
+                )
+            else:
+                if self.guard.cooling:  # cooling, but no profile to score all-max with
+                    self.guard.watch(slowdown)
+                self.guard.predicted_slowdown = slowdown  # `restore` watches it again
+                reason = (
+                    f"coordinator restarted: the guard checks the plan again against its "
+                    f"{len(self.baseline)} all-max round(s)"
+                )
+        self.promise.record(self._round, "resumed", reason, text=reason)
+        self.promise.save(self._round, force=True)
 
     # ------------------------------------------------------------------ stragglers
     def on_straggler(self, dp_rank: int, slowdown: float) -> None:

@@ -6,19 +6,30 @@ the frontier solved with them. It turns frontier points into plans, gives the al
 reference and a plan's predicted saving and slowdown against it, the faster point the
 guard asks for (re-scored with the measured costs) and the cheaper point the other
 pipelines run while one straggles.
+
+The frontier is solved in the coordinator (`PlanModel.solve`, small pipelines) or in a
+process of its own (`SolveRequest`, `solve_in_process`: `schedulers.solving`), and kept in
+the job's ``frontier/`` compactly (every point's clocks in one ``plans.npz``,
+`perseus.io.frontier_dir`): written whole under a new name beside it and renamed into
+place (`perseus.io.atomic.replace_dir`), so that a reader (a restarted coordinator,
+`PlanModel.of_plan`) finds the old frontier or the new one, never half of one.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule
-from perseus.errors import PlanError
+from perseus.errors import PlanError, SolverError
+from perseus.io.atomic import replace_dir, sibling_tmp_dir
 from perseus.protocol import JobInfo, RankInfo
 from schedulers.args import PipelineArgs
 from schedulers.costs import CostModel, calibrate_costs, job_switch_latency, rescore_faster
@@ -26,8 +37,15 @@ from schedulers.perseus_args import PerseusArgs
 
 if TYPE_CHECKING:
     from perseus.planning import Frontier
+    from schedulers.stage_clocks import StageLimits
 
-__all__ = ["PlanModel", "check_frontier_fits"]
+__all__ = [
+    "PlanModel",
+    "SolveRequest",
+    "check_frontier_fits",
+    "solve_in_process",
+    "store_frontier",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +65,84 @@ def check_frontier_fits(job_info: JobInfo, args: PipelineArgs) -> None:
             args.schedule, args.num_microbatches or 1, args.num_chunks
         )
     check_frontier_memory(count, name)
+
+
+@dataclass(frozen=True)
+class SolveRequest:
+    """Everything a frontier solve needs, as plain picklable data: what a solve's process
+    (`solve_in_process`) is given."""
+
+    job_id: str
+    profile: InstructionProfile
+    pipeline: PipelineSchedule
+    p2p_power_w: float
+    switch_latency_s: float
+    hop_latency_s: float
+    out_dir: Path
+    """A new directory to write the frontier in (compactly); the caller renames it into
+    place (`PlanModel.adopt_solved`)."""
+    memory_budget_bytes: int | None = None
+    """Refuse a frontier estimated to need more (`perseus.planning.check_frontier_memory`)."""
+    per_stage: StageLimits | None = None
+    """`PlanModel.per_stage`: per-stage constant-clock plans (`schedulers.stage_clocks`)."""
+
+
+def store_frontier(frontier: Frontier, out_dir: Path) -> None:
+    """Keep `frontier` as the job's ``frontier/`` (`out_dir`): written compactly into a new
+    directory beside it, then renamed over it (`replace_dir`), so that a failure or a crash
+    at any point leaves the old frontier whole, and no reader ever finds half of one."""
+    tmp = sibling_tmp_dir(out_dir)
+    try:
+        frontier.write(tmp, compact=True)
+        replace_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_memory(pipeline: PipelineSchedule, budget_bytes: int | None) -> None:
+    """The memory re-check before a solve (the memory available may have changed since the
+    job registered), its refusal raised as a `MemoryError`."""
+    from perseus.planning import check_frontier_memory
+
+    try:
+        check_frontier_memory(pipeline.num_instructions, pipeline.name, budget_bytes=budget_bytes)
+    except SolverError as exc:
+        raise MemoryError(str(exc)) from None
+
+
+def solve_in_process(request: SolveRequest) -> dict[str, Any]:
+    """Solve `request`'s frontier and write it to ``request.out_dir`` (compactly); returns
+    the solver's figures (points, seconds). Module-level, and given data only: it runs in a
+    process of its own (`schedulers.solve_pool`). The memory re-check's refusal is raised
+    as a `MemoryError` (the failure's kind is ``memory``)."""
+    from perseus.planning import solve_frontier
+
+    t0 = time.perf_counter()
+    _check_memory(request.pipeline, request.memory_budget_bytes)
+    if request.per_stage is not None:
+        from schedulers.stage_clocks import stage_clock_frontier
+
+        limits = request.per_stage
+        frontier = stage_clock_frontier(
+            request.profile,
+            request.pipeline,
+            request.p2p_power_w,
+            switch_latency_s=request.switch_latency_s,
+            hop_latency_s=request.hop_latency_s,
+            deadline_s=limits.deadline_s,
+            max_slowdown=limits.max_slowdown,
+            sensitivity=limits.sensitivity,
+        )
+    else:
+        frontier = solve_frontier(
+            request.profile,
+            request.pipeline,
+            p2p_power_w=request.p2p_power_w,
+            switch_latency_s=request.switch_latency_s,
+            hop_latency_s=request.hop_latency_s,
+        )
+    frontier.write(request.out_dir, compact=True)
+    return {"points": len(frontier), "seconds": time.perf_counter() - t0}
 
 
 class PlanModel:
@@ -76,6 +172,9 @@ class PlanModel:
         self.p2p_power_w = p2p_power_w
         self.costs = costs
         self.frontier = frontier
+        self.per_stage: StageLimits | None = None
+        """What a job whose plans are per-stage constant clocks aims at (`solve_per_stage`);
+        None: per-instruction plans (the solver's frontier)."""
 
     @classmethod
     def calibrated(
@@ -166,10 +265,56 @@ class PlanModel:
         base = self.all_max()
         return 1.0 - plan.energy / base.energy, plan.iteration_time / base.iteration_time - 1.0
 
-    def solve(self, out_dir: Path) -> Frontier:
-        """Solve the frontier with the job's costs and write it to `out_dir`."""
+    def solve_request(
+        self, out_dir: Path, *, memory_budget_bytes: int | None = None
+    ) -> SolveRequest:
+        """What a solve's process needs to solve this model's frontier into a new directory
+        beside `out_dir` (`solve_in_process`; `adopt_solved` puts it in place)."""
+        self._log_solve()
+        return SolveRequest(
+            job_id=self.job_id,
+            profile=self._profile(),
+            pipeline=self.pipeline,
+            p2p_power_w=self.p2p_power_w,
+            switch_latency_s=self.costs.switch_latency_s,
+            hop_latency_s=self.costs.hop_latency_s,
+            out_dir=sibling_tmp_dir(out_dir),
+            memory_budget_bytes=memory_budget_bytes,
+            per_stage=self.per_stage,
+        )
+
+    def adopt_solved(self, request: SolveRequest, out_dir: Path) -> Frontier:
+        """Put the frontier a solve's process wrote for `request` at `out_dir` (a rename)
+        and read it back."""
+        from perseus.planning import Frontier
+
+        replace_dir(request.out_dir, out_dir)
+        self.frontier = Frontier.read(out_dir)
+        return self.frontier
+
+    def solve(self, out_dir: Path, *, memory_budget_bytes: int | None = None) -> Frontier:
+        """Solve the frontier with the job's costs, here, and write it to `out_dir`
+        (compactly, atomically: see the module docstring); a frontier estimated to need
+        more than `memory_budget_bytes` raises `MemoryError`. Per-stage plans
+        (`per_stage`): `solve_per_stage`."""
         from perseus.planning import solve_frontier
 
+        if self.per_stage is not None:
+            return self.solve_per_stage(out_dir)
+        self._log_solve()
+        _check_memory(self.pipeline, memory_budget_bytes)
+        frontier = solve_frontier(
+            self._profile(),
+            self.pipeline,
+            p2p_power_w=self.p2p_power_w,
+            switch_latency_s=self.costs.switch_latency_s,
+            hop_latency_s=self.costs.hop_latency_s,
+        )
+        store_frontier(frontier, out_dir)
+        self.frontier = frontier
+        return frontier
+
+    def _log_solve(self) -> None:
         logger.info(
             "Job %s: solving the frontier (%d stages × %d microbatches, P_block %.1f W)",
             self.job_id,
@@ -177,15 +322,34 @@ class PlanModel:
             self.pipeline.num_microbatches,
             self.p2p_power_w,
         )
-        self.frontier = solve_frontier(
+
+    def solve_per_stage(self, out_dir: Path) -> Frontier:
+        """The frontier of per-stage constant-clock plans (`schedulers.stage_clocks`: a
+        job whose instructions are too short to plan one by one; `per_stage` holds its
+        time limit and the stages' measured time sensitivity), written to `out_dir` as
+        `solve` writes one."""
+        from schedulers.stage_clocks import StageLimits, stage_clock_frontier
+
+        limits = self.per_stage or StageLimits(None, 0.0)
+        frontier = stage_clock_frontier(
             self._profile(),
             self.pipeline,
-            p2p_power_w=self.p2p_power_w,
+            self.p2p_power_w,
             switch_latency_s=self.costs.switch_latency_s,
             hop_latency_s=self.costs.hop_latency_s,
+            deadline_s=limits.deadline_s,
+            max_slowdown=limits.max_slowdown,
+            sensitivity=limits.sensitivity,
         )
-        self.frontier.write(out_dir)
-        return self.frontier
+        logger.info(
+            "Job %s: %d per-stage constant-clock plan(s) on the frontier (%d scored)",
+            self.job_id,
+            len(frontier),
+            int(frontier.stats.get("plans_scored", 0)),
+        )
+        store_frontier(frontier, out_dir)
+        self.frontier = frontier
+        return frontier
 
     def choose(self, *, deadline_s: float | None = None, max_slowdown: float = 0.0) -> Plan:
         """The cheapest frontier point within `deadline_s`, else within `max_slowdown`."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from perseus.domain.kinds import DEFAULT_P2P_POWER_W
 from perseus.domain.plan import Plan
@@ -50,6 +51,7 @@ class PlanningScheduler(SweepThenDeploy):
         else:
             job_j = plan.energy * self.job_info.dp_degree  # a plan's energy is one pipeline's
             report = self.sweep.report(plan.iteration_time, job_j)
+        report |= self.profiling_extras()
         atomic_write_text(self.job_dir.profiling, json.dumps(report, indent=2) + "\n")
         logger.info(
             "Job %s: profiling took %d round(s), %d iteration(s), %.1f s, %.1f kJ; the chosen "
@@ -63,6 +65,10 @@ class PlanningScheduler(SweepThenDeploy):
             (report.get("off_plan_energy_j") or 0.0) / 1000,
             self.job_dir.profiling,
         )
+
+    def profiling_extras(self) -> dict[str, Any]:
+        """More for ``profiling.json`` (`Perseus`: the kind of plan); default nothing."""
+        return {}
 
     def baseline_plan(self) -> Plan | None:
         """The all-max plan on this job's profile and blocking power (None before both are

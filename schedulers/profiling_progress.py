@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.rows import ProfileRow
@@ -18,10 +19,19 @@ from perseus.protocol import ProfilingResult, RankInfo
 from schedulers.checks import short_instructions
 from schedulers.guard import RoundFigures, median_figures
 from schedulers.measurement import RoundMeasurement
-from schedulers.sweep import InstructionSweep
 from schedulers.sweep_levels import counter_round_steps
 
-__all__ = ["ProfilingProgress"]
+__all__ = ["ProfilingProgress", "RoundsLeft"]
+
+
+class RoundsLeft(Protocol):
+    """A sweep whose rounds profiling runs (`InstructionSweep`, or the per-stage one of
+    `schedulers.stage_clocks`), as far as progress reports need it."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def rounds_left_estimate(self) -> int: ...
 
 
 class ProfilingProgress:
@@ -111,17 +121,25 @@ class ProfilingProgress:
         self.cost_s += (figures.iteration_time_s - t0) * n
         self.cost_j += (figures.energy_j - e0) * n
 
-    def rounds_left(self, round_: int, sweep: InstructionSweep | None) -> int:
+    def rounds_left(self, round_: int, sweep: RoundsLeft | None) -> int:
         """About how many profiling rounds are still to come after `round_`."""
         left = max(0, self.lead_in - round_ - 1)
         if sweep is not None and not sweep.done:
             left += sweep.rounds_left_estimate()
         return left
 
-    def note(self, round_: int, sweep: InstructionSweep | None, *, baseline_round: bool) -> str:
-        """The line for the job's log after profiling round `round_`."""
+    def note(
+        self,
+        round_: int,
+        sweep: RoundsLeft | None,
+        *,
+        baseline_round: bool,
+        what: str | None = None,
+    ) -> str:
+        """The line for the job's log after profiling round `round_` (`what`: the kind of
+        round, when not the all-max baseline or the clock sweep)."""
         done = round_ + 1
-        what = "all-max baseline" if baseline_round else "clock sweep"
+        what = what or ("all-max baseline" if baseline_round else "clock sweep")
         return (
             f"profiling round {done} of about {done + self.rounds_left(round_, sweep)} "
             f"({what}); the sweep has cost {self.cost_s:+.2f} s and {self.cost_j:+.0f} J "

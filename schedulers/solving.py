@@ -1,69 +1,179 @@
-"""The frontier solve, on a thread of its own when it takes long.
+"""The frontier solve: never in the way of the job's rounds, never the end of the job.
 
 At 16 stages × 256 microbatches with clock switches counted, the frontier takes minutes of
-CPU. Solved inside the round that completes profiling, every rank would wait that long for
-its next schedule. `FrontierSolve` runs such a solve on a thread of its own instead: the
-`Perseus` scheduler keeps handing out all-max rounds (more reference rounds for the guard)
-and deploys at the first round after the solve is done. Small pipelines are solved at once,
-as before (a thread would only add a round of all-max).
+CPU and ~0.8 GB. Solved inside the round that completes profiling, every rank would wait
+that long for its next schedule; solved on a thread, it would share the coordinator's
+interpreter with the event loop of every job. `FrontierSolve` runs such a solve in a
+process of its own (`schedulers.solve_pool`: at most ``PERSEUS_SOLVE_WORKERS`` at once for
+the whole coordinator, stopped after ``PERSEUS_SOLVE_TIMEOUT_S``, killed when the job ends,
+fails or is evicted: `DeployStep.close`); the `Perseus` scheduler keeps handing out
+all-max rounds (more reference rounds for the guard) and deploys at the first round after
+the solve is done. Small pipelines (`solve_on_thread_above` instructions or fewer) are
+solved at once, in the round, as before (a process would only add a round of all-max).
+
+A solve that fails (it raised, ran out of memory or time, or its process died) never fails
+the job: `DeployStep._deploy` holds all-max, saying why (the job's log, ``promise.jsonl``
+and ``/jobs``: a ``solve_failed`` event, counted by ``perseus_solve_failures_total``).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import shutil
 import time
-from collections.abc import Callable
+from concurrent.futures import CancelledError
+from pathlib import Path
+from typing import Any
 
+from perseus.errors import PerseusError
+from perseus.settings import PerseusSettings
 from schedulers.checks import plan_problems, profile_problems
 from schedulers.guard import median_figures
-from schedulers.plan_model import PlanModel
+from schedulers.plan_model import PlanModel, SolveRequest, solve_in_process
+from schedulers.solve_pool import (
+    PoolSolve,
+    SolveCancelledError,
+    SolveFailedError,
+    solve_pool,
+)
 
 __all__ = ["DeployStep", "FrontierSolve"]
 
 logger = logging.getLogger(__name__)
 
 
+def _failure_of(exc: BaseException) -> SolveFailedError:
+    """What a solve run here raised, as a `SolveFailedError` (its kind and one line)."""
+    if isinstance(exc, SolveFailedError):
+        return exc
+    kind = "memory" if isinstance(exc, MemoryError) else "error"
+    text = str(exc) or "out of memory"
+    return SolveFailedError(kind, f"{type(exc).__name__}: {text}")
+
+
 class FrontierSolve:
-    """`solve()` run now (``on_thread=False``) or on a daemon thread; `done` says when it
-    ended, `result` raises what it raised."""
+    """One job's frontier solve, here and now (``background=False``) or in a process of
+    the coordinator's solve pool. It never raises: once `done`, `finish` reads the
+    frontier into the model, or says it could not (`failure`; `cancelled`)."""
 
-    def __init__(self, solve: Callable[[], object], *, on_thread: bool, name: str) -> None:
-        self.on_thread = on_thread
+    def __init__(
+        self,
+        model: PlanModel,
+        frontier_dir: Path,
+        settings: PerseusSettings,
+        *,
+        background: bool,
+        name: str,
+    ) -> None:
+        self.model = model
+        self.frontier_dir = frontier_dir
+        self.background = background
         self.seconds: float | None = None
-        """How long the solve took (None: still running)."""
-        self._error: BaseException | None = None
-        self._done = threading.Event()
-        self._solve = solve
-        if on_thread:
-            threading.Thread(target=self._run, name=name, daemon=True).start()
-        else:
-            self._run()
-
-    def _run(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            self._solve()
-        except BaseException as exc:  # handed to the round loop by `result`
-            self._error = exc
-        finally:
+        """How long the solve ran (None: still running or waiting for its turn)."""
+        self.failure: SolveFailedError | None = None
+        """Why there is no frontier (None: there is one, or the solve has not ended)."""
+        self._request: SolveRequest | None = None
+        self._pool_solve: PoolSolve[dict[str, Any]] | None = None
+        budget = settings.solve_memory_mb
+        budget_bytes = None if budget is None else budget * 2**20
+        _remove_leftovers(frontier_dir)
+        if not background:
+            t0 = time.perf_counter()
+            try:
+                model.solve(frontier_dir, memory_budget_bytes=budget_bytes)
+            except Exception as exc:  # any of it holds all-max (`DeployStep._deploy`)
+                self.failure = _failure_of(exc)
             self.seconds = time.perf_counter() - t0
-            self._done.set()
+            return
+        try:
+            self._request = model.solve_request(frontier_dir, memory_budget_bytes=budget_bytes)
+            self._pool_solve = solve_pool(settings.solve_workers).submit(
+                solve_in_process,
+                self._request,
+                name=name,
+                timeout_s=settings.solve_timeout_s,
+                memory_bytes=budget_bytes,
+            )
+        except Exception as exc:
+            self.failure = _failure_of(exc)
+            return
+        request = self._request
+        self._pool_solve.future.add_done_callback(
+            lambda f: None if _succeeded(f) else shutil.rmtree(request.out_dir, ignore_errors=True)
+        )
+
+    @property
+    def on_thread(self) -> bool:
+        """`background`, by its older name (such solves ran on a thread before)."""
+        return self.background
+
+    @property
+    def pid(self) -> int | None:
+        """The process solving now (None: none)."""
+        return None if self._pool_solve is None else self._pool_solve.pid
+
+    @property
+    def cancelled(self) -> bool:
+        return self._pool_solve is not None and self._pool_solve.cancelled
+
+    @property
+    def waiting(self) -> bool:
+        """Queued behind other jobs' solves (``PERSEUS_SOLVE_WORKERS`` run at once)."""
+        return self._pool_solve is not None and self._pool_solve.started_at is None
 
     def done(self) -> bool:
         """Whether the solve has ended (well or not)."""
-        return self._done.is_set()
+        return self._pool_solve is None or self._pool_solve.done()
 
-    def result(self) -> None:
-        """Raise what the solve raised, if anything (call once `done`)."""
-        if self._error is not None:
-            raise self._error
+    def cancel(self) -> None:
+        """Stop the solve (its process is killed); safe to call at any time, from the
+        event loop too (it does not wait)."""
+        if self._pool_solve is not None:
+            self._pool_solve.cancel()
+
+    def finish(self) -> bool:
+        """Once `done`: whether the model has its frontier now (read from the solve's
+        directory, renamed into place); False with `failure` (or `cancelled`) set."""
+        if self.failure is not None:
+            return False
+        if self._pool_solve is None:
+            return self.model.frontier is not None
+        if self.model.frontier is not None:
+            return True
+        pool_solve, request = self._pool_solve, self._request
+        assert request is not None
+        self.seconds = pool_solve.seconds
+        try:
+            pool_solve.future.result(timeout=0)
+            self.model.adopt_solved(request, self.frontier_dir)
+        except (SolveCancelledError, CancelledError):
+            return False
+        except Exception as exc:  # a failure in the process, or reading its frontier back
+            self.failure = _failure_of(exc)
+            shutil.rmtree(request.out_dir, ignore_errors=True)
+            return False
+        return True
+
+
+def _succeeded(future: Any) -> bool:
+    return not future.cancelled() and future.exception() is None
+
+
+def _remove_leftovers(frontier_dir: Path) -> None:
+    """Directories a solve or a swap interrupted by a crash left beside `frontier_dir`
+    (``frontier.tmp-*``, ``frontier.old-*``): one solve per job runs at a time."""
+    parent = frontier_dir.parent
+    if not parent.is_dir():
+        return
+    for pattern in (f"{frontier_dir.name}.tmp-*", f"{frontier_dir.name}.old-*"):
+        for path in parent.glob(pattern):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class DeployStep:
     """`Perseus`'s step from a complete profile to a deployed plan (mixed into
     `schedulers.perseus_scheduler.Perseus`, whose state it reads and sets): calibrate the
-    costs, check the profile, solve the frontier (on a thread when it is big), choose the
+    costs, check the profile, solve the frontier (in a process when it is big), choose the
     point, check it, deploy it or hold all-max. `_deploy` is called at every round until it
     has decided; while the solve runs, `Perseus.plan_next` hands out all-max rounds."""
 
@@ -72,20 +182,29 @@ class DeployStep:
     def _deploy(self) -> None:
         if self._solve is None:
             self._solve = self._start_solve()
-            if self._solve is None or self._solve.on_thread:
+            if self._solve is None or self._solve.background:
                 return  # held; or this round runs all-max, the first after the solve deploys
-        if not self._solve.done():
+        solve = self._solve
+        if not solve.done() or solve.cancelled:
+            return  # all-max meanwhile; cancelled: the job has ended
+        if not solve.finish():
+            if solve.failure is not None:
+                self._solve_failed(solve.failure)
             return
-        self._solve.result()  # what the solve raised, raised here
-        if self._solve.on_thread:
+        if solve.background:
             logger.info(
-                "Job %s: frontier solved on its thread in %.1f s; deploying at round %d",
+                "Job %s: frontier solved in its process in %.1f s; deploying at round %d",
                 self.job_info.job_id,
-                self._solve.seconds,
+                solve.seconds or 0.0,
                 self._round,
             )
         model = self._scoring()
-        chosen = model.choose(deadline_s=self.deadline_s, max_slowdown=self.max_slowdown)
+        try:
+            chosen = model.choose(deadline_s=self.deadline_s, max_slowdown=self.max_slowdown)
+        except PerseusError as exc:  # e.g. a deadline no plan meets: a planning problem
+            self.report_profiling(None)
+            self._hold("held", [f"no frontier point to deploy: {exc}"])
+            return
         self.report_profiling(chosen)
         saving, slowdown = model.predicted(chosen)
         problems = plan_problems(
@@ -104,12 +223,11 @@ class DeployStep:
         self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}", costs=model.costs)
 
     def _start_solve(self) -> FrontierSolve | None:
-        """Calibrate the costs, check the profile and start the frontier's solve (on a
-        thread for pipelines over `solve_on_thread_above` instructions); None: held."""
+        """Calibrate the costs, check the profile and start the frontier's solve (in a
+        process of its own for pipelines over `solve_on_thread_above` instructions); None:
+        held."""
         if self.profile is None and self._too_short():
-            self.profile = self.progress.max_clock_profile(
-                self.job_info.job_id, self.max_freq_mhz, self.rank_infos
-            )
+            self.profile = self._per_stage_profile()  # max clock only without the rounds
         profile, p2p = self.complete_profile()
         base_t = median_figures(self.baseline)[0] if self.baseline else None
         self.model = model = PlanModel.calibrated(
@@ -123,7 +241,9 @@ class DeployStep:
             rounds=self.progress.sweep_rounds,
         )
         self.promise.costs_known(model.costs)
-        problems = profile_problems(profile, switch_latency_s=model.costs.switch_latency_s)
+        problems = profile_problems(
+            profile, switch_latency_s=model.costs.switch_latency_s, per_stage=self.per_stage
+        )
         unphysical = self.sweep.estimates.unphysical_at_max() if self.sweep is not None else []
         left_out = (
             [e for e in self.sweep.estimates.left_out if not e["max_clock"]]
@@ -152,12 +272,41 @@ class DeployStep:
             self.report_profiling(None)
             self._hold("held", problems)
             return None
+        if self.per_stage:  # per-stage plans: a few thousand at most, scored in the round
+            model.per_stage = self._stage_limits()
         n = self.pipeline.num_instructions
-        on_thread = n > self.perseus_args.solve_on_thread_above
-        if on_thread:
-            self.promise.note(f"solving the frontier of {n:,} instructions; all-max meanwhile")
-        return FrontierSolve(
-            lambda: model.solve(self.job_dir.frontier),
-            on_thread=on_thread,
-            name=f"solve {self.job_info.job_id}",
+        background = n > self.perseus_args.solve_on_thread_above and not self.per_stage
+        solve = FrontierSolve(
+            model,
+            self.job_dir.frontier,
+            self.settings,
+            background=background,
+            name=f"perseus-solve-{self.job_info.job_id}",
         )
+        if background and solve.failure is None:
+            queued = " (waiting for a free solver first)" if solve.waiting else ""
+            self.promise.note(
+                f"solving the frontier of {n:,} instructions in a process of its own"
+                f"{queued}; all-max meanwhile"
+            )
+        return solve
+
+    def _solve_failed(self, failure: SolveFailedError) -> None:
+        """Hold all-max because the frontier could not be solved, saying why: the job's
+        log, a ``solve_failed`` event (``promise.jsonl``, ``/jobs``, the metric
+        ``perseus_solve_failures_total``), the hold's own event. The job goes on."""
+        reason = f"the frontier solve failed ({failure.kind}): {failure.reason}"
+        logger.warning("Job %s: %s; all-max stays", self.job_info.job_id, reason)
+        seconds = None if self._solve is None else self._solve.seconds
+        self.promise.record(
+            self._round, "solve_failed", reason, text=None, failure=failure.kind, seconds=seconds
+        )
+        self.report_profiling(None)
+        self._hold("held", [reason])
+
+    def close(self) -> None:
+        """The job ended, failed or was evicted, or the coordinator shuts down: stop its
+        solve (its process is killed; `FrontierSolve.cancel`). Quick: called on the event
+        loop."""
+        if self._solve is not None:
+            self._solve.cancel()

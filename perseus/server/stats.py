@@ -93,6 +93,9 @@ class JobStats:
         """The same with max(0, E(round) − E(all-max)), J."""
         self.guard_moves: dict[str, int] = {}
         """Moves of the closed loop's guard, by reason (`guard_moved`)."""
+        self._solve_failures: list[str] = []
+        """Kinds of the scheduler's failed frontier solves the metrics have not counted yet
+        (`take_solve_failures`)."""
 
     def round_issued(
         self,
@@ -132,6 +135,16 @@ class JobStats:
                 self.guard_moved("faster")
             elif event.get("event") == "fallback":
                 self.guard_moved("all_max")
+            elif event.get("event") == "redeploy":
+                self.guard_moved("redeploy")
+            elif event.get("event") == "solve_failed":
+                self._solve_failures.append(str(event.get("failure") or "error"))
+
+    def take_solve_failures(self) -> list[str]:
+        """The kinds of the frontier solves that failed since the last call
+        (``perseus_solve_failures_total``, counted once per round)."""
+        kinds, self._solve_failures = self._solve_failures, []
+        return kinds
 
     def add(self, number: int, result: ProfilingResult) -> None:
         """One rank's result for round `number`; the round is measured when all ranks are in."""

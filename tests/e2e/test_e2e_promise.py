@@ -4,23 +4,27 @@ The coordinator is started as README's "Deploy it in your training job" shows, w
 ``{"max_slowdown": 0.01}`` (plus a dump folder for the report). The job is
 `tests/e2e/user_job.py`: a user's own MLP on torch's `Schedule1F1B` with a loss, a
 `DataLoader` and AdamW, one `attach` call, under ``torchrun`` (4 ranks, gloo) on emulated
-A100s at their default switching latency and default emulation (each instruction's time is
-its real CPU time: the noisy case, with no nominal times).
+A100s at their default switching latency and sensors.
 
-Once with millisecond instructions and once with sub-millisecond ones. The checks:
+Once with millisecond instructions and once with sub-millisecond ones. The ms job runs on
+nominal emulated times (``PERSEUS_EMULATE_NOMINAL``: each Linear+GELU block's forward takes
+`NOMINAL_MS_PER_BLOCK` at the max clock, its backward twice that, whatever the shared CPU
+took), since with four ranks on two busy cores the CPU's noise, not the plan, would decide
+the outcome; the sub-ms job keeps its real CPU times (what it checks is that they are seen
+to be too short). The checks:
 
 - the job ends ``finished`` and tells its story on rank 0's stderr without any logging
   setup (registration, profiling progress, what was deployed or why not, the end);
 - ``perseus report`` on its dump shows measured figures;
-- the promise: the plan running at the end (medians of its rounds against the job's all-max
-  rounds, the report's figures) is within ``max_slowdown`` + `SLOWDOWN_TOLERANCE` and saves
-  energy (saving ≥ −`SAVING_TOLERANCE`), or all-max runs and ``promise.jsonl`` says why
-  (a failed check or the guard's fall-back). Sub-millisecond instructions cannot be
-  planned for: all-max must stay, saying they are too short.
+- the promise: the ms job deploys a plan and keeps it (no hold, no fall-back), and the plan
+  running at the end (medians of its rounds against the job's all-max rounds, the report's
+  figures) is within ``max_slowdown`` + `SLOWDOWN_TOLERANCE` and saves energy, within
+  `SAVING_TOLERANCE` of the saving it predicted. Sub-millisecond instructions cannot be
+  planned one by one: the job must say so and measure per-stage clocks instead
+  (`test_e2e_stage_clocks.py` follows such a job to its per-stage plan).
 
-`SLOWDOWN_TOLERANCE` and `SAVING_TOLERANCE` are fixed (README, "How numbers are checked"):
-measurements of jobs whose four ranks share two CPU cores vary from iteration to
-iteration far more than a GPU's; the guard's own tolerance comes from that spread.
+`SLOWDOWN_TOLERANCE` and `SAVING_TOLERANCE` are fixed (README, "How numbers are checked"),
+never widened by a run's own spread.
 """
 
 from __future__ import annotations
@@ -38,15 +42,27 @@ require_torch()
 
 BUDGET = 0.01
 SLOWDOWN_TOLERANCE = 0.02
-SAVING_TOLERANCE = 0.01
+SAVING_TOLERANCE = 0.02
 JOB = Path(__file__).with_name("user_job.py")
+BLOCKS = (2, 4, 3, 1)  # user_job.py's default --layers: Linear+GELU blocks per stage
+NOMINAL_MS_PER_BLOCK = 3.0
+NOMINAL_MS = {
+    f"{kind}@{stage}": factor * NOMINAL_MS_PER_BLOCK * blocks
+    for stage, blocks in enumerate(BLOCKS)
+    for kind, factor in (("forward", 1), ("backward", 2))
+}
+"""The ms job's nominal times: 3–12 ms forwards at the max clock, backwards twice that. Its
+blocks are narrow (``--hidden 128``), so their real CPU time stays well under the nominal one
+on a loaded 2-core machine (a real time over it would show, at the max clock only, as
+noise)."""
 # Arguments and steps: a profiling round holds about 12 refreshes of the 100 ms counter (6
 # steps of the ms job); the ms job profiles in about 30 rounds, then its guard checks the
-# plan; the sub-ms job's all-max rounds show its instructions too short, and it stops there
+# plan; the sub-ms job's all-max rounds show its instructions too short, and it ends in the
+# per-stage clock rounds that follow (all-max is what ran)
 # (rounds are sized in time, ~1 s: at 20–35 ms per iteration its five rounds take 150–250
 # steps).
 CASES = {
-    "ms": ["--hidden", "384", "--steps", "900"],
+    "ms": ["--hidden", "128", "--microbatches", "4", "--steps", "600"],
     "sub-ms": ["--hidden", "16", "--batch", "8", "--steps", "400"],
 }
 
@@ -66,6 +82,11 @@ def run(request, tmp_path_factory):
         # in, everything else at its defaults (real sensors, a 15 ms clock switch).
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "ZEUS_"))}
         env |= {"ZEUS_GPU_BACKEND": "emulated", "ZEUS_EMULATED_GPU": "A100-SXM"}
+        if case == "ms":
+            env |= {
+                "PERSEUS_EMULATE_NOMINAL": "1",
+                "PERSEUS_EMULATE_NOMINAL_MS": json.dumps(NOMINAL_MS),
+            }
         cmd = [
             sys.executable,
             "-m",
@@ -81,7 +102,9 @@ def run(request, tmp_path_factory):
             *CASES[case],
         ]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        (job_dir,) = coordinator.job_dirs()
+        job_dirs = coordinator.job_dirs()
+        assert len(job_dirs) == 1, done.stderr[-4000:]
+        (job_dir,) = job_dirs
     log = (tmp / "coordinator.log").read_text(errors="replace")
     return case, done, log, job_dir
 
@@ -101,12 +124,14 @@ def _events(job_dir: Path) -> list[dict]:
 
 
 def test_the_job_ends_well_and_tells_its_story(run):
-    _case, done, log, job_dir = run
+    case, done, log, job_dir = run
     assert done.returncode == 0, done.stderr[-4000:]
     err = done.stderr
     assert "registered with http://127.0.0.1" in err
     assert "profiling round 1 of about" in err
-    assert ("deployed a plan predicted" in err) or ("all-max stays" in err), err[-3000:]
+    decided = ("deployed a plan predicted" in err) or ("all-max stays" in err)
+    per_stage = case == "sub-ms" and "per-stage constant clocks instead" in err
+    assert decided or per_stage, err[-3000:]
     assert "ends: " in err and "J over" in err
     assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
     assert not (job_dir / "failed").exists()
@@ -116,19 +141,29 @@ def test_the_job_ends_well_and_tells_its_story(run):
 def test_the_promise_is_kept_or_the_job_says_why_not(run):
     case, done, _log, job_dir = run
     assert done.returncode == 0, done.stderr[-4000:]
+    if case == "sub-ms":
+        # Too short to plan one by one: per-stage clocks are measured instead.
+        assert "too short for per-instruction clocks" in done.stderr, done.stderr[-3000:]
+        assert "(per-stage clock sweep)" in done.stderr, done.stderr[-3000:]
+        return
     report = _report(job_dir)
     assert report["measured_all_max"] is not None
     assert report["measured_deployed"] is not None, report
     events = _events(job_dir)
-    decisive = [e for e in events if e["event"] in ("deployed", "move", "held", "fallback")]
+    decisive = [
+        e for e in events if e["event"] in ("deployed", "move", "held", "fallback", "redeploy")
+    ]
     assert decisive, events
     last = decisive[-1]
-    if case == "sub-ms":
-        assert last["event"] == "held" and "too short" in last["reason"], last
-    if last["event"] in ("held", "fallback"):
-        assert last["reason"], last
-        # All-max runs: nothing is saved, nothing is lost (the report says the same).
-        assert report["measured_saving"] == pytest.approx(0.0, abs=1e-12)
-        return
+    # The ms job deploys, and what runs at the end is the plan: never all-max kept ("held"),
+    # and a fall-back of the guard (a disturbed stretch on this shared machine) only for its
+    # cool-down, ended by a re-deployment (issue 49: a fall-back is not for life).
+    assert decisive[0]["event"] == "deployed", decisive
+    assert not [e for e in decisive if e["event"] == "held"], decisive
+    assert last["event"] in ("deployed", "move", "redeploy"), decisive
+    assert report["predicted_slowdown"] <= BUDGET + 1e-9, report
     assert report["measured_slowdown"] <= BUDGET + SLOWDOWN_TOLERANCE, report
-    assert report["measured_saving"] >= -SAVING_TOLERANCE, report
+    assert report["measured_saving"] > 0, report
+    assert report["measured_saving"] == pytest.approx(
+        report["predicted_saving"], abs=SAVING_TOLERANCE
+    ), report

@@ -1,6 +1,7 @@
-"""A big frontier is solved on a thread of its own (`schedulers.solving`): all-max rounds go
-on meanwhile, so no rank waits on the solve, and the plan deployed after it is the plan the
-solve in the round would have deployed."""
+"""A big frontier is solved in a process of its own (`schedulers.solving`): all-max rounds
+go on meanwhile, so no rank waits on the solve, and the plan deployed after it is the plan
+the solve in the round would have deployed. A frontier no point of which can be deployed
+holds all-max, saying why, and the job goes on."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from schedulers.perseus_scheduler import PerseusPhase
 TIMEOUT_S = 120
 ROUND_S = 0.005
 """A real round takes time (an iteration of training); these virtual ones take a few ms of
-Python, and a loop of them back to back would hold the GIL that the solve's thread needs
-(37 s for a 2 s solve). Each round here lasts at least this long, as a real one would."""
+Python. Each round here lasts at least this long, as a real one would."""
 
 
 def _max_mhz(schedules) -> set[int]:
@@ -77,3 +77,15 @@ def test_a_job_given_everything_registers_before_its_solve_ends(tmp_path):
         time.sleep(ROUND_S)
         schedules = s.next_schedule()
     assert s.phase is PerseusPhase.DEPLOYED
+
+
+def test_a_deadline_no_plan_meets_holds_all_max_and_the_job_goes_on(tmp_path):
+    c = cluster()
+    given = {"profile_path": profile_csv(tmp_path), "p2p_power": c.gpus[0].p2p_block_power_w}
+    s = scheduler(c, tmp_path, **given, deadline=1e-6)
+    run_rounds(s, c, 12)  # no exception: the round that solved held all-max
+    assert s.phase is PerseusPhase.ALL_MAX
+    held = [e for e in s.promise_events() if e["event"] == "held"]
+    assert len(held) == 1 and "no frontier point to deploy" in held[0]["reason"]
+    assert "No plan meets an iteration time of 0.000001 s" in held[0]["reason"]
+    assert _max_mhz(s.next_schedule()) == {1410}
