@@ -20,7 +20,7 @@ positive, measured against the job's all-max rounds.
 A host so busy that the all-max rounds' energy spreads more than half the predicted saving
 holds all-max (the check every plan passes first, `schedulers.checks.plan_problems`): no
 saving could be verified there. That outcome, and only that one, skips the deployment's
-checks, saying so; every other hold, and any plan that is not per stage, fails.
+checks, saying so, outside CI (under CI it fails); every other hold, and any plan that is not per stage, fails.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from e2e_fixtures import Coordinator, require_torch
+from paths import ci_mode
 
 from perseus.io.plan_file import load_plan
 from perseus.planning.dump import read_dump
@@ -123,7 +124,10 @@ def test_a_per_stage_plan_is_deployed_and_keeps_its_budget(run):
         # The only problem (a plan predicted faster than all-max would come first).
         assert "could not tell it from noise" in first["reason"], first
         assert "per-stage plans were tried" in first["reason"], first
-        pytest.skip(f"this host is too noisy to verify a saving: {first['reason']}")
+        why = f"this host is too noisy to verify a saving: {first['reason']}"
+        if ci_mode():  # CI's host runs one job at a time: there the plan must deploy
+            pytest.fail(why)
+        pytest.skip(why)
     assert first["event"] == "deployed", events
     assert "per-stage plan" in decisive[0]["reason"], decisive[0]
     assert decisive[0]["predicted_slowdown"] <= BUDGET + 1e-9
