@@ -35,6 +35,8 @@ from concurrent.futures import Future
 from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar
 
+from perseus.errors import SolverError
+
 __all__ = ["PoolSolve", "SolveCancelledError", "SolveFailedError", "SolvePool", "solve_pool"]
 
 logger = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ NICE = 10
 the event loop that answers every job's rounds goes first, the solves take what is left."""
 
 
-class SolveFailedError(Exception):
+class SolveFailedError(SolverError):
     """A solve that did not finish: what went wrong, for the job's log and a metric.
 
     Attributes:
@@ -71,7 +73,7 @@ class SolveFailedError(Exception):
         self.reason = reason
 
 
-class SolveCancelledError(Exception):
+class SolveCancelledError(SolverError):
     """The solve was cancelled (`PoolSolve.cancel`) before it finished."""
 
 
