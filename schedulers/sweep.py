@@ -60,7 +60,6 @@ from perseus.domain.profile import InstructionProfile
 from perseus.domain.rows import ProfileRow
 from perseus.errors import ConfigurationError, RankError
 from perseus.io.profile_csv import write_profile_rows
-from perseus.protocol import InstructionProfilingResult
 from schedulers.args import SweepArgs
 from schedulers.estimation import PowerRegression
 from schedulers.measurement import RoundMeasurement, StagePlan, unit_time
@@ -73,7 +72,7 @@ from schedulers.sweep_levels import (
     refine_levels,
     sweep_round_steps,
 )
-from schedulers.sweep_products import ProfilingCost, profile_result, profiling_report
+from schedulers.sweep_products import ProfilingCost, profile_rows, profiling_report
 
 __all__ = [  # the levels, round lengths and cost are re-exported for their old users
     "InstructionSweep",
@@ -359,15 +358,14 @@ class InstructionSweep:
                 return max(fitted, 0.0)
         return statistics.median(self.p2p_samples) if self.p2p_samples else None
 
-    def result(self) -> InstructionProfilingResult:
-        """The profile (`schedulers.sweep_products.profile_result`), energies refitted."""
-        self.estimates.refit(self.energy_j)
-        return profile_result(self.scheduler, self.units, self.time_s, self.energy_j)
-
     def rows(self) -> list[ProfileRow]:
-        """The profile's rows; 'windows' rows say they are estimated, with their standard
-        error, and leave out options whose energy they could not tell."""
-        return self.estimates.annotate(self.result().rows())
+        """The profile's rows (`schedulers.sweep_products.profile_rows`), energies
+        refitted; 'windows' rows say they are estimated, with their standard error, and
+        leave out options whose energy they could not tell."""
+        self.estimates.refit(self.energy_j)
+        return self.estimates.annotate(
+            profile_rows(self.scheduler, self.units, self.time_s, self.energy_j)
+        )
 
     def profile(self) -> InstructionProfile:
         """The sweep's numbers as the solver's `InstructionProfile`."""

@@ -6,12 +6,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from perseus.protocol import InstructionProfilingResult, OfflineProfilingResult
+from perseus.domain.kinds import INSTRUCTIONS
+from perseus.domain.rows import ProfileRow
 from schedulers.measurement import RoundMeasurement
 from schedulers.pipeline import PipelineScheduler
 from schedulers.sweep_estimates import SweepEstimates
 
-__all__ = ["ProfilingCost", "profile_result", "profiling_report"]
+__all__ = ["ProfilingCost", "profile_rows", "profiling_report"]
 
 Options = dict[tuple[int, str], dict[int, float]]
 """Per (pipeline stage, kind), per clock (MHz), a time (s) or an energy (J)."""
@@ -34,37 +35,47 @@ class ProfilingCost:
         self.energy_j += m.job_energy_j * m.iterations
 
 
-def profile_result(
+def profile_rows(
     scheduler: PipelineScheduler,
     units: list[tuple[int, str]],
     time_s: Options,
     energy_j: Options,
-) -> InstructionProfilingResult:
-    """The profile: one entry per pipeline (virtual) stage, with every kind the stage
-    runs (rank = the first rank of the pipeline rank that holds it)."""
+) -> list[ProfileRow]:
+    """The profile's rows: per pipeline (virtual) stage, every kind the stage runs, clocks
+    descending (rank = the first rank of the pipeline rank that holds it).
+
+    Rows as fitted, not validated: a fit may give an option an energy no GPU can produce
+    (below zero, even); `SweepEstimates.annotate` says which and leaves it out, so the
+    rows are not passed through the wire model, which would refuse them."""
     pipeline = scheduler.pipeline
-    data: dict[int, dict[str, dict[int, float]]] = {}
-    for stage, name in units:
-        entry = data.setdefault(stage, {})
-        # Descending frequency, whatever order the levels were measured in.
-        entry[f"{name}_time"] = dict(sorted(time_s.get((stage, name), {}).items())[::-1])
-        entry[f"{name}_energy"] = dict(sorted(energy_j.get((stage, name), {}).items())[::-1])
-    entries = []
-    for stage, fields in sorted(data.items()):
+    rows: list[ProfileRow] = []
+    for stage in sorted({s for s, _ in units}):
         pp = pipeline.stage_ranks[stage]
         first = min(scheduler.stage_ranks[pp], key=lambda r: (r.dp_rank, r.tp_rank))
-        entries.append(
-            OfflineProfilingResult(
-                rank=first.rank,
-                dp_rank=first.dp_rank,
-                pp_rank=pp,
-                tp_rank=first.tp_rank,
-                stage=stage,
-                emulated=any(r.emulated for r in scheduler.stage_ranks[pp]),
-                **fields,
-            )
-        )
-    return InstructionProfilingResult(entries)
+        emulated = any(r.emulated for r in scheduler.stage_ranks[pp])
+        for name in INSTRUCTIONS:
+            if (stage, name) not in units:
+                continue
+            times = time_s.get((stage, name), {})
+            energies = energy_j.get((stage, name), {})
+            for freq in sorted(times, reverse=True):
+                if freq not in energies:
+                    continue
+                rows.append(
+                    ProfileRow(
+                        first.rank,
+                        first.dp_rank,
+                        pp,
+                        first.tp_rank,
+                        stage,
+                        name,
+                        freq,
+                        times[freq],
+                        energies[freq],
+                        emulated,
+                    )
+                )
+    return rows
 
 
 def profiling_report(

@@ -97,3 +97,39 @@ def test_a_row_no_gpu_can_draw_is_left_out_and_said(tmp_path):
     assert all("idle" in e["reason"] for e in report["left_out"])
     notes = [n.text for n in scheduler.status().notes if "left out of the plan" in n.text]
     assert len(notes) == 1 and "stage 0 backward" in notes[0], notes
+
+
+def test_a_fitted_energy_below_zero_is_left_out_not_fatal(tmp_path):
+    """A fit on noisy windows can put a short instruction's energy below zero at some
+    clock (a CI run saw -0.2 J for a backward at 540 MHz). The sweep's rows carry it as
+    fitted, the estimates leave it out below the max clock, and nothing on the way
+    refuses it as a wire model would (that failed the job on every rank)."""
+    from sensor_ranks import Ranks, dvfs_truth
+
+    from perseus.domain.schedule import make_schedule
+    from perseus.settings import PerseusSettings
+    from schedulers.base import build_scheduler
+    from schedulers.perseus_scheduler import Perseus
+    from schedulers.sweep_products import profile_rows
+    from zeus_power.device import SensorSpec
+
+    schedule = make_schedule("1f1b", 2, 4)
+    sensors = SensorSpec(period_s=0.1, window=1.0, read_latency_s=0.0, noise=0.01)
+    ranks = Ranks(schedule, dvfs_truth(10.0), sensors, seed=1)
+    args = {"max_slowdown": 0.0}
+    settings = PerseusSettings(scheduler="Perseus", scheduler_args=args, dump_dir=str(tmp_path))
+    scheduler = build_scheduler(
+        Perseus, ranks.job_info("negative"), ranks.rank_infos(), settings, args
+    )
+    assert isinstance(scheduler, Perseus) and scheduler.sweep is not None
+    units = [(0, "forward"), (0, "backward"), (1, "forward"), (1, "backward")]
+    time_s = {u: {1410: 0.010, 540: 0.020} for u in units}
+    energy_j = {u: {1410: 2.0, 540: 1.5} for u in units}
+    energy_j[0, "backward"][540] = -0.2
+    rows = profile_rows(scheduler, units, time_s, energy_j)
+    assert len(rows) == 8 and [r.frequency for r in rows[:2]] == [1410, 540]
+    kept = scheduler.sweep.estimates.annotate(rows)
+    assert {(r.stage, r.instruction, r.frequency) for r in rows} - {
+        (r.stage, r.instruction, r.frequency) for r in kept
+    } == {(0, "backward", 540)}
+    assert all(r.energy > 0 for r in kept)
