@@ -113,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     p.add_argument(
+        "--device-id",
+        type=int,
+        default=None,
+        help="this rank's GPU index on its node (default: LOCAL_RANK, which torchrun sets; "
+        "launchers that do not (SLURM, mpirun) must pass it or set LOCAL_RANK)",
+    )
+    p.add_argument(
         "--warmup-steps",
         type=int,
         default=1,
@@ -144,6 +151,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="From STEP on, pipeline DP runs SLOWDOWN× slower (emulated) and rank 0 announces it",
     )
     return p
+
+
+def _device_id(given: int | None, world_size: int) -> int:
+    """This rank's GPU index on its node: `given` (``--device-id``), else ``LOCAL_RANK``,
+    else 0 for a world of one; otherwise refused, since every rank of a node would take
+    GPU 0 (and measure and set the clocks of one GPU)."""
+    if given is not None:
+        if given < 0:
+            raise ConfigurationError(f"--device-id must be at least 0, got {given}")
+        return given
+    if "LOCAL_RANK" in os.environ:
+        return _env_int("LOCAL_RANK")
+    if world_size == 1:
+        return 0
+    raise ConfigurationError(
+        "LOCAL_RANK is not set (a launcher other than torchrun, such as SLURM or mpirun): "
+        "pass --device-id <this rank's GPU index on its node>, or set LOCAL_RANK"
+    )
 
 
 def _env_int(name: str) -> int:
@@ -196,7 +221,7 @@ def _run(args: argparse.Namespace) -> None:
     if not args.no_hook and not args.server_url:
         raise ConfigurationError("--server-url is required (or pass --no-hook)")
     rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
-    local_rank = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else rank
+    local_rank = _device_id(args.device_id, world_size)
     layout = _layout(args, layers, world_size)
     topo = Topology(
         rank=rank, world_size=world_size, pp_degree=layout.pp_degree, tp_degree=args.tp_degree

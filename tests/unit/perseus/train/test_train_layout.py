@@ -61,3 +61,22 @@ def test_ranks_are_pipeline_major_with_tensor_ranks_innermost():
     assert Topology(rank=3, world_size=4, pp_degree=2).rank_of(1, 1) == 3  # no tp: as before
     with pytest.raises(ConfigurationError, match="2 pipeline ranks × 2 tensor rank"):
         Topology(rank=0, world_size=6, pp_degree=2, tp_degree=2)
+
+
+def test_the_device_is_given_or_local_rank_never_guessed(monkeypatch):
+    """SLURM or mpirun set no LOCAL_RANK: every rank of a node would take GPU 0, so the job
+    refuses unless --device-id says which GPU (a world of one has only one)."""
+    from perseus.train.cli import _device_id
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(ConfigurationError, match="pass --device-id"):
+        _device_id(None, world_size=4)
+    assert _device_id(None, world_size=1) == 0
+    assert _device_id(3, world_size=4) == 3
+    with pytest.raises(ConfigurationError, match="at least 0"):
+        _device_id(-1, world_size=4)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert _device_id(None, world_size=4) == 2
+    monkeypatch.setenv("LOCAL_RANK", "two")
+    with pytest.raises(ConfigurationError, match="not an integer"):
+        _device_id(None, world_size=4)
