@@ -41,6 +41,9 @@ __all__ = ["DeployStep", "FrontierSolve"]
 
 logger = logging.getLogger(__name__)
 
+MAX_LEFT_OUT_LISTED = 64
+"""Left-out profile rows a ``profile_left_out`` event lists (the count says how many)."""
+
 
 def _failure_of(exc: BaseException) -> SolveFailedError:
     """What a solve run here raised, as a `SolveFailedError` (its kind and one line)."""
@@ -260,7 +263,19 @@ class DeployStep:
                 )
                 + (f" and {len(left_out) - 3} more" if len(left_out) > 3 else "")
             )
-            self.promise.note(reason, warning=True)
+            # On record too (``/jobs``' promise list), with every row and its reason.
+            self.promise.record(
+                self._round,
+                "profile_left_out",
+                reason,
+                warning=True,
+                text=reason,
+                rows=[
+                    {k: e[k] for k in ("stage", "instruction", "frequency", "reason")}
+                    for e in left_out[:MAX_LEFT_OUT_LISTED]
+                ],
+                rows_left_out=len(left_out),
+            )
         if unphysical:
             problems.append(
                 "the profile's max-clock rows include powers no GPU of the job can draw, which "

@@ -59,7 +59,7 @@ def test_a_row_no_gpu_can_draw_is_left_out_and_said(tmp_path):
     """Stage 0's backward below the max clock 'draws' 20 W on an A100 that idles at 55 W (a
     broken sensor or model): the windows cannot show less than idle, the fit names those
     rows, and they are left out of the profile, listed in ``profiling.json`` and said in the
-    job's log (a note rank 0 logs) instead of reaching the solver."""
+    job's log (a note rank 0 logs) and on record for ``/jobs`` instead of reaching the solver."""
     from sensor_ranks import Ranks, dvfs_truth
 
     from perseus.domain.schedule import make_schedule
@@ -97,6 +97,11 @@ def test_a_row_no_gpu_can_draw_is_left_out_and_said(tmp_path):
     assert all("idle" in e["reason"] for e in report["left_out"])
     notes = [n.text for n in scheduler.status().notes if "left out of the plan" in n.text]
     assert len(notes) == 1 and "stage 0 backward" in notes[0], notes
+    # On record for ``/jobs`` (its promise list): every row, with its reason.
+    events = [e for e in scheduler.promise_events() if e["event"] == "profile_left_out"]
+    assert len(events) == 1, events
+    assert {(r["stage"], r["instruction"]) for r in events[0]["rows"]} == {(0, "backward")}
+    assert events[0]["rows_left_out"] == len(events[0]["rows"]) == len(report["left_out"])
 
 
 def test_a_fitted_energy_below_zero_is_left_out_not_fatal(tmp_path):
