@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from perseus.client.emulation import EmulationSettings
+from perseus.client.rounds import idle_before_s
 from perseus.client.sensing import Tick, energy_windows
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule
@@ -232,6 +233,7 @@ class Ranks:
                     time_breakdown=tb,
                     energy_breakdown=eb,
                     energy_windows=windows,
+                    idle_before_s=idle_before_s(intervals[r]),
                 )
             )
             idle = sum(iter_time) - sum(t for instrs in durations[r] for _, t, _ in instrs)

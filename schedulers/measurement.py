@@ -8,7 +8,7 @@ the tensor-parallel ranks of the first data-parallel pipeline).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from schedulers.estimation import Unit, WindowRow
@@ -120,17 +120,28 @@ def _instruction_runs(
     time_breakdown: dict[str, list[list[float]]],
     lag_s: float,
     start_mhz: int | None = None,
+    idle_before_s: Sequence[float] | None = None,
 ) -> Iterator[tuple[int, float, float, int]]:
     """Every instruction of a round's iterations, in order: (its index in the order, its
-    time, the seconds since the last clock change began when it started (it ran clear of
-    the change from `lag_s` on), and the clock in force before that change). A change begins
-    at the round's first instruction (the clocks may have changed since the last round: the
-    clock before is `start_mhz`, the last round's last, else taken as this iteration's last)
-    and wherever the clock differs from the instruction before (wrapping around the
-    iteration)."""
+    time, the wall seconds since the last clock change began when it started (it ran clear
+    of the change from `lag_s` on), and the clock in force before that change). A change
+    begins at the start of the round's first instruction (the clocks may have changed since
+    the last round: the clock before is `start_mhz`, the last round's last, else taken as
+    this iteration's last) and of every instruction whose clock differs from the one before
+    (wrapping around the iteration): a rank asks for an instruction's clock when the GPU
+    starts it.
+
+    `idle_before_s` (`ProfilingResult.idle_before_s`): per index, the seconds the GPU was
+    idle before the instruction started (pipeline bubbles, waits for a peer, the optimizer
+    step); they count towards the landing, as the switch goes on while the GPU waits. None
+    (an older client): busy seconds only, which counts a change as landing later than it
+    does."""
     n = len(units)
+    gaps = None  # an index past the list's end was never idle before it
+    if idle_before_s is not None and len(idle_before_s) <= n:
+        gaps = [*idle_before_s, *[0.0] * (n - len(idle_before_s))]
     iterations = max((len(v) for v in time_breakdown.values()), default=0)
-    since = 0.0  # seconds of instructions since the last clock change began
+    since = 0.0  # wall seconds since the last clock change began
     before = 0
     for it in range(iterations):
         durations: list[float | None] = [None] * n
@@ -145,6 +156,8 @@ def _instruction_runs(
                 since, before = 0.0, units[-1][2] if start_mhz is None else start_mhz
             elif units[index][2] != units[index - 1][2]:
                 since, before = 0.0, units[index - 1][2]
+            elif gaps is not None:
+                since += gaps[index]
             yield index, t, since, before
             since += t
 
@@ -154,6 +167,7 @@ def clean_unit_times(
     where: dict[str, list[int]],
     time_breakdown: dict[str, list[list[float]]],
     lag_s: float,
+    idle_before_s: Sequence[float] | None = None,
 ) -> dict[Unit, tuple[float, int]]:
     """Per unit, its instructions' total time and count over a round's iterations, leaving
     out those that ran while a clock change was being applied.
@@ -162,10 +176,12 @@ def clean_unit_times(
     instruction that starts within that of a change (its own, a predecessor's, or the
     round's start, when the clocks may have changed since the last round) runs partly at the
     old clock, and its time is not its clock's. Such instructions count only for a unit
-    that has no other instruction in the round."""
+    that has no other instruction in the round. `idle_before_s`: as in `_instruction_runs`
+    (the landing counted in wall time)."""
     clean: dict[Unit, list[float]] = {}
     every: dict[Unit, list[float]] = {}
-    for index, t, since, _ in _instruction_runs(units, where, time_breakdown, lag_s):
+    runs = _instruction_runs(units, where, time_breakdown, lag_s, idle_before_s=idle_before_s)
+    for index, t, since, _ in runs:
         unit = units[index]
         for acc in (every, clean) if since >= lag_s else (every,):
             total = acc.setdefault(unit, [0.0, 0.0])
@@ -182,12 +198,13 @@ def window_shares(
     time_breakdown: dict[str, list[list[float]]],
     lag_s: float,
     start_mhz: int | None = None,
+    idle_before_s: Sequence[float] | None = None,
 ) -> list[list[tuple[Unit, float]]]:
     """Per instruction of the order, the units its busy seconds in an energy window count
     for, with their shares: its own unit, and, where it started while a clock change was
     landing, the same kind at the clock before the change for the seconds it ran at that
     clock (averaged over the round's iterations; `start_mhz`: the clock in force when the
-    round began).
+    round began; `idle_before_s`: as in `_instruction_runs`, the landing in wall time).
 
     A GPU runs at the old clock until the change lands (`lag_s`, the rank's measured switch
     latency) and draws that clock's power: charged to its own clock, that time would pull
@@ -196,7 +213,7 @@ def window_shares(
     in the round, its time holds those seconds (its power does not)."""
     old_s: list[dict[int, float]] = [{} for _ in units]  # per previous clock
     total_s = [0.0] * len(units)
-    runs = _instruction_runs(units, where, time_breakdown, lag_s, start_mhz)
+    runs = _instruction_runs(units, where, time_breakdown, lag_s, start_mhz, idle_before_s)
     for index, t, since, before in runs:
         total_s[index] += t
         landing_s = min(max(lag_s - since, 0.0), t)

@@ -281,7 +281,8 @@ class Parallel3D:
         order = self.schedule.orders[info.pp_rank]
         units = [(i.stage, i.kind, int(f)) for i, (_, f) in zip(order, frequencies, strict=True)]
         where, lag_s = self._occurrence_index[info.pp_rank], info.switch_latency_s or 0.0
-        shares = window_shares(units, where, res.time_breakdown, lag_s, start_mhz)
+        idle = res.idle_before_s
+        shares = window_shares(units, where, res.time_breakdown, lag_s, start_mhz, idle)
         rows = []
         for w in res.energy_windows or ():
             rows.append(
@@ -295,7 +296,7 @@ class Parallel3D:
                     tail_after=_by_unit(shares, w.tail_after_s),
                 )
             )
-        return rows, clean_unit_times(units, where, res.time_breakdown, lag_s)
+        return rows, clean_unit_times(units, where, res.time_breakdown, lag_s, idle)
 
     def measure(
         self,

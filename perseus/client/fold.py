@@ -133,6 +133,7 @@ class GroupFold:
             replicas=replicas,
             idle_power_w=float(np.median(idle)) if len(idle) else None,
             energy_windows=own.energy_windows,  # its own GPU's (schedulers.parallel)
+            idle_before_s=own.idle_before_s,  # likewise
         )
 
     def fold(

@@ -8,12 +8,13 @@ the round's end it becomes the `ProfilingResult` the rank reports.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from perseus.protocol import INSTRUCTIONS, EnergyWindow, ProfilingResult
 
-__all__ = ["RoundRecord", "TraceWriter"]
+__all__ = ["RoundRecord", "TraceWriter", "idle_before_s"]
 
 TraceWriter = Callable[[dict[str, Any]], None]
 """Appends one record to the rank's trace (or drops it when there is none)."""
@@ -135,4 +136,24 @@ class RoundRecord:
             time_breakdown=self.time_breakdown,
             energy_breakdown=energy_breakdown,
             energy_windows=windows,
+            idle_before_s=self.idle_before_s(),
         )
+
+    def idle_before_s(self) -> list[float] | None:
+        """`idle_before_s` of the round's `intervals`."""
+        return idle_before_s(self.intervals)
+
+
+def idle_before_s(intervals: Sequence[tuple[int, float, float]]) -> list[float] | None:
+    """Per instruction index, the mean seconds the GPU was idle before it started (since the
+    instruction before it ended), over `intervals` ((index, start, end) of every instruction
+    run); None before two instructions ran. An index that never followed another gets 0."""
+    runs = sorted(intervals, key=lambda run: run[1])
+    if len(runs) < 2:
+        return None
+    size = 1 + max(index for index, _, _ in runs)
+    total, count = [0.0] * size, [0] * size
+    for (_, _, end), (index, start, _) in itertools.pairwise(runs):
+        total[index] += max(0.0, start - end)
+        count[index] += 1
+    return [t / c if c else 0.0 for t, c in zip(total, count, strict=True)]

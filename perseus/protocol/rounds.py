@@ -211,6 +211,11 @@ class ProfilingResult(BaseModel):
         replicas: Protocol 2 (a leader's result): one entry per replica it speaks for.
         idle_power_w: Protocol 2: the median, over the GPUs of the leader's group that
             were ever idle, of the power each drew while not computing, W (None: none was).
+        idle_before_s: Per instruction of the rank's iteration order (its index), the mean
+            over the round of the seconds its GPU was idle before it started (since the
+            instruction before it ended: bubbles, waits for a peer, the optimizer step), so
+            that the coordinator counts a clock change's landing in wall time; None from
+            older clients. A leader sends its own GPU's.
 
     A leader's result speaks for its whole group (`perseus.client.leaders`, gathered
     in-job): `iter_time` is each iteration's slowest GPU of the group, `iter_energy` each
@@ -239,6 +244,7 @@ class ProfilingResult(BaseModel):
     energy_windows: list[EnergyWindow] | None = Field(default=None, max_length=MAX_WINDOWS)
     replicas: list[ReplicaFigures] = Field(default_factory=list, max_length=MAX_REPLICAS)
     idle_power_w: float | None = Field(default=None, ge=0.0, le=MAX_POWER_W, allow_inf_nan=False)
+    idle_before_s: list[Span] | None = Field(default=None, max_length=MAX_ACTIONS)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ProfilingResult:

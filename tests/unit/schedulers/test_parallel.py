@@ -255,3 +255,22 @@ def test_windows_charge_seconds_run_before_a_change_lands_to_the_previous_clock(
     # 1 ms forwards: both run wholly before the change lands, at the backwards' clock.
     short = {"forward": [[0.001, 0.001]] * 3, "backward": [[0.03, 0.02]] * 3}
     assert window_shares(units, where, short, 0.015)[1] == [((0, "forward", 810), 1.0)]
+
+
+def test_a_clock_change_lands_in_wall_time_across_idle_gaps():
+    """A 2 ms forward starts a change that takes 15 ms to land; the GPU then waits 20 ms
+    for a peer before the next forward. In busy seconds that forward would start 2 ms into
+    the change (and be charged to the wrong clock); in wall time it starts 22 ms in, clear."""
+    from schedulers.measurement import clean_unit_times, window_shares
+
+    units, where = FFBB, FFBB_WHERE
+    tb = {"forward": [[0.002, 0.002]] * 2, "backward": [[0.03, 0.02]] * 2}
+    busy = clean_unit_times(units, where, tb, 0.015)
+    assert busy[0, "forward", 1410] == (pytest.approx(0.008), 4)  # none clear: all kept
+    idle = [0.0, 0.020, 0.0, 0.0]
+    wall = clean_unit_times(units, where, tb, 0.015, idle)
+    assert wall[0, "forward", 1410] == (pytest.approx(0.004), 2)  # each iteration's second
+    assert window_shares(units, where, tb, 0.015, idle_before_s=idle)[1] == [(units[1], 1.0)]
+    assert window_shares(units, where, tb, 0.015)[1] == [((0, "forward", 810), 1.0)]
+    # Idle before an instruction that starts a change does not count: it begins there.
+    assert clean_unit_times(units, where, tb, 0.015, [0.0, 0.0, 0.050, 0.0]) == busy

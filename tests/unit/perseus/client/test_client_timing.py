@@ -79,3 +79,21 @@ def test_events_timing_is_chosen_only_where_it_can_run() -> None:
     assert choose_timing("sync", gpu, has_counter=True) == "sync"
     with pytest.raises(ConfigurationError, match="needs a real GPU with an energy counter"):
         choose_timing("events", gpu, has_counter=True)
+
+
+def test_a_round_reports_the_idle_seconds_before_each_instruction() -> None:
+    """What the coordinator needs to count a clock change's landing in wall time: per index
+    of the order, the mean idle gap before it (the gap after the last index's end wraps to
+    the next step's first)."""
+    record = RoundRecord(0, lambda r: None)
+    for base in (0.0, 1.0):
+        record.start_step()
+        record.instruction("forward", 0.1, 1.0)
+        record.instruction("forward", 0.1, 1.0)
+        record.step(0, 0.4, 2.0)
+        record.interval(0, base, base + 0.1)
+        record.interval(1, base + 0.3, base + 0.4)  # waited 0.2 s for a peer
+    result = record.result(0, None)
+    # Index 0 followed index 1 once (0.6 s across the step boundary): its mean is 0.6 s.
+    assert result.idle_before_s == pytest.approx([0.6, 0.2])
+    assert RoundRecord(1, lambda r: None).idle_before_s() is None
