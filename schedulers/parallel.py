@@ -282,9 +282,11 @@ class Parallel3D:
         units = [(i.stage, i.kind, int(f)) for i, (_, f) in zip(order, frequencies, strict=True)]
         where, lag_s = self._occurrence_index[info.pp_rank], info.switch_latency_s or 0.0
         idle = res.idle_before_s
+        rows: list[WindowRow] = []
+        if not res.energy_windows:  # nothing to share out (every round: keep it cheap)
+            return rows, clean_unit_times(units, where, res.time_breakdown, lag_s, idle)
         shares = window_shares(units, where, res.time_breakdown, lag_s, start_mhz, idle)
-        rows = []
-        for w in res.energy_windows or ():
+        for w in res.energy_windows:
             rows.append(
                 WindowRow(
                     w.energy_j,

@@ -172,6 +172,7 @@ class PlanModel:
         self.p2p_power_w = p2p_power_w
         self.costs = costs
         self.frontier = frontier
+        self._all_max: tuple[InstructionProfile, tuple[Any, ...], Plan] | None = None
         self.per_stage: StageLimits | None = None
         """What a job whose plans are per-stage constant clocks aims at (`solve_per_stage`);
         None: per-instruction plans (the solver's frontier)."""
@@ -249,16 +250,23 @@ class PlanModel:
         )
 
     def all_max(self) -> Plan:
-        """The all-max plan, scored like every other plan of the job."""
+        """The all-max plan, scored like every other plan of the job (asked for every round:
+        kept until the profile, the blocking power or the costs change)."""
         from perseus.planning import all_max_plan
 
-        return all_max_plan(
-            self._profile(),
-            self.pipeline,
-            self.p2p_power_w,
-            switch_latency_s=self.costs.switch_latency_s,
-            hop_latency_s=self.costs.hop_latency_s,
-        )
+        profile = self._profile()
+        key = (self.p2p_power_w, self.costs.switch_latency_s, self.costs.hop_latency_s)
+        cached = self._all_max
+        if cached is None or cached[0] is not profile or cached[1] != key:
+            plan = all_max_plan(
+                profile,
+                self.pipeline,
+                self.p2p_power_w,
+                switch_latency_s=self.costs.switch_latency_s,
+                hop_latency_s=self.costs.hop_latency_s,
+            )
+            self._all_max = cached = (profile, key, plan)
+        return cached[2]
 
     def predicted(self, plan: Plan) -> tuple[float, float]:
         """(saving, slowdown) of `plan` against all-max, both scored by the same model."""

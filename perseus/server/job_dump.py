@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -41,6 +42,12 @@ class JobDump:
         self.keep_rounds = keep_rounds
         self.persisted_plan: str | None = None
         """The deployed plan last written (JSON text): an unchanged plan is not rewritten."""
+        self._written: deque[int] = deque()
+        """Rounds whose schedules this dump wrote and has not pruned, oldest first."""
+        self._spared: set[int] = set()
+        """Older rounds a prune kept because a report is made from them."""
+        self._swept = False
+        """The directory was pruned by listing it once (rounds written before a restart)."""
 
     async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """`fn(*args)` in a worker thread; an `OSError` is logged, not raised."""
@@ -69,11 +76,39 @@ class JobDump:
 
     async def schedules(self, round_number: int, schedules: list[FrequencySchedule]) -> None:
         await self._run(dump_models, self.dir.schedules(round_number), schedules)
+        if self.enabled:
+            self._written.append(round_number)
 
     async def prune(self, protect: Collection[int]) -> None:
-        """Keep the last `keep_rounds` rounds and the `protect`ed ones (0: keep all)."""
-        if self.keep_rounds:
+        """Keep the last `keep_rounds` rounds and the `protect`ed ones (0: keep all).
+
+        The first prune lists the directory (rounds dumped before a restart); later ones
+        delete the rounds this dump wrote by name, so that a round's cost does not grow
+        with the directory or the job's age."""
+        if not self.keep_rounds or not self.enabled:
+            return
+        if not self._swept:
+            self._swept = True
             await self._run(self.dir.prune_rounds, self.keep_rounds, protect)
+            while len(self._written) > self.keep_rounds:
+                self._written.popleft()
+            return
+        kept = set(protect)
+        victims = [n for n in self._spared if n not in kept]
+        self._spared.difference_update(victims)
+        while len(self._written) > self.keep_rounds:
+            n = self._written.popleft()
+            if n in kept:
+                self._spared.add(n)
+            else:
+                victims.append(n)
+        if victims:
+            await self._run(self._delete_rounds, victims)
+
+    def _delete_rounds(self, rounds: list[int]) -> None:
+        for n in rounds:
+            for path in (self.dir.schedules(n), self.dir.results(n)):
+                path.unlink(missing_ok=True)
 
     async def plans(self, plan: Plan, baseline: Plan | None) -> None:
         """The deployed plan (and its all-max baseline, first), when it changed."""
