@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from perseus.domain.units import max_slowdown_problem
+from schedulers.drift import DEFAULT_REPROFILE_DRIFT
 from schedulers.planning import PlanningArgs
 
 __all__ = ["PerseusArgs"]
@@ -72,6 +73,15 @@ class PerseusArgs(PlanningArgs):
         "guard compares the plan with all-max measured at the same time (machines drift: "
         "temperature, other jobs); it costs that share of the saving. 0: only the all-max "
         "rounds before profiling",
+    )
+    reprofile_drift: float = Field(
+        default=DEFAULT_REPROFILE_DRIFT,
+        ge=0.0,
+        le=1.0,
+        description="while a plan runs, profile the job again when the all-max reference "
+        "rounds' median iteration time or energy drifts by more than this fraction from the "
+        "all-max rounds the profile was taken with (the GPUs no longer match it; "
+        "schedulers.drift); 0: never",
     )
     guard_z: float = Field(
         default=3.0,

@@ -16,6 +16,7 @@ from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.settings import PerseusSettings
 from schedulers.args import SchedulerArgs
 from schedulers.costs import CostModel, job_switch_latency
+from schedulers.drift import DriftWatch
 from schedulers.guard import (
     GuardDecision,
     GuardState,
@@ -126,7 +127,12 @@ class Perseus(DeployStep, PlanningScheduler):
         )
         # With all-max rounds first, the sweep needs no warm-up of its own.
         sweep_args = args.model_copy(update={"warmup_rounds": 0}) if self.baseline_rounds else args
+        self._sweep_args = sweep_args
         self.init_profile_source(sweep_args)
+        self.drift = DriftWatch(args.reprofile_drift, self.baseline_rounds)
+        """The all-max reference rounds against those the profile was taken with."""
+        self._profiled_from = 0
+        """The round the current profile's rounds began (a re-profile's first)."""
         self.phase = PerseusPhase.PROFILING
         self.progress = ProfilingProgress(
             1 + self.baseline_rounds if self.baseline_rounds else 0,
@@ -373,6 +379,16 @@ class Perseus(DeployStep, PlanningScheduler):
             self.promise.add_baseline(figures)
             if issued == "baseline" and self.sweep is not None and measurement.p2p_power_w:
                 self.sweep.p2p_samples.append(measurement.p2p_power_w)
+        # All-max rounds while a profile's plan runs (reference rounds) or cools down after
+        # a fall-back: the drift from the all-max rounds the profile was taken with.
+        watching = (issued == "baseline" and self.phase is PerseusPhase.DEPLOYED) or (
+            issued == PerseusPhase.ALL_MAX.value and self.drift.reference is not None
+        )
+        if watching and self._round > 0:
+            drifted = self.drift.observe(figures)
+            if drifted is not None:
+                self._reprofile(drifted)
+                return
         if self.phase is PerseusPhase.PROFILING:
             if issued in ("sweep", "stage-sweep"):
                 freqs = [[f for _, f in rank] for rank in self._last_plan]
@@ -424,6 +440,8 @@ class Perseus(DeployStep, PlanningScheduler):
             reason = f"{reason}; per-stage plan: {self._per_stage_why()}"
         self.adopt(plan)
         self.phase = PerseusPhase.DEPLOYED
+        if event == "deployed":  # a new profile's plan: its all-max rounds are the reference
+            self.drift.arm([r for r in self.baseline if r.round >= self._profiled_from])
         first = self._first_round_of_a_new_plan()
         self.promise.deployed(self._round, first, plan, event, reason, costs=costs)
         self.promise.save(self._round, force=True)
@@ -499,6 +517,38 @@ class Perseus(DeployStep, PlanningScheduler):
             f"after a cool-down of all-max rounds (fall-back {self.guard.fallbacks}), "
             f"measured against {len(self.baseline)} fresh all-max round(s)",
         )
+
+    def _reprofile(self, why: str) -> None:
+        """The GPUs drifted from the profile (`schedulers.drift`): profile the job again as
+        at its start (all-max rounds, then the sweep, or per-stage rounds), solve, check and
+        deploy the new profile's plan. The running plan is withdrawn meanwhile (profiling
+        rounds run their own clocks); the guard's all-max window, the energy totals and the
+        record go on. A profile given by path is measured afresh: it no longer describes the
+        GPUs."""
+        self.promise.record(
+            self._round,
+            "reprofile",
+            why,
+            warning=True,
+            text=f"guard: {why}; profiling the job again",
+        )
+        self.drift.reset()
+        # The all-max rounds before the drift no longer describe all-max: the new profile's
+        # lead-in measures the guard's window afresh.
+        self.guard.baseline.clear()
+        self._profiled_from = self._round + 1
+        args = self._sweep_args.model_copy(update={"profile_path": None})
+        self.init_profile_source(args)
+        self.profile = None
+        self._solve = None
+        self.stage_sweep = None
+        self.stage_curves = None
+        self.stage_sensitivity = None
+        self._all_max_rounds = []
+        self._overrides = {}
+        self.progress.restart(self._round + 1 + self.baseline_rounds)
+        self.phase = PerseusPhase.PROFILING
+        self.promise.save(self._round, force=True)
 
     def _faster_plan(self, decision: GuardDecision) -> Plan | None:
         """The cheapest faster frontier point that meets the budget with the hop latency

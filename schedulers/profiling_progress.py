@@ -61,6 +61,13 @@ class ProfilingProgress:
         self.all_max_round: RoundMeasurement | None = None
         """The last all-max profiling round (its instruction times per stage and kind)."""
 
+    def restart(self, lead_in: int) -> None:
+        """The job is profiled again (`Perseus._reprofile`): all-max rounds until round
+        `lead_in`, then a new sweep; the job's totals go on."""
+        self.lead_in = lead_in
+        self.sweep_rounds = []
+        self.all_max_round = None
+
     def count(self, results: list[ProfilingResult], iteration_time_s: float) -> None:
         """A measured round: its joules and iterations (every GPU)."""
         self.round_iterations = max((len(r.iter_time) for r in results), default=0)
