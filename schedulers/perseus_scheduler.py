@@ -147,6 +147,9 @@ class Perseus(DeployStep, PlanningScheduler):
         self._overrides: dict[int, StagePlan] = {}
         self._running: dict[int, Plan] = {}
         self._solve: FrontierSolve | None = None
+        self._solve_failures = 0
+        self._solve_retry_at: int | None = None
+        """After a failed solve: the round it is tried again (`DeployStep._solve_failed`)."""
         self.stage_sweep: StageClockSweep | None = None
         """The per-stage clock rounds, once the all-max rounds showed instructions too short."""
         self.stage_curves: list[StageCurve] | None = None
@@ -179,6 +182,9 @@ class Perseus(DeployStep, PlanningScheduler):
     # ------------------------------------------------------------------ rounds
     def plan_next(self) -> StagePlan:
         self._round += 1
+        if self.phase is PerseusPhase.ALL_MAX and self._solve_retry_due():
+            self.phase = PerseusPhase.PROFILING  # the profile is complete: `_deploy` solves
+            self.promise.note(f"round {self._round}: solving the frontier again")
         if self.phase is PerseusPhase.PROFILING:
             if self._round < self.progress.lead_in:
                 self._ran = "baseline"
@@ -541,6 +547,7 @@ class Perseus(DeployStep, PlanningScheduler):
         self.init_profile_source(args)
         self.profile = None
         self._solve = None
+        self._solve_retry_at = None
         self.stage_sweep = None
         self.stage_curves = None
         self.stage_sensitivity = None

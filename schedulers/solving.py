@@ -28,7 +28,7 @@ from typing import Any
 from perseus.errors import PerseusError
 from perseus.settings import PerseusSettings
 from schedulers.checks import plan_problems, profile_problems
-from schedulers.guard import median_figures
+from schedulers.guard import MAX_COOLDOWN_ROUNDS, median_figures
 from schedulers.plan_model import PlanModel, SolveRequest, solve_in_process
 from schedulers.solve_pool import (
     PoolSolve,
@@ -40,6 +40,11 @@ from schedulers.solve_pool import (
 __all__ = ["DeployStep", "FrontierSolve"]
 
 logger = logging.getLogger(__name__)
+
+SOLVE_RETRY_ROUNDS = 100
+"""Rounds of all-max after a first failed solve before it is tried again (a transient
+failure: memory taken by other solves, a timeout under load); doubling at each failure up to
+`schedulers.guard.MAX_COOLDOWN_ROUNDS`."""
 
 MAX_LEFT_OUT_LISTED = 64
 """Left-out profile rows a ``profile_left_out`` event lists (the count says how many)."""
@@ -181,6 +186,8 @@ class DeployStep:
     has decided; while the solve runs, `Perseus.plan_next` hands out all-max rounds."""
 
     _solve: FrontierSolve | None
+    _solve_failures: int
+    _solve_retry_at: int | None
 
     def _deploy(self) -> None:
         if self._solve is None:
@@ -310,14 +317,35 @@ class DeployStep:
         """Hold all-max because the frontier could not be solved, saying why: the job's
         log, a ``solve_failed`` event (``promise.jsonl``, ``/jobs``, the metric
         ``perseus_solve_failures_total``), the hold's own event. The job goes on."""
-        reason = f"the frontier solve failed ({failure.kind}): {failure.reason}"
-        logger.warning("Job %s: %s; all-max stays", self.job_info.job_id, reason)
+        self._solve_failures += 1
+        retry_in = min(SOLVE_RETRY_ROUNDS * 2 ** (self._solve_failures - 1), MAX_COOLDOWN_ROUNDS)
+        self._solve_retry_at = self._round + retry_in
+        reason = (
+            f"the frontier solve failed ({failure.kind}): {failure.reason}; tried again in "
+            f"{retry_in} rounds"
+        )
+        logger.warning("Job %s: %s; all-max meanwhile", self.job_info.job_id, reason)
         seconds = None if self._solve is None else self._solve.seconds
         self.promise.record(
-            self._round, "solve_failed", reason, text=None, failure=failure.kind, seconds=seconds
+            self._round,
+            "solve_failed",
+            reason,
+            text=None,
+            failure=failure.kind,
+            seconds=seconds,
+            retry_in_rounds=retry_in,
         )
         self.report_profiling(None)
         self._hold("held", [reason])
+
+    def _solve_retry_due(self) -> bool:
+        """Whether a failed solve's back-off is over (`_solve_failed`): then the next round
+        solves again (all-max while it runs), and deploys or holds as after profiling."""
+        if self._solve_retry_at is None or self._round < self._solve_retry_at:
+            return False
+        self._solve_retry_at = None
+        self._solve = None
+        return True
 
     def close(self) -> None:
         """The job ended, failed or was evicted, or the coordinator shuts down: stop its

@@ -348,3 +348,32 @@ def test_gpus_that_drift_from_the_profile_are_profiled_again(tmp_path):
     assert s.sweep is not None and s.sweep.done  # measured online this time
     for steady in (run(0.0, 0.05), run(0.5, 0.0)):
         assert "reprofile" not in [e["event"] for e in steady.promise.story.take_events()]
+
+
+def test_a_failed_solve_is_tried_again_after_a_back_off(tmp_path):
+    """Issue 49: a solve that fails (here: over its memory limit) holds all-max with its
+    reason and is tried again SOLVE_RETRY_ROUNDS later; once it can succeed (the limit
+    raised, as memory freed by other jobs' solves would) the job deploys its plan."""
+    from schedulers.solving import SOLVE_RETRY_ROUNDS
+
+    c = cluster()
+    settings = PerseusSettings(scheduler="Perseus", dump_dir=str(tmp_path), solve_memory_mb=1)
+    args = {
+        "max_slowdown": BUDGET,
+        "profile_path": profile_csv(tmp_path),
+        "p2p_power": c.gpus[0].p2p_block_power_w,
+    }
+    s = build_scheduler(Perseus, c.job_record(), c.rank_infos(), settings, args)
+    assert isinstance(s, Perseus)
+    run_rounds(s, c, 10)
+    events = s.promise.story.take_events()
+    failed = [e for e in events if e["event"] == "solve_failed"]
+    assert len(failed) == 1 and failed[0]["retry_in_rounds"] == SOLVE_RETRY_ROUNDS, events
+    assert s.phase is PerseusPhase.ALL_MAX
+    run_rounds(s, c, SOLVE_RETRY_ROUNDS)  # still too little memory: tried again, longer
+    failed = [e for e in s.promise.story.take_events() if e["event"] == "solve_failed"]
+    assert [e["retry_in_rounds"] for e in failed] == [2 * SOLVE_RETRY_ROUNDS], failed
+    s.settings = settings.model_copy(update={"solve_memory_mb": 4096})
+    run_rounds(s, c, 2 * SOLVE_RETRY_ROUNDS + 5)
+    assert "deployed" in [e["event"] for e in s.promise.story.take_events()]
+    assert s.phase is PerseusPhase.DEPLOYED
