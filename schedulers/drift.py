@@ -19,11 +19,17 @@ from collections.abc import Sequence
 from perseus.domain.robust import median
 from schedulers.guard import RoundFigures
 
-__all__ = ["DEFAULT_REPROFILE_DRIFT", "DriftWatch"]
+__all__ = ["DEFAULT_REPROFILE_DRIFT", "DRIFT_WINDOW", "DriftWatch"]
 
 DEFAULT_REPROFILE_DRIFT = 0.05
 """Relative drift of the all-max iteration time or energy that re-profiles a job: above the
 guard's usual tolerance (budget + 0.5 point), below the 7 % a day an H200 showed."""
+
+
+DRIFT_WINDOW = 20
+"""Reference rounds the newest median is taken over: with a reference round every 10th
+round, 200 rounds (minutes to half an hour), so that a passing disturbance (a host stall, a
+neighbour's burst) that moves a few reference rounds moves no median; drift moves them all."""
 
 
 class DriftWatch:
@@ -34,7 +40,7 @@ class DriftWatch:
         rounds: Reference rounds the newest median is taken over (at least 3).
     """
 
-    def __init__(self, threshold: float, rounds: int) -> None:
+    def __init__(self, threshold: float, rounds: int = DRIFT_WINDOW) -> None:
         self.threshold = threshold
         self.rounds = max(3, rounds)
         self.reference: tuple[float, float] | None = None

@@ -129,7 +129,7 @@ class Perseus(DeployStep, PlanningScheduler):
         sweep_args = args.model_copy(update={"warmup_rounds": 0}) if self.baseline_rounds else args
         self._sweep_args = sweep_args
         self.init_profile_source(sweep_args)
-        self.drift = DriftWatch(args.reprofile_drift, self.baseline_rounds)
+        self.drift = DriftWatch(args.reprofile_drift)
         """The all-max reference rounds against those the profile was taken with."""
         self._profiled_from = 0
         """The round the current profile's rounds began (a re-profile's first)."""
@@ -385,12 +385,10 @@ class Perseus(DeployStep, PlanningScheduler):
             self.promise.add_baseline(figures)
             if issued == "baseline" and self.sweep is not None and measurement.p2p_power_w:
                 self.sweep.p2p_samples.append(measurement.p2p_power_w)
-        # All-max rounds while a profile's plan runs (reference rounds) or cools down after
-        # a fall-back: the drift from the all-max rounds the profile was taken with.
-        watching = (issued == "baseline" and self.phase is PerseusPhase.DEPLOYED) or (
-            issued == PerseusPhase.ALL_MAX.value and self.drift.reference is not None
-        )
-        if watching and self._round > 0:
+        # The reference rounds while a profile's plan runs, spaced out: the drift from the
+        # all-max rounds the profile was taken with (a cool-down's dense all-max rounds
+        # would let a passing stall fill the window).
+        if issued == "baseline" and self.phase is PerseusPhase.DEPLOYED and self._round > 0:
             drifted = self.drift.observe(figures)
             if drifted is not None:
                 self._reprofile(drifted)

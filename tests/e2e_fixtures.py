@@ -84,11 +84,20 @@ def steps_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["kind"] == "step"]
 
 
-def last_decision_round(job_dir: Path) -> int:
-    """The round of the job's last decision in ``promise.jsonl``: deployed, held, a move of
-    the guard or its fall-back (not the checks that kept the plan)."""
+DECISIONS = ("deployed", "held", "move", "fallback", "redeploy", "reprofile", "resumed")
+"""Events of ``promise.jsonl`` that change what the job runs (not checks that kept the plan,
+nor notes such as ``profile_left_out`` or ``solve_failed``, which a ``held`` follows)."""
+
+
+def decisions(job_dir: Path) -> list[dict[str, Any]]:
+    """The job's decisions in ``promise.jsonl`` (`DECISIONS`), oldest first."""
     lines = (Path(job_dir) / "promise.jsonl").read_text().splitlines()
-    return max(e["round"] for e in map(json.loads, lines) if e["event"] != "check")
+    return [e for e in map(json.loads, lines) if e["event"] in DECISIONS]
+
+
+def last_decision_round(job_dir: Path) -> int:
+    """The round of the job's last decision in ``promise.jsonl`` (`decisions`)."""
+    return max(e["round"] for e in decisions(job_dir))
 
 
 def steps_after_round(records: Sequence[dict[str, Any]], round_: int) -> list[int]:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from e2e_fixtures import (
     Coordinator,
+    decisions,
     executed,
     last_decision_round,
     read_traces,
@@ -92,17 +93,17 @@ def test_the_job_first_runs_all_max_then_its_plan(run):
         plan_rounds = [r for r in ran if r == want[rank]]
         assert len(plan_rounds) >= 0.8 * len(ran), (rank, ran)
     # The job deploys (README): a plan that lowers some clock, not all-max kept.
-    assert _events(job_dir)[0]["event"] == "deployed", _events(job_dir)
+    assert decisions(job_dir)[0]["event"] == "deployed", _events(job_dir)
     assert any(f < MAX_MHZ for s in plan.stage_frequencies() for f in s)
 
 
 def test_the_plan_keeps_its_promise_measured(run):
     _, job_dir = run
-    events = _events(job_dir)
+    events = decisions(job_dir)
     report = read_dump(job_dir).report
     assert report.measured_all_max is not None
     # README's job deploys: all-max kept ("held") fails here, as does a fall-back.
-    assert events[0]["event"] == "deployed", events
+    assert events[0]["event"] == "deployed", _events(job_dir)
     assert not [e for e in events if e["event"] in ("held", "fallback")], events
     assert report.measured_slowdown is not None and report.measured_saving is not None
     assert report.predicted_slowdown is not None and report.predicted_saving is not None
