@@ -1,8 +1,9 @@
 """End to end: `attach` inside real `torch.distributed.pipelining` schedules.
 
 For every schedule class of torch 2.13, a real ``torchrun --nproc-per-node 4`` job (gloo,
-emulated GPUs, `tests/e2e/pipelining_job.py`) trains a tiny model with Perseus attached to a
-real coordinator on loopback (AllMaxFrequency). Every rank's executed instructions (stage,
+emulated GPUs, `tests/e2e/pipelining_job.py`; the classes one after the other in one launch,
+each its own Perseus job) trains a tiny model with Perseus attached to a real coordinator on
+loopback (AllMaxFrequency). Every rank's executed instructions (stage,
 kind, microbatch, from the hook's traces) must equal torch's own ``pipeline_order`` compute
 actions, in order, in every step, and the job must finish.
 """
@@ -62,55 +63,53 @@ def torch_compute_order(name: str, chunks: int, microbatches: int) -> list[list[
     return orders
 
 
+TOKEN = "e2e-token-0123456789abcdef"
+
+
 @pytest.fixture(scope="module")
-def coordinator(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pipelining-coordinator")
+def every_case(tmp_path_factory):
+    """Every case in one launch (their own Perseus jobs, one after the other), against a
+    coordinator with a token: the trace root, the job's log, the coordinator's log and the
+    jobs' dump directories."""
+    tmp = tmp_path_factory.mktemp("pipelining")
     with Coordinator(
         scheduler="AllMaxFrequency",
         scheduler_args={},  # every job describes its own pipeline
         dump_dir=tmp / "dump",
         log_path=tmp / "coordinator.log",
+        env={"PERSEUS_TOKEN": TOKEN, "PERSEUS_DUMP_DATA": "true"},
     ) as c:
-        yield c
+        log = launch(tmp / "trace", c.url, CASES, token=TOKEN)
+        job_dirs = c.job_dirs()
+    return tmp / "trace", log, (tmp / "coordinator.log").read_text(), job_dirs
 
 
 @pytest.mark.parametrize(("name", "chunks", "microbatches", "with_eval"), CASES)
-def test_executed_order_is_torchs_pipeline_order(
-    tmp_path, coordinator, name, chunks, microbatches, with_eval
-):
-    run_and_check(tmp_path, coordinator, name, chunks, microbatches, with_eval)
+def test_executed_order_is_torchs_pipeline_order(every_case, name, chunks, microbatches, with_eval):
+    trace_root, log, _, _ = every_case
+    assert f"{STEPS} step(s) of {name} done" in log
+    check_order(trace_root / name, name, chunks, microbatches, log)
 
 
-TOKEN = "e2e-token-0123456789abcdef"
-
-
-def test_a_job_runs_against_a_coordinator_with_a_token(tmp_path):
+def test_the_jobs_ran_against_a_coordinator_with_a_token(every_case):
     """PERSEUS_TOKEN on the coordinator and the ranks: every rank presents it, and rank 0
     passes the job credential to the others (else their requests would get 403)."""
-    with Coordinator(
-        scheduler="AllMaxFrequency",
-        scheduler_args={},
-        dump_dir=tmp_path / "dump",
-        log_path=tmp_path / "coordinator.log",
-        env={"PERSEUS_TOKEN": TOKEN, "PERSEUS_DUMP_DATA": "true"},
-    ) as c:
-        log = run_and_check(tmp_path, c, "Schedule1F1B", 1, 4, False, token=TOKEN)
-        (job_dir,) = c.job_dirs()
-    assert '"token_sha256":"' in (job_dir / "job.json").read_text()
-    assert TOKEN not in log and TOKEN not in (tmp_path / "coordinator.log").read_text()
-    # attach()'s normal close ended the job: finished, never failed (rank 0 sent the job's
-    # credential with POST /finish after every rank had closed).
-    assert (job_dir / "finished").is_file() and not (job_dir / "failed").exists()
+    _, log, coordinator_log, job_dirs = every_case
+    assert len(job_dirs) == len(CASES)
+    for job_dir in job_dirs:
+        assert '"token_sha256":"' in (job_dir / "job.json").read_text()
+        # attach()'s normal close ended the job: finished, never failed (rank 0 sent the
+        # job's credential with POST /finish after every rank had closed).
+        assert (job_dir / "finished").is_file() and not (job_dir / "failed").exists()
+    assert TOKEN not in log and TOKEN not in coordinator_log
 
 
-def run_and_check(tmp_path, coordinator, name, chunks, microbatches, with_eval, token=None):
-    """Run the job; check every rank's executed order against torch's; returns the log."""
-    trace_dir = tmp_path / "trace"
+def launch(trace_root, url, cases, token=None) -> str:
+    """Run `cases` in one torchrun job; returns its log (it must succeed)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "ZEUS_"))}
     env.update(
         ZEUS_GPU_BACKEND="emulated",
         PERSEUS_EMULATE_STRETCH="0",  # measure only: the order is under test, not clocks
-        PERSEUS_TRACE_DIR=str(trace_dir),
         OMP_NUM_THREADS="1",
     )
     if token is not None:
@@ -118,21 +117,24 @@ def run_and_check(tmp_path, coordinator, name, chunks, microbatches, with_eval, 
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", str(RANKS), "--max-restarts", "0", str(JOB),
-        "--schedule", name, "--chunks", str(chunks), "--microbatches", str(microbatches),
-        "--steps", str(STEPS), "--server-url", coordinator.url,
+        "--steps", str(STEPS), "--server-url", url, "--trace-root", str(trace_root),
     ]  # fmt: skip
-    if with_eval:
-        cmd.append("--eval")
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    log = (done.stdout + done.stderr)[-6000:]
-    assert done.returncode == 0, log
+    for name, chunks, microbatches, with_eval in cases:
+        cmd += ["--case", f"{name},{chunks},{microbatches}" + (",eval" if with_eval else "")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-6000:]
+    return log
 
+
+def check_order(trace_dir, name, chunks, microbatches, log) -> None:
+    """Every rank's executed order, in every step, is torch's own for the case."""
     expected = torch_compute_order(name, chunks, microbatches)
     traces = read_traces(trace_dir)
     assert sorted(traces) == list(range(RANKS))
     for rank, records in traces.items():
         steps = [r for r in records if r["kind"] == "step"]
-        assert len(steps) == STEPS, (rank, log)  # eval() is not an iteration
+        assert len(steps) == STEPS, (rank, log[-6000:])  # eval() is not an iteration
         for step in range(STEPS):
             executed = [
                 (r["stage"], r["instruction"], r["microbatch"])
@@ -140,4 +142,3 @@ def run_and_check(tmp_path, coordinator, name, chunks, microbatches, with_eval, 
                 if r["kind"] == "instruction" and r["step"] == step
             ]
             assert executed == expected[rank], (name, rank, step)
-    return log
