@@ -6,12 +6,12 @@ The coordinator is started as README's "Deploy it in your training job" shows, w
 `DataLoader` and AdamW, one `attach` call, under ``torchrun`` (4 ranks, gloo) on emulated
 A100s at their default switching latency and sensors.
 
-Once with millisecond instructions and once with sub-millisecond ones. The ms job runs on
+With millisecond instructions (a job of sub-millisecond ones, which cannot be planned one
+by one, is `test_e2e_stage_clocks.py`'s, followed to its per-stage plan). The job runs on
 nominal emulated times (``PERSEUS_EMULATE_NOMINAL``: each Linear+GELU block's forward takes
 `NOMINAL_MS_PER_BLOCK` at the max clock, its backward twice that, whatever the shared CPU
 took), since with four ranks on two busy cores the CPU's noise, not the plan, would decide
-the outcome; the sub-ms job keeps its real CPU times (what it checks is that they are seen
-to be too short). The checks:
+the outcome. The checks:
 
 - the job ends ``finished`` and tells its story on rank 0's stderr without any logging
   setup (registration, profiling progress, what was deployed or why not, the end);
@@ -19,9 +19,7 @@ to be too short). The checks:
 - the promise: the ms job deploys a plan and keeps it (no hold, no fall-back), and the plan
   running at the end (medians of its rounds against the job's all-max rounds, the report's
   figures) is within ``max_slowdown`` + `SLOWDOWN_TOLERANCE` and saves energy, within
-  `SAVING_TOLERANCE` of the saving it predicted. Sub-millisecond instructions cannot be
-  planned one by one: the job must say so and measure per-stage clocks instead
-  (`test_e2e_stage_clocks.py` follows such a job to its per-stage plan).
+  `SAVING_TOLERANCE` of the saving it predicted.
 
 `SLOWDOWN_TOLERANCE` and `SAVING_TOLERANCE` are fixed (README, "How numbers are checked"),
 never widened by a run's own spread.
@@ -56,15 +54,8 @@ blocks are narrow (``--hidden 128``), so their real CPU time stays well under th
 on a loaded 2-core machine (a real time over it would show, at the max clock only, as
 noise)."""
 # Arguments and steps: a profiling round holds about 12 refreshes of the 100 ms counter (6
-# steps of the ms job); the ms job profiles in about 30 rounds, then its guard checks the
-# plan; the sub-ms job's all-max rounds show its instructions too short, and it ends in the
-# per-stage clock rounds that follow (all-max is what ran)
-# (rounds are sized in time, ~1 s: at 20–35 ms per iteration its five rounds take 150–250
-# steps).
-CASES = {
-    "ms": ["--hidden", "128", "--microbatches", "4", "--steps", "600"],
-    "sub-ms": ["--hidden", "16", "--batch", "8", "--steps", "400"],
-}
+# steps of the job); it profiles in about 30 rounds, then its guard checks the plan.
+CASES = {"ms": ["--hidden", "128", "--microbatches", "4", "--steps", "600"]}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -82,11 +73,10 @@ def run(request, tmp_path_factory):
         # in, everything else at its defaults (real sensors, a 15 ms clock switch).
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "ZEUS_"))}
         env |= {"ZEUS_GPU_BACKEND": "emulated", "ZEUS_EMULATED_GPU": "A100-SXM"}
-        if case == "ms":
-            env |= {
-                "PERSEUS_EMULATE_NOMINAL": "1",
-                "PERSEUS_EMULATE_NOMINAL_MS": json.dumps(NOMINAL_MS),
-            }
+        env |= {
+            "PERSEUS_EMULATE_NOMINAL": "1",
+            "PERSEUS_EMULATE_NOMINAL_MS": json.dumps(NOMINAL_MS),
+        }
         cmd = [
             sys.executable,
             "-m",
@@ -124,14 +114,12 @@ def _events(job_dir: Path) -> list[dict]:
 
 
 def test_the_job_ends_well_and_tells_its_story(run):
-    case, done, log, job_dir = run
+    _case, done, log, job_dir = run
     assert done.returncode == 0, done.stderr[-4000:]
     err = done.stderr
     assert "registered with http://127.0.0.1" in err
     assert "profiling round 1 of about" in err
-    decided = ("deployed a plan predicted" in err) or ("all-max stays" in err)
-    per_stage = case == "sub-ms" and "per-stage constant clocks instead" in err
-    assert decided or per_stage, err[-3000:]
+    assert "deployed a plan predicted" in err, err[-3000:]
     assert "ends: " in err and "J over" in err
     assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
     assert not (job_dir / "failed").exists()
@@ -139,13 +127,8 @@ def test_the_job_ends_well_and_tells_its_story(run):
 
 
 def test_the_promise_is_kept_or_the_job_says_why_not(run):
-    case, done, _log, job_dir = run
+    _case, done, _log, job_dir = run
     assert done.returncode == 0, done.stderr[-4000:]
-    if case == "sub-ms":
-        # Too short to plan one by one: per-stage clocks are measured instead.
-        assert "too short for per-instruction clocks" in done.stderr, done.stderr[-3000:]
-        assert "(per-stage clock sweep)" in done.stderr, done.stderr[-3000:]
-        return
     report = _report(job_dir)
     assert report["measured_all_max"] is not None
     assert report["measured_deployed"] is not None, report
