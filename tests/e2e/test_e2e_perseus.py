@@ -39,7 +39,7 @@ from perseus.planning.dump import read_dump
 require_torch()
 
 M = 4
-STEPS = 300
+STEPS = 250
 BUDGET = 0.01
 SLOWDOWN_TOLERANCE = 0.02
 SAVING_TOLERANCE = 0.02

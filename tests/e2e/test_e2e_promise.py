@@ -4,7 +4,8 @@ The coordinator is started as README's "Deploy it in your training job" shows, w
 ``{"max_slowdown": 0.01}`` (plus a dump folder for the report). The job is
 `tests/e2e/user_job.py`: a user's own MLP on torch's `Schedule1F1B` with a loss, a
 `DataLoader` and AdamW, one `attach` call, under ``torchrun`` (4 ranks, gloo) on emulated
-A100s at their default switching latency and sensors.
+A100s at their default switching latency, with real-like sensors whose counter refreshes
+every `SENSOR_PERIOD_MS`.
 
 With millisecond instructions (a job of sub-millisecond ones, which cannot be planned one
 by one, is `test_e2e_stage_clocks.py`'s, followed to its per-stage plan). The job runs on
@@ -53,9 +54,13 @@ NOMINAL_MS = {
 blocks are narrow (``--hidden 128``), so their real CPU time stays well under the nominal one
 on a loaded 2-core machine (a real time over it would show, at the max clock only, as
 noise)."""
-# Arguments and steps: a profiling round holds about 12 refreshes of the 100 ms counter (6
-# steps of the job); it profiles in about 30 rounds, then its guard checks the plan.
-CASES = {"ms": ["--hidden", "128", "--microbatches", "4", "--steps", "600"]}
+SENSOR_PERIOD_MS = 20
+"""The emulated energy counter refreshes every 20 ms, not 100 ms: profiling rounds hold the
+same number of refreshes in a fifth of the time (real-like sensors are under test in
+`test_e2e_sensors.py` and README's job, `test_e2e_perseus.py`)."""
+# Arguments and steps: the job profiles in about 60 rounds of one or two steps, then its
+# guard checks the plan every few rounds until the end.
+CASES = {"ms": ["--hidden", "128", "--microbatches", "4", "--steps", "240"]}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -70,12 +75,13 @@ def run(request, tmp_path_factory):
         env={"PERSEUS_DUMP_DATA": "true"},
     ) as coordinator:
         # As the README's deploy section runs it on a machine without GPUs: emulation opted
-        # in, everything else at its defaults (real sensors, a 15 ms clock switch).
+        # in, a 15 ms clock switch, real-like sensors (refreshing every SENSOR_PERIOD_MS).
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "ZEUS_"))}
         env |= {"ZEUS_GPU_BACKEND": "emulated", "ZEUS_EMULATED_GPU": "A100-SXM"}
         env |= {
             "PERSEUS_EMULATE_NOMINAL": "1",
             "PERSEUS_EMULATE_NOMINAL_MS": json.dumps(NOMINAL_MS),
+            "ZEUS_EMULATED_SENSOR_PERIOD_MS": str(SENSOR_PERIOD_MS),
         }
         cmd = [
             sys.executable,

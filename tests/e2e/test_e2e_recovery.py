@@ -1,46 +1,24 @@
-"""End to end: a torchrun job survives ``kill -9`` of its coordinator (issue 30, item 4).
+"""End to end: a torchrun job survives ``kill -9`` of its coordinator, guard included.
 
-A real 2-rank torchrun job (gloo, emulated GPUs in nominal mode) runs `PointSolution`'s
-plan. Mid-job the coordinator is SIGKILLed and started again within 10 s on the same
-port and dump dir; meanwhile the ranks wait at a round boundary, reconnect, and the
-restored coordinator serves the same plan until the job finishes, exit status 0.
+A real 2-rank torchrun job (gloo, emulated GPUs in nominal mode) under `Perseus` profiles,
+deploys its plan and has it checked. The coordinator is then SIGKILLed and started again
+on the same port and dump dir; meanwhile the ranks wait at a round boundary, reconnect, and
+the restored coordinator serves the same plan, its guard re-armed, until the job finishes,
+exit status 0.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
-import httpx
 import pytest
-from e2e_fixtures import Coordinator, DemoJob, executed, require_torch, run_job
+from e2e_fixtures import Coordinator, DemoJob, require_torch, run_job
 
-from perseus.domain.plan import Plan
-from perseus.domain.schedule import make_schedule
 from perseus.io.jobdir import JobDir
-from perseus.io.plan_file import load_plan, save_plan
 
 require_torch()
-
-FREQS = [[1410, 1005, 705, 1200], [810, 1395, 1110, 600]]
-
-
-def _plan(path):
-    schedule = make_schedule("1f1b", 2, 2)
-    plan = Plan(
-        schedule="1f1b",
-        num_stages=2,
-        num_microbatches=2,
-        p2p_power=55.0,
-        iteration_time=1.0,
-        energy=1.0,
-        frequencies=[
-            [(i.kind, f) for i, f in zip(order, fs, strict=True)]
-            for order, fs in zip(schedule.orders, FREQS, strict=True)
-        ],
-    )
-    save_plan(plan, path)
-    return path
 
 
 def _wait_for(predicate, timeout_s, what):
@@ -51,11 +29,21 @@ def _wait_for(predicate, timeout_s, what):
         time.sleep(0.1)
 
 
-def test_a_job_survives_kill_9_of_its_coordinator_and_a_restart(tmp_path):
-    plan_path = _plan(tmp_path / "plan.json")
+def _promise(jd: JobDir) -> list[dict]:
+    path = jd.promise
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def test_the_guard_checks_the_plan_again_after_kill_9_and_the_job_finishes(tmp_path):
+    """Issue 49: a torchrun job under `Perseus` profiles, deploys and has its plan checked by
+    the guard; then the coordinator is SIGKILLed and started again on the same dump. The
+    restarted coordinator re-arms the guard from ``guard.json`` (``resumed``), the guard
+    checks the plan again, and the job ends ``finished``. The emulated counter refreshes
+    every 20 ms (not the 100 ms default: sensors are not under test here), so that profiling
+    rounds are short."""
     coordinator = Coordinator(
-        scheduler="PointSolution",
-        scheduler_args={"solution_path": str(plan_path)},
+        scheduler="Perseus",
+        scheduler_args={"max_slowdown": 0.05},
         dump_dir=tmp_path / "dump",
         log_path=tmp_path / "coordinator.log",
         env={"PERSEUS_DUMP_DATA": "1"},
@@ -64,9 +52,9 @@ def test_a_job_survives_kill_9_of_its_coordinator_and_a_restart(tmp_path):
         nproc=2,
         layers="1,3",
         microbatches=2,
-        steps=80,
+        steps=120,
         nominal_ms_per_layer=10.0,
-        env={"PERSEUS_RECONNECT_S": "60"},
+        env={"PERSEUS_RECONNECT_S": "60", "ZEUS_EMULATED_SENSOR_PERIOD_MS": "20"},
     )
     outcome: list = []
     with coordinator:
@@ -79,30 +67,29 @@ def test_a_job_survives_kill_9_of_its_coordinator_and_a_restart(tmp_path):
             dirs = coordinator.job_dirs()
             return JobDir(dirs[0]) if dirs else None
 
-        _wait_for(lambda: job_dir() is not None and len(job_dir().rounds()) >= 3, 180, "round 3")
+        def checked() -> bool:
+            jd = job_dir()
+            return jd is not None and any(e["event"] == "check" for e in _promise(jd))
+
+        _wait_for(checked, 300, "the guard's first check of the deployed plan")
         jd = job_dir()
+        assert jd is not None
+        before = _promise(jd)
+        assert next(e["event"] for e in before if e["event"] != "profile_left_out") == "deployed"
         plan_before = jd.deployed_plan.read_text()
         coordinator.kill()
-        killed_at = time.monotonic()
-        last_round_before = jd.rounds()[-1]
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(f"{coordinator.url}/info")
         time.sleep(2.0)  # the ranks wait for it
         coordinator.start()  # same port, same dump dir
-        restarted_after_s = time.monotonic() - killed_at
         training.join(timeout=300)
-    # Restarted 2 s after the kill; the new process answers after its start-up (a few s,
-    # about 10 on a loaded 2-core machine): the ranks waited that long.
-    assert restarted_after_s > 2.0
     status, traces, log = outcome[0]
-    assert status == 0, log
-    # The restored coordinator served later rounds, with the plan it had deployed.
-    assert jd.rounds()[-1] > last_round_before
+    assert status == 0, log[-4000:]
+    after = _promise(jd)[len(before) :]
+    events = [e["event"] for e in after]
+    assert events and events[0] == "resumed", after
+    assert "check" in events[1:], after  # the guard checked the plan again
+    assert not [e for e in after if e["event"] in ("held", "fallback")], after
     assert jd.deployed_plan.read_text() == plan_before
-    plan = load_plan(plan_path)
-    for rank in (0, 1):
-        steps = [r for r in traces[rank] if r["kind"] == "step"]
-        assert len(steps) == spec.steps
-        for s in steps:  # every step ran the plan, before and after the restart
-            assert executed(traces[rank], s["step"]) == [tuple(x) for x in plan.frequencies[rank]]
+    assert (jd.path / "finished").is_file() and not (jd.path / "failed").exists()
     assert "the coordinator is back" in log
+    for rank in (0, 1):
+        assert len([r for r in traces[rank] if r["kind"] == "step"]) == spec.steps
