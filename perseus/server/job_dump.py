@@ -89,9 +89,7 @@ class JobDump:
             return
         if not self._swept:
             self._swept = True
-            await self._run(self.dir.prune_rounds, self.keep_rounds, protect)
-            while len(self._written) > self.keep_rounds:
-                self._written.popleft()
+            await self._run(self._sweep, protect)
             return
         kept = set(protect)
         victims = [n for n in self._spared if n not in kept]
@@ -104,6 +102,15 @@ class JobDump:
                 victims.append(n)
         if victims:
             await self._run(self._delete_rounds, victims)
+
+    def _sweep(self, protect: Collection[int]) -> None:
+        """The first prune: by listing the directory, then taking what is left as this
+        dump's own (the newest `keep_rounds`; the older ones kept for a report are spared
+        until it no longer needs them)."""
+        self.dir.prune_rounds(self.keep_rounds, protect)
+        left = self.dir.rounds()
+        self._written = deque(left[-self.keep_rounds :])
+        self._spared = set(left[: -self.keep_rounds])
 
     def _delete_rounds(self, rounds: list[int]) -> None:
         for n in rounds:
