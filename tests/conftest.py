@@ -17,12 +17,23 @@ from paths import SHARED_DATA, TESTS, ci_mode, require_data, require_module
 _TIERS = ("unit", "integration", "e2e")
 
 
+E2E_GROUP = "e2e"
+"""The xdist group of every e2e test: one worker runs them one after the other (each is a
+torchrun job of several processes), beside the other worker running everything else."""
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test with the tier its folder names."""
+    """Mark every test with the tier its folder names, and put the e2e tests in one xdist
+    group, first: before xdist's own hook reads the group (``--dist loadgroup``), and first
+    in the order, so that the longest group starts at once."""
     for item in items:
         parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
         if parts and parts[0] in _TIERS:
             item.add_marker(getattr(pytest.mark, parts[0]))
+            if parts[0] == "e2e":
+                item.add_marker(pytest.mark.xdist_group(E2E_GROUP))
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
 
 
 EMULATION_OPT_IN = {"ZEUS_GPU_BACKEND": "emulated"}
