@@ -22,11 +22,14 @@ Settings, ``PERSEUS_EMULATE_*`` environment variables (`EmulationSettings`):
 - *nominal* (``PERSEUS_EMULATE_NOMINAL=1``): each instruction name has a nominal time at
   the max clock (given by the training job, e.g. proportional to its stage's layers, or by
   ``PERSEUS_EMULATE_NOMINAL_MS``), and lasts ``nominal · stretch(f)`` whatever the real
-  compute took (if that compute took longer, it lasts that long). The instruction's
-  reported time is that emulated time: the host waking the process late after its sleep is
-  not charged to the emulated GPU (the iteration's wall time still includes it). CPU
-  timing noise on small shared machines is large; this mode makes profiles reproducible,
-  and CI uses it for its numeric assertions.
+  compute took. The instruction's reported time is that emulated time: a host that falls
+  behind (its compute overrunning the nominal time on a busy CPU, or waking the process
+  late after its sleep) is not charged to the emulated GPU, whose kernels would run their
+  time while the host queued the next; the iteration's wall time still includes it, as the
+  GPU's idle time. CPU timing noise on small shared machines is large (and an overrun
+  would land mostly at the max clock, where the nominal time is shortest, as if lower
+  clocks ran faster); this mode makes profiles reproducible, and CI uses it for its
+  numeric assertions.
 - ``PERSEUS_EMULATE_STRETCH=0`` turns stretching off (the hook still measures, and the GPU
   still draws the model's power): the overhead benchmark runs that way.
 - ``PERSEUS_EMULATE_KINDS`` picks the per-kind preset (``gpt3``, ``bloom``, ``uniform``: every
@@ -292,10 +295,10 @@ class InstructionEmulator:
         while remaining > 0:
             time.sleep(remaining)
             remaining = deadline - time.perf_counter()
-        # Exact mode: the emulated GPU finished at the deadline (or when the real compute did,
-        # if it overran); the host waking this process late is not the GPU's time.
+        # Exact mode: the emulated GPU finished at the deadline; the real compute overrunning
+        # it, or the host waking this process late, is the host's time, not the GPU's.
         wall_s = time.perf_counter() - start_s
-        duration_s = max(target_s, elapsed_s) if self.exact else wall_s
+        duration_s = target_s if self.exact else wall_s
         if energy_j >= 0:  # the switch's two clocks: the mean power over the target time
             power_w = energy_j / target_s
         energy_j = power_w * duration_s
@@ -316,7 +319,7 @@ class InstructionEmulator:
         """Whether an instruction's reported time is its emulated time, not a wall-clock reading.
 
         True in nominal mode with stretching: the hook then reports `finish`'s duration,
-        which leaves out the host's late wake-up after the emulated instruction ended.
+        which leaves out the host's lateness (a compute overrun, a late wake-up).
         """
         return self.settings.nominal and self.settings.stretch
 

@@ -121,6 +121,23 @@ def test_nominal_emulation_ignores_the_measured_time():
         emulator.finish("optimizer", time.perf_counter(), 705)
 
 
+def test_a_compute_that_overruns_its_nominal_time_is_the_hosts_not_the_gpus():
+    # A busy host computes a 10 ms instruction in 30 ms: the emulated GPU ran its 10 ms (the
+    # instruction's time and energy), idle after; the wall time holds the rest.
+    gpu = EmulatedGPU(0, sensors="ideal")
+    emulator = InstructionEmulator(
+        gpu, EmulationSettings(nominal=True, kinds="uniform"), nominal_time_s={"forward": 0.01}
+    )
+    top = gpu.spec.max_sm_clock_mhz
+    start = time.perf_counter()
+    emulator.begin("forward", top)
+    time.sleep(0.03)
+    duration = emulator.finish("forward", start, top)
+    assert time.perf_counter() - start >= 0.03
+    assert duration == pytest.approx(0.01, rel=1e-6)
+    assert emulator.last_compute_s >= 0.03
+
+
 def test_stretching_off_measures_only():
     gpu = EmulatedGPU(0)
     emulator = InstructionEmulator(gpu, EmulationSettings(stretch=False))
