@@ -24,8 +24,10 @@ def _pytest_exit(
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # the conftest decides; plugins cost seconds
     if ci is not None:
         env["CI"] = ci
+    # xdist loaded by name (the configured ``-n 2`` needs it), run in the pytest process.
+    xdist = ["-p", "xdist.plugin", "-n", "0"]
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *xdist, *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
