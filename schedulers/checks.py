@@ -28,7 +28,6 @@ import statistics
 from collections.abc import Sequence
 
 from perseus.domain.profile import InstructionProfile
-from perseus.domain.robust import ROUND_WINDOW, robust_spread
 
 __all__ = [
     "MAX_SPEEDUP_BELOW_MAX",
@@ -120,9 +119,7 @@ def plan_problems(
 ) -> list[str]:
     """What makes a chosen plan's promise unverifiable or implausible (empty: nothing).
 
-    `baseline_energies_j`: the job's energy per iteration in each of its all-max rounds,
-    oldest first; their spread is the guard's (`perseus.domain.robust.robust_spread` over
-    the newest `ROUND_WINDOW`).
+    `baseline_energies_j`: the job's energy per iteration in each of its all-max rounds.
     """
     problems: list[str] = []
     if predicted_slowdown < -MAX_SPEEDUP_BELOW_MAX:
@@ -130,11 +127,10 @@ def plan_problems(
             f"the plan is predicted {-predicted_slowdown:.1%} faster than all-max, more than "
             f"lower clocks can make a pipeline faster; the profile is noise: {_FIX}"
         )
-    values = [e for e in baseline_energies_j if math.isfinite(e)][-ROUND_WINDOW:]
+    values = [e for e in baseline_energies_j if math.isfinite(e)]
     if len(values) >= 2:
-        # The guard's statistic (`perseus.domain.robust`): the newest window's MAD, so that
-        # one disturbed all-max round does not hold a plan the job could measure.
-        spread = robust_spread(values)
+        mid = statistics.median(values)
+        spread = statistics.stdev(values) / mid if mid > 0 else math.inf
         if predicted_saving <= _SPREAD_FACTOR * spread:
             problems.append(
                 f"the plan's predicted saving ({predicted_saving:.2%}) is not above twice the "
