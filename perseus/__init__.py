@@ -2,8 +2,11 @@
 
 Profile → DAG → frontier solver → plan → scheduler → coordinator → per-rank client → GPU.
 
-The names below are loaded on first use (PEP 562), so `import perseus` stays cheap: it
-loads none of httpx, FastAPI, matplotlib, torch or the CLI's libraries.
+The front door is `attach` (one call for a `torch.distributed.pipelining` schedule) and
+`PerseusOptimizer` (the hook, for any other training loop); errors derive from
+`PerseusError`. The names below are loaded on first use (PEP 562), so `import perseus` stays
+cheap: it loads none of httpx, FastAPI, matplotlib, torch or the CLI's libraries (`attach`
+loads torch when it is first used).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ if TYPE_CHECKING:
     from perseus.errors import (
         ConfigurationError,
         CoordinatorError,
+        DeviceError,
         JobNotFoundError,
         PerseusError,
         PlanError,
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
         ScheduleError,
         SolverError,
     )
+    from perseus.integrations.pipelining import attach
     from perseus.protocol import (
         FrequencySchedule,
         InstructionProfilingResult,
@@ -35,8 +40,10 @@ if TYPE_CHECKING:
     from perseus.settings import PerseusSettings
 
 _SOURCES = {
+    "attach": "perseus.integrations.pipelining",
     "ConfigurationError": "perseus.errors",
     "CoordinatorError": "perseus.errors",
+    "DeviceError": "perseus.errors",
     "FrequencySchedule": "perseus.protocol",
     "InstructionProfilingResult": "perseus.protocol",
     "JobInfo": "perseus.protocol",
@@ -57,6 +64,7 @@ _SOURCES = {
 __all__ = [
     "ConfigurationError",
     "CoordinatorError",
+    "DeviceError",
     "FrequencySchedule",
     "InstructionProfilingResult",
     "JobInfo",
@@ -72,6 +80,7 @@ __all__ = [
     "RankInfo",
     "ScheduleError",
     "SolverError",
+    "attach",
 ]
 
 

@@ -7,6 +7,8 @@ PerseusError                          every error Perseus raises on purpose
 ├── ScheduleError                     bad pipeline schedule parameters; execution off schedule
 │   └── PlanError                     a plan that does not fit its profile or schedule
 ├── SolverError                       the frontier solver could not produce a result
+├── DeviceError                       CLIENT side: the rank's GPU refused or failed a call
+│                                     (the device layer's `GPUError` is its `__cause__`)
 ├── CoordinatorError                  CLIENT side: a request to the coordinator failed
 │   │                                 (`url`; `status_code`: the status it answered, if any)
 │   ├── CoordinatorRequestError       it failed or was refused: a read timeout, a transport
@@ -47,6 +49,7 @@ __all__ = [
     "CoordinatorError",
     "CoordinatorRequestError",
     "CoordinatorUnreachableError",
+    "DeviceError",
     "InvalidJobError",
     "InvalidRankError",
     "InvalidResultError",
@@ -94,6 +97,13 @@ class SolverError(PerseusError):
 
 
 # ---------------------------------------------------------------------- client side
+class DeviceError(PerseusError):
+    """Client side: the rank's GPU refused or failed a call (opening it, reading its clocks
+    or counter, setting a clock). The device layer (`zeus_power.device`) raises its own
+    `GPUError`, which knows nothing of Perseus; the hook raises it as this, with the
+    `GPUError` as ``__cause__``, so that a user catches `PerseusError` alone."""
+
+
 class CoordinatorError(PerseusError):
     """Client side: a request to the coordinator failed.
 

@@ -41,9 +41,11 @@ any --close--> CLOSED
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from perseus.client.bootstrap import process_group
 from perseus.client.console import setup_job_logging
@@ -60,8 +62,9 @@ from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
 from perseus.client.timing import Timing
 from perseus.client.trace import Trace, job_record, schedule_record
-from perseus.errors import ConfigurationError, RankError
+from perseus.errors import ConfigurationError, DeviceError, RankError
 from perseus.protocol import JobOutcome, ParallelLayout, RoundStatus
+from zeus_power.errors import ZeusError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -69,6 +72,24 @@ if TYPE_CHECKING:
 __all__ = ["PerseusOptimizer"]
 
 logger = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _device_errors(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """The hook's public calls raise `PerseusError`s only: the device layer's own errors
+    (`zeus_power`'s, which knows nothing of Perseus) come out as `DeviceError`, the
+    original as its ``__cause__``."""
+
+    @functools.wraps(method)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except ZeusError as exc:
+            raise DeviceError(f"{type(exc).__name__}: {exc}") from exc
+
+    return call
 
 
 class _HookState(enum.Enum):
@@ -99,6 +120,7 @@ class PerseusOptimizer(ClosesOnExit):
             (``steps_per_round``, ``pipeline``, ``gpu``, ``timing``, ``trace_dir``, ...).
     """
 
+    @_device_errors
     def __init__(
         self,
         rank: int,
@@ -191,6 +213,7 @@ class PerseusOptimizer(ClosesOnExit):
         arguments = place.zeus_arguments()
         return cls(**arguments, device_id=device_id, server_url=server_url, **options)
 
+    @_device_errors
     def connect(self) -> None:
         """Register with the coordinator and join the job's fan-out (collective: every rank
         calls it once; the constructor does unless given ``connect=False``). On failure
@@ -228,6 +251,7 @@ class PerseusOptimizer(ClosesOnExit):
             raise
         self._state = _HookState.NEED_SCHEDULE
 
+    @_device_errors
     def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
         """Tell the coordinator that pipeline `dp_rank` runs `slowdown` times slower (1.0: recovered)."""
         if not (0 <= dp_rank < self.dp_degree):
@@ -250,6 +274,7 @@ class PerseusOptimizer(ClosesOnExit):
         return self._timing  # type: ignore[return-value]  # None only before connect
 
     # ------------------------------------------------------------------ the hook
+    @_device_errors
     def on_step_begin(self) -> None:
         """Mark the beginning of an iteration (fetches the schedule at a round's start)."""
         timing = self._expect(
@@ -264,6 +289,7 @@ class PerseusOptimizer(ClosesOnExit):
         self._state = _HookState.IN_STEP
         timing.step_begin(self._record, first=self._step_in_round == 0)
 
+    @_device_errors
     def on_instruction_begin(
         self, name: str, *, stage: int | None = None, microbatch: int | None = None
     ) -> None:
@@ -279,6 +305,7 @@ class PerseusOptimizer(ClosesOnExit):
         self._state = _HookState.IN_INSTRUCTION
         timing.instruction_begin(name, freq, stage, microbatch)
 
+    @_device_errors
     def on_instruction_end(
         self, name: str, *, stage: int | None = None, microbatch: int | None = None
     ) -> None:
@@ -300,6 +327,7 @@ class PerseusOptimizer(ClosesOnExit):
         self._schedule.advance()
         self._state = _HookState.IN_STEP
 
+    @_device_errors
     def on_step_end(self) -> None:
         """Mark the end of an iteration; reports the round's results after its last step."""
         timing = self._expect(_HookState.IN_STEP, call="on_step_end")
@@ -322,6 +350,7 @@ class PerseusOptimizer(ClosesOnExit):
         # next on_step_begin collects the schedule (and any error) from it.
         self._pending = self._exchange.start(result, self.round + 1)
 
+    @_device_errors
     def abort_step(self) -> None:
         """Forget the step in progress after the training step failed: its instructions'
         measurements are dropped and the next `on_step_begin` starts the step again (same
@@ -359,6 +388,7 @@ class PerseusOptimizer(ClosesOnExit):
         )
 
     # ------------------------------------------------------------------ lifecycle
+    @_device_errors
     def close(self, *, finish: bool = True) -> None:
         """Stop the hook's threads, restore the GPU's clocks, close the HTTP client.
         `finish` (a normal end): every rank waits for the others (at most twice `timeout_s`),

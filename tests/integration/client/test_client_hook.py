@@ -16,7 +16,7 @@ from perseus.client import (
     PerseusOptimizer,
 )
 from perseus.demo import free_port
-from perseus.errors import ConfigurationError, CoordinatorError
+from perseus.errors import ConfigurationError, CoordinatorError, DeviceError, PerseusError
 from zeus_power.device.base import GPUInitError, GPUPermissionError
 from zeus_power.device.emulated import EmulatedGPU, Workload
 
@@ -186,9 +186,11 @@ def test_without_driver_or_opt_in_the_hook_refuses_naming_the_opt_in(
     process_group, no_driver_no_opt_in
 ):
     """No silent emulation: a hook that must open its GPU, on a machine without an NVIDIA
-    driver and without ZEUS_GPU_BACKEND=emulated, fails before it contacts the coordinator."""
-    with pytest.raises(GPUInitError, match=r"never emulates.*ZEUS_GPU_BACKEND=emulated"):
+    driver and without ZEUS_GPU_BACKEND=emulated, fails before it contacts the coordinator,
+    with a `PerseusError` (the one root a user catches) caused by the device layer's."""
+    with pytest.raises(DeviceError, match=r"never emulates.*ZEUS_GPU_BACKEND=emulated") as err:
         PerseusOptimizer(**single_rank_layout())
+    assert isinstance(err.value, PerseusError) and isinstance(err.value.__cause__, GPUInitError)
 
 
 def test_unreachable_coordinator_names_the_url(process_group, monkeypatch):

@@ -27,3 +27,11 @@ def test_all_is_sorted_and_importable(package: str) -> None:
     assert exported == sorted(exported), f"{package}.__all__ is not sorted"
     missing = [name for name in exported if not hasattr(module, name)]
     assert not missing, f"{package}.__all__ names missing attributes: {missing}"
+
+
+def test_the_front_door_is_attach() -> None:
+    """README's first call is importable from the package itself."""
+    import perseus
+    from perseus.integrations.pipelining import attach
+
+    assert "attach" in perseus.__all__ and perseus.attach is attach
