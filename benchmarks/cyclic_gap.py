@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver import DEFAULT_PROFILE, P_BLOCK_W, reference_frontier
 
 from perseus.planning import PipelineProblem
+from perseus.solver.hull import CostHull
 from perseus.solver.polish import native_stdout_silenced
-from perseus.solver.problem import CostHull
 from perseus.solver.rounding import Rounder
 
 

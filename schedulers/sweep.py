@@ -68,20 +68,11 @@ from schedulers.sweep_estimates import SweepEstimates
 from schedulers.sweep_followup import FollowUp
 from schedulers.sweep_levels import (
     coarse_levels,
-    counter_round_steps,
-    refine_levels,
     sweep_round_steps,
 )
 from schedulers.sweep_products import ProfilingCost, profile_rows, profiling_report
 
-__all__ = [  # the levels, round lengths and cost are re-exported for their old users
-    "InstructionSweep",
-    "ProfilingCost",
-    "SweepPhase",
-    "coarse_levels",
-    "counter_round_steps",
-    "refine_levels",
-]
+__all__ = ["InstructionSweep", "SweepPhase"]
 
 logger = logging.getLogger(__name__)
 

@@ -48,8 +48,7 @@ from perseus.solver.dag_arrays import (
 )
 from perseus.solver.hull import CostHull, effective_cost_hull
 
-__all__ = ["Accounting", "CostHull", "OptionTable", "SolverProblem", "effective_cost_hull"]
-# CostHull and effective_cost_hull live in `perseus.solver.hull`; re-exported for users.
+__all__ = ["Accounting", "OptionTable", "SolverProblem"]
 
 
 @dataclass(frozen=True)

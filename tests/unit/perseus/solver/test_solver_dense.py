@@ -13,8 +13,8 @@ from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import make_schedule
 from perseus.planning import PipelineProblem, evaluate
 from perseus.solver import compute_frontier, solve_lp_curve
+from perseus.solver.hull import CostHull
 from perseus.solver.lp import sweep_hulls
-from perseus.solver.problem import CostHull
 from perseus.synth import synthesize_profile
 
 P_BLOCK = 119.0  # the H100's blocking power
