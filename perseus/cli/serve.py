@@ -140,7 +140,7 @@ def serve(
 
     The scheduler's arguments are flags (each names the schedulers that take it) or
     PERSEUS_SCHEDULER_ARGS as JSON; flags win. Other settings: the PERSEUS_* variables
-    (README, "Deploy on a cluster").
+    (docs/operating.md, "Deploy on a cluster").
     """
     import uvicorn
 

@@ -14,7 +14,7 @@ plan that runs each stage at one clock, and guards it against the all-max rounds
 plan. The job runs until Perseus has decided and then `ROUNDS_AFTER` more rounds (the
 rounds are sized in time, so the steps they take depend on the machine).
 
-`SLOWDOWN_TOLERANCE` is README's ("How numbers are checked"); the saving is checked to be
+`SLOWDOWN_TOLERANCE` is docs/deploy.md's ("How numbers are checked"); the saving is checked to be
 positive, measured against the job's all-max rounds.
 
 A host so busy that the all-max rounds' energy spreads more than half the predicted saving

@@ -187,7 +187,7 @@ class ZeusdClient:
                     if attempt == 1:
                         raise GPUInitError(
                             f"Cannot reach {self.where}: {exc}. Is the daemon running, and may "
-                            "this user open its socket (see README, Running without root)?"
+                            "this user open its socket (see docs/operating.md, Running without root)?"
                         ) from exc
             if response.getheader("Connection", "").lower() == "close":
                 self._conn.close()

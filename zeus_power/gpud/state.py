@@ -7,7 +7,7 @@ every `reap_interval_s`) restores the GPU's defaults when the owner no longer ru
 never renew anything, so a lease would either expire under a healthy job that holds one
 clock for long or outlive a dead one; the kernel knows exactly when a process is gone.
 Over TCP there is no peer pid: those settings are undone when the daemon exits, and the
-README says so.
+docs/operating.md ("Running without root") says so.
 
 One lock per GPU covers its driver calls, its flags and its owner together: a write, the
 reaper's look at the owner and the restore that follows are each one critical section, so
