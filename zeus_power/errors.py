@@ -32,7 +32,7 @@ ZeusError
 ├── BodyTooLargeError                 a request body over the server's limit (413); also
 │                                     FastAPI's HTTPException (zeus_power.serving)
 └── ShortEpochWarning                 epochs too short to finish a profiling window; issued,
-                                      not raised (zeus_power.power_limit_states); also a
+                                      not raised (zeus_power.power_limit.states); also a
                                       RuntimeWarning, so warning filters treat it as one
 ```
 

@@ -37,7 +37,7 @@ from zeus_power.bso.models import JobConfig, TrialResult
 from zeus_power.errors import ZeusConfigError
 from zeus_power.job import HistoryEntry
 from zeus_power.metric import check_eta_knob, zeus_cost
-from zeus_power.power_limit_selectors import PowerLimitMeasurement, ZeusCost
+from zeus_power.power_limit.selectors import PowerLimitMeasurement, ZeusCost
 
 __all__ = [
     "IterationRow",

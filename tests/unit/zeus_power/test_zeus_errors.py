@@ -41,7 +41,7 @@ def test_every_exception_class_of_the_package_derives_from_zeus_error() -> None:
     classes = _exception_classes()
     # The walk must see the classes outside zeus_power.errors too, or it proves nothing.
     assert "zeus_power.device.base.GPUError" in classes
-    assert "zeus_power.power_limit_states.ShortEpochWarning" in classes
+    assert "zeus_power.power_limit.states.ShortEpochWarning" in classes
     assert "zeus_power.errors.ZeusCostThresholdExceededError" in classes
     outside = sorted(name for name, cls in classes.items() if not issubclass(cls, ZeusError))
     assert not outside, f"exception classes outside the ZeusError tree: {outside}"

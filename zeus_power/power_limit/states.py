@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from zeus_power.errors import ZeusError
-from zeus_power.power_limit_selectors import PowerLimitMeasurement
+from zeus_power.power_limit.selectors import PowerLimitMeasurement
 
 __all__ = [
     "PROFILE_VERSION",

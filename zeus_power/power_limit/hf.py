@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from zeus_power.monitor import ZeusMonitor
-from zeus_power.power_limit_selectors import OptimumSelector
+from zeus_power.power_limit.selectors import OptimumSelector
 
 __all__ = ["build_hf_class"]
 

@@ -1,17 +1,6 @@
-"""`GlobalPowerLimitOptimizer`: profile GPU power limits just in time and keep the best.
-
-Pieces:
-
-- `GlobalPowerLimitOptimizer`, the state machine that profiles each power limit for a
-  number of training steps and then applies the optimum;
-- re-exported from `zeus_power.power_limit_states`: the states `Ready`, `Warmup`,
-  `Profiling`, `Done`, `PowerLimitProfile` (the file the measurements are saved to and
-  loaded from) and `ShortEpochWarning`;
-- re-exported from `zeus_power.power_limit_selectors`: `PowerLimitMeasurement`, and
-  `OptimumSelector` with its strategies `Energy`, `Time`, `ZeusCost`,
-  `MaxSlowdownConstraint`;
-- `HFGlobalPowerLimitOptimizer`, a Hugging Face `TrainerCallback` wrapper (built on first
-  access by `zeus_power.power_limit_hf`; needs `transformers`).
+"""`GlobalPowerLimitOptimizer`: the state machine that profiles each power limit for a
+number of training steps and then applies the optimum (its states in
+`zeus_power.power_limit.states`, its selectors in `zeus_power.power_limit.selectors`).
 
 Power limits are in watts throughout; the device's milliwatts appear only at the device
 call. Compared with Zeus: `warmup_steps=0` works, the minimum power limit is always
@@ -27,21 +16,17 @@ import math
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 from zeus_power.errors import ZeusConfigError, ZeusProfileError
 from zeus_power.monitor import ZeusMonitor, aggregate_over_ranks
-from zeus_power.power_limit_selectors import (
-    Energy,
-    MaxSlowdownConstraint,
+from zeus_power.power_limit.selectors import (
     OptimumSelector,
     PowerLimitMeasurement,
     Time,
-    ZeusCost,
 )
-from zeus_power.power_limit_states import (
+from zeus_power.power_limit.states import (
     PROFILE_VERSION,
     Done,
     PowerLimitProfile,
@@ -52,21 +37,7 @@ from zeus_power.power_limit_states import (
     Warmup,
 )
 
-__all__ = [
-    "Done",
-    "Energy",
-    "GlobalPowerLimitOptimizer",
-    "MaxSlowdownConstraint",
-    "OptimumSelector",
-    "PowerLimitMeasurement",
-    "PowerLimitProfile",
-    "Profiling",
-    "Ready",
-    "ShortEpochWarning",
-    "Time",
-    "Warmup",
-    "ZeusCost",
-]
+__all__ = ["GlobalPowerLimitOptimizer"]
 
 logger = logging.getLogger(__name__)
 
@@ -304,13 +275,3 @@ class GlobalPowerLimitOptimizer:
         self.profile_path.write_text(profile.model_dump_json(indent=2))
         logger.info("Saved power-limit profile to %s", self.profile_path)
 
-
-def __getattr__(name: str) -> Any:
-    # `HFGlobalPowerLimitOptimizer` subclasses transformers' TrainerCallback, so it is built
-    # on first access (and cached): importing this module must not need transformers. It
-    # is left out of `__all__` so that `import *` does not need it either.
-    if name == "HFGlobalPowerLimitOptimizer":
-        from zeus_power.power_limit_hf import build_hf_class
-
-        return build_hf_class(GlobalPowerLimitOptimizer)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
