@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perseus.domain.layout import ParallelLayout
 from perseus.domain.schedule import Instruction, PipelineSchedule
 from perseus.protocol import (
     FrequencySchedule,
@@ -78,13 +79,12 @@ class VirtualCluster:
     seed: int = 0
     gpus: list[EmulatedGPU] = field(init=False)
     clocks: list[VirtualClock] = field(init=False)
+    layout: ParallelLayout = field(init=False)
+    """The ranks' numbering (`ParallelLayout`: checks the degrees once)."""
 
     def __post_init__(self) -> None:
-        if self.dp_degree < 1 or self.tp_degree < 1:
-            raise ValueError(
-                f"dp_degree={self.dp_degree} and tp_degree={self.tp_degree} must be >= 1"
-            )
-        world = self.pipeline.num_stages * self.dp_degree * self.tp_degree
+        self.layout = ParallelLayout(self.dp_degree, self.pipeline.num_stages, self.tp_degree)
+        world = self.layout.world_size
         self.clocks = [VirtualClock() for _ in range(world)]
         # Ideal sensors: the ranks report each instruction's own counter change, which only
         # an exact, continuous counter shows (a real one refreshes every 100 ms;
@@ -116,13 +116,11 @@ class VirtualCluster:
         return len(self.gpus)
 
     def rank_of(self, dp: int, pp: int, tp: int = 0) -> int:
-        return (dp * self.pipeline.num_stages + pp) * self.tp_degree + tp
+        return self.layout.rank_of(dp, pp, tp)
 
     def layout_of(self, rank: int) -> tuple[int, int, int]:
         """(dp, pp, tp) of `rank`."""
-        copy, tp = divmod(rank, self.tp_degree)
-        dp, pp = divmod(copy, self.pipeline.num_stages)
-        return dp, pp, tp
+        return self.layout.coordinates(rank)
 
     # ------------------------------------------------------------------ registration
     def job_record(self, job_id: str = "virtual-job", **extra: Any) -> JobRecord:

@@ -17,6 +17,7 @@ over that rank's stages as evenly as possible (earlier stages take the remainder
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from perseus.domain.layout import ParallelLayout
@@ -77,42 +78,34 @@ class Topology:
     tp_degree: int = 1
 
     def __post_init__(self) -> None:
-        if self.tp_degree < 1:
-            raise ConfigurationError(f"tp_degree {self.tp_degree} must be at least 1")
-        per_replica = self.pp_degree * self.tp_degree
-        if self.pp_degree < 1 or self.world_size % per_replica:
-            raise ConfigurationError(
-                f"world size {self.world_size} is not a multiple of the {self.pp_degree} "
-                f"pipeline ranks × {self.tp_degree} tensor rank(s); launch pp_degree × "
-                "tp_degree × dp_degree processes"
-            )
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigurationError(f"rank {self.rank} is outside world size {self.world_size}")
+        self.layout.coordinates(self.rank)  # the world size, then the rank, checked once
+
+    @functools.cached_property
+    def layout(self) -> ParallelLayout:
+        """The job's layout, the value object the hook and the coordinator check
+        (`perseus.domain.layout.ParallelLayout`): it numbers the ranks."""
+        return ParallelLayout.of_world(
+            self.world_size, pp_degree=self.pp_degree, tp_degree=self.tp_degree
+        )
 
     @property
     def dp_degree(self) -> int:
-        return self.world_size // (self.pp_degree * self.tp_degree)
-
-    @property
-    def pp_rank(self) -> int:
-        return (self.rank // self.tp_degree) % self.pp_degree
+        return self.layout.dp_degree
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // (self.pp_degree * self.tp_degree)
+        return self.layout.coordinates(self.rank)[0]
+
+    @property
+    def pp_rank(self) -> int:
+        return self.layout.coordinates(self.rank)[1]
 
     @property
     def tp_rank(self) -> int:
-        return self.rank % self.tp_degree
-
-    @property
-    def layout(self) -> ParallelLayout:
-        """The job's layout, the value object the hook and the coordinator check
-        (`perseus.domain.layout.ParallelLayout`)."""
-        return ParallelLayout(self.dp_degree, self.pp_degree, self.tp_degree)
+        return self.layout.coordinates(self.rank)[2]
 
     def rank_of(self, dp_rank: int, pp_rank: int, tp_rank: int = 0) -> int:
-        return (dp_rank * self.pp_degree + pp_rank) * self.tp_degree + tp_rank
+        return self.layout.rank_of(dp_rank, pp_rank, tp_rank)
 
 
 @dataclass(frozen=True)
