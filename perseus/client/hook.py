@@ -64,7 +64,7 @@ from perseus.client.timing import Timing
 from perseus.client.trace import Trace, job_record, schedule_record
 from perseus.errors import ConfigurationError, DeviceError, RankError
 from perseus.protocol import JobOutcome, ParallelLayout, RoundStatus
-from zeus_power.errors import ZeusError
+from zeus_power.device.base import GPUError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -79,14 +79,14 @@ _R = TypeVar("_R")
 
 def _device_errors(method: Callable[_P, _R]) -> Callable[_P, _R]:
     """The hook's public calls raise `PerseusError`s only: the device layer's own errors
-    (`zeus_power`'s, which knows nothing of Perseus) come out as `DeviceError`, the
+    (its `GPUError`s: `zeus_power` knows nothing of Perseus) come out as `DeviceError`, the
     original as its ``__cause__``."""
 
     @functools.wraps(method)
     def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return method(*args, **kwargs)
-        except ZeusError as exc:
+        except GPUError as exc:
             raise DeviceError(f"{type(exc).__name__}: {exc}") from exc
 
     return call
