@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from paths import require_module
+from paths import TESTS, require_module
 
 from perseus.client.emulation import EmulationSettings
 from perseus.demo import Coordinator, DemoJob, read_traces, run_training, torchrun_command
@@ -38,6 +38,7 @@ __all__ = [
     "require_torch",
     "run_job",
     "runs_its_leaders_schedules",
+    "scheduler_under_test",
     "steps_of",
     "torchrun_command",
 ]
@@ -48,6 +49,19 @@ GPU_TYPE = "A100-SXM"
 
 def require_torch() -> None:
     require_module("torch")
+
+
+def scheduler_under_test(default: str = "Perseus") -> tuple[str, dict[str, str]]:
+    """The scheduler an e2e test that judges a deployed plan runs, and the environment its
+    coordinator needs: ``PERSEUS_E2E_SCHEDULER`` when set (a `broken_plans` scheduler, to see
+    the test's checks fail on a plan that breaks its promise), else `default`. A plugin
+    (``module:Class``) is imported from tests/, which goes on the coordinator's
+    ``PYTHONPATH``."""
+    name = os.environ.get("PERSEUS_E2E_SCHEDULER", "").strip() or default
+    if ":" not in name:
+        return name, {}
+    paths = [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return name, {"PYTHONPATH": os.pathsep.join(paths)}
 
 
 def run_job(

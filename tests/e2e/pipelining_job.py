@@ -87,9 +87,7 @@ def main() -> int:
     )
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--server-url", required=True)
-    p.add_argument(
-        "--trace-root", default=None, help="each case traces under TRACE_ROOT/NAME"
-    )
+    p.add_argument("--trace-root", default=None, help="each case traces under TRACE_ROOT/NAME")
     args = p.parse_args()
 
     torch.set_num_threads(1)

@@ -8,7 +8,7 @@ max clock, so a busy CPU does not move the figures). The layer split 2,4,3,1 is
 imbalanced: stage 1 sets the pace, the others have slack Perseus turns into energy savings.
 The job measures its own all-max rounds first; its report compares the plan with them.
 
-The tolerances are fixed (README, "How numbers are checked"): the plan's measured slowdown
+The tolerances are fixed (docs/deploy.md, "How numbers are checked"): the plan's measured slowdown
 is at most the 1 % budget plus `SLOWDOWN_TOLERANCE`, its measured saving within
 `SAVING_TOLERANCE` of the predicted one; nothing is widened by a run's own spread or by a
 latency fitted to the same run.
@@ -29,6 +29,7 @@ from e2e_fixtures import (
     last_decision_round,
     read_traces,
     require_torch,
+    scheduler_under_test,
     torchrun_command,
 )
 
@@ -37,6 +38,8 @@ from perseus.io.plan_file import load_plan
 from perseus.planning.dump import read_dump
 
 require_torch()
+
+SCHEDULER, SCHEDULER_ENV = scheduler_under_test()  # Perseus; broken_plans to see checks fail
 
 M = 4
 STEPS = 250
@@ -51,11 +54,11 @@ README_JOB = ["--layers", "2,4,3,1", "--microbatches", str(M), "--nominal-ms-per
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("perseus")
     with Coordinator(
-        scheduler="Perseus",
+        scheduler=SCHEDULER,
         scheduler_args={"max_slowdown": BUDGET},
         dump_dir=tmp / "dump",
         log_path=tmp / "coordinator.log",
-        env={"PERSEUS_DUMP_DATA": "true"},
+        env={"PERSEUS_DUMP_DATA": "true", **SCHEDULER_ENV},
     ) as coordinator:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "ZEUS_"))}
         env |= {

@@ -32,7 +32,7 @@ NOMINAL_MS = 8.0
 def profiled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("profiler")
     # A generous nominal time keeps the real compute (under 1 ms a layer) far below it even
-    # when the host is busy; only a compute overrun could move a row off the model.
+    # when the host is busy, so the host keeps pace with the emulated GPU.
     truth_dir = tmp / "truth"
     spec = DemoJob(
         nproc=2,
