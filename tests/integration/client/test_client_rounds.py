@@ -19,7 +19,13 @@ from perseus.client import EmulationSettings, PerseusOptimizer
 from perseus.demo import Coordinator
 from perseus.domain.plan import Plan
 from perseus.domain.schedule import make_schedule
-from perseus.errors import ConfigurationError, CoordinatorError, RankError, ScheduleError
+from perseus.errors import (
+    ConfigurationError,
+    CoordinatorError,
+    DeviceError,
+    RankError,
+    ScheduleError,
+)
 from perseus.io.plan_file import save_plan
 from perseus.protocol import ParallelLayout
 from zeus_power.device.base import GPUPermissionError
@@ -240,14 +246,16 @@ def test_straggler_announcements_are_checked_and_forwarded(all_max):
 
 
 def test_a_gpu_error_reaches_the_training_loop_and_is_not_masked_on_exit(point):
+    """As a `PerseusError` (`DeviceError`), the device layer's error its cause."""
     gpu = EmulatedGPU(0, privileged=False)
     with (
-        pytest.raises(GPUPermissionError, match="Locking SM clocks needs root"),
+        pytest.raises(DeviceError, match="Locking SM clocks needs root") as err,
         _hook(point, gpu=gpu) as hook,
     ):
         hook.on_step_begin()
         hook.on_instruction_begin("forward")
         hook.on_instruction_end("forward")  # the emulator waits for the clock: the error
+    assert isinstance(err.value.__cause__, GPUPermissionError)
 
 
 def test_the_hook_logs_the_schedule_it_deploys(point, caplog):
