@@ -49,9 +49,9 @@ from sensor_ranks import Ranks  # this script's folder is on sys.path
 from perseus.domain.profile import InstructionProfile
 from perseus.errors import ProfileError
 from perseus.planning import evaluate, max_frequencies, solve_frontier
+from perseus.schedulers.base import build_scheduler
+from perseus.schedulers.perseus_scheduler import Perseus, PerseusPhase
 from perseus.settings import PerseusSettings
-from schedulers.base import build_scheduler
-from schedulers.perseus_scheduler import Perseus, PerseusPhase
 
 BUDGETS = (0.0, 0.01, 0.05)
 MAX_ROUNDS = 400

@@ -6,7 +6,7 @@ Usage::
         [--sweeps full,full:early_stop_after=999,coarse] [--max-slowdown 0]
 
 The online loop runs for real: the `Perseus` scheduler the coordinator builds for a job
-(`schedulers.registry`, sweep → solve → deploy), driven round by round through its
+(`perseus.schedulers.registry`, sweep → solve → deploy), driven round by round through its
 coordinator interface (`next_schedule` / `observe`) by simulated ranks. The ranks replay a
 ground-truth profile: an instruction run at f MHz takes the profile's time and energy at f,
 a rank blocked or idle draws `P_BLOCK_W`, and the iteration time is the longest path of the
@@ -30,7 +30,7 @@ Per sweep (`sweep` scheduler argument) it prints:
 
 Before: ``full`` (every clock, high → low, per-instruction early stop after 2 energy rises in
 a row), the default until the coarse sweep; ``full:early_stop_after=999`` measures every
-clock. After: ``coarse``, the default (`schedulers.sweep`). ``name:arg=value+arg=value``
+clock. After: ``coarse``, the default (`perseus.schedulers.sweep`). ``name:arg=value+arg=value``
 passes more sweep arguments (e.g. ``coarse:refine=0``, ``coarse:coarse_step=6``).
 """
 
@@ -55,9 +55,9 @@ from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule, make_schedule
 from perseus.planning import Frontier, evaluate, max_frequencies, solve_frontier
 from perseus.protocol import FrequencySchedule, JobInfo, PipelineSpec, ProfilingResult, RankInfo
+from perseus.schedulers.base import build_scheduler
+from perseus.schedulers.perseus_scheduler import Perseus, PerseusPhase
 from perseus.settings import PerseusSettings
-from schedulers.base import build_scheduler
-from schedulers.perseus_scheduler import Perseus, PerseusPhase
 
 P_BLOCK_W = DEFAULT_P2P_POWER_W
 """What a simulated GPU draws while blocked or idle (the A40's, as `bench_solver`)."""

@@ -98,15 +98,18 @@ def _figures(results: list[Any]) -> tuple[float, float]:
     return t, e
 
 
-def scenario(
-    schedule: str, switch_ms: float, hop_ms: float, args: argparse.Namespace
-) -> dict:
-    """Run one scenario with whatever `perseus`/`schedulers` is importable; its figures."""
+def scenario(schedule: str, switch_ms: float, hop_ms: float, args: argparse.Namespace) -> dict:
+    """Run one scenario with whatever `perseus` is importable; its figures."""
     from perseus.planning import make_plan, max_frequencies
     from perseus.protocol import FrequencySchedule
     from perseus.settings import PerseusSettings
-    from schedulers.base import build_scheduler
-    from schedulers.registry import resolve_scheduler
+
+    try:
+        from perseus.schedulers.base import build_scheduler
+        from perseus.schedulers.registry import resolve_scheduler
+    except ImportError:  # a base commit from before the schedulers moved into perseus
+        from schedulers.base import build_scheduler  # type: ignore[no-redef]
+        from schedulers.registry import resolve_scheduler  # type: ignore[no-redef]
 
     ranks = _ranks(schedule, switch_ms, hop_ms, args.sensors, args.jitter, args.seed)
     with tempfile.TemporaryDirectory() as tmp:

@@ -54,9 +54,9 @@ from sensor_ranks import GPU_TYPE, Ranks, dvfs_truth  # this script's folder is 
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ProfileError
 from perseus.planning import evaluate, solve_frontier
+from perseus.schedulers.base import build_scheduler
+from perseus.schedulers.perseus_scheduler import Perseus, PerseusPhase
 from perseus.settings import PerseusSettings
-from schedulers.base import build_scheduler
-from schedulers.perseus_scheduler import Perseus, PerseusPhase
 from zeus_power.device import SensorSpec
 from zeus_power.device.sensors import IDEAL_SENSORS
 

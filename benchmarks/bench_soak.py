@@ -47,10 +47,10 @@ from perseus.domain.profile import InstructionProfile  # noqa: E402
 from perseus.domain.schedule import make_schedule  # noqa: E402
 from perseus.io.profile_csv import save_profile  # noqa: E402
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult  # noqa: E402
+from perseus.schedulers.registry import resolve_scheduler  # noqa: E402
 from perseus.server.job_manager import JobManager  # noqa: E402
 from perseus.settings import PerseusSettings  # noqa: E402
 from perseus.synth import stage_workloads, synthesize_profile  # noqa: E402
-from schedulers.registry import resolve_scheduler  # noqa: E402
 
 GPU = "A100-SXM"
 VARIANTS = 16

@@ -133,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             trees["base"] = tmp / "base"
         for tree in trees.values():  # as pip leaves an installed package (and lowtime)
             subprocess.run(
-                [py, "-m", "compileall", "-q", "perseus", "zeus_power", "schedulers"],
+                # `schedulers` sat beside `perseus` in trees before it moved inside.
+                [py, "-m", "compileall", "-q", "perseus", "zeus_power"]
+                + (["schedulers"] if (tree / "schedulers").is_dir() else []),
                 cwd=tree,
                 check=True,
                 stdout=subprocess.DEVNULL,

@@ -61,11 +61,11 @@ from perseus.protocol import (  # noqa: E402
     PipelineSpec,
     ProfilingResult,
 )
+from perseus.schedulers.registry import resolve_scheduler  # noqa: E402
 from perseus.server.job import CoordinatedJob  # noqa: E402
 from perseus.server.job_manager import JobManager  # noqa: E402
 from perseus.settings import PerseusSettings  # noqa: E402
 from perseus.synth import stage_workloads  # noqa: E402
-from schedulers.registry import resolve_scheduler  # noqa: E402
 
 GPU = "A100-SXM"
 STAGES, MICROBATCHES, DP = 4, 8, 2

@@ -1,4 +1,4 @@
-"""The Perseus exception tree, the only one in `perseus` and `schedulers`.
+"""The Perseus exception tree, the only one in `perseus` (its schedulers included).
 
 ```
 PerseusError                          every error Perseus raises on purpose

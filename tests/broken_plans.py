@@ -15,9 +15,9 @@ them as plugins (``module:Class``) from this folder, which the fixtures put on i
 
 from __future__ import annotations
 
-from schedulers.measurement import StagePlan
-from schedulers.perseus_phase import PerseusPhase
-from schedulers.perseus_scheduler import Perseus
+from perseus.schedulers.measurement import StagePlan
+from perseus.schedulers.perseus_phase import PerseusPhase
+from perseus.schedulers.perseus_scheduler import Perseus
 
 __all__ = ["NoSaving", "SlowPlan"]
 

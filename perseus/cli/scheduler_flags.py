@@ -1,7 +1,7 @@
 """`perseus serve`'s scheduler flags, generated from the schedulers' argument models.
 
-Every field of every registered scheduler's ``Args`` (`schedulers.args`,
-`schedulers.registry.SCHEDULERS`) becomes one option: ``max_slowdown`` is
+Every field of every registered scheduler's ``Args`` (`perseus.schedulers.args`,
+`perseus.schedulers.registry.SCHEDULERS`) becomes one option: ``max_slowdown`` is
 ``--max-slowdown``, a boolean ``refine`` is ``--refine/--no-refine``, a field of a nested or
 list type takes JSON. A field several schedulers share is one flag whose help names them
 (and each one's default where they differ). Nothing is listed by hand: a field added to a
@@ -145,7 +145,7 @@ class SchedulerFlag:
 
 
 def _models() -> dict[str, type[BaseModel]]:
-    from schedulers.registry import SCHEDULERS
+    from perseus.schedulers.registry import SCHEDULERS
 
     return {name: cls.Args for name, cls in sorted(SCHEDULERS.items())}
 

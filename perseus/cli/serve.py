@@ -146,8 +146,8 @@ def serve(
 
     from perseus.cli.scheduler_flags import scheduler_args
     from perseus.errors import ConfigurationError
+    from perseus.schedulers.registry import resolve_scheduler
     from perseus.server import create_app
-    from schedulers.registry import resolve_scheduler
     from zeus_power.serving import header_timeout_protocol, install_accept_error_filter, is_loopback
 
     overrides: dict[str, Any] = {}

@@ -132,7 +132,7 @@ class GroupFold:
             energy_breakdown=energy_breakdown if own.energy_breakdown else {},  # type: ignore[arg-type]
             replicas=replicas,
             idle_power_w=float(np.median(idle)) if len(idle) else None,
-            energy_windows=own.energy_windows,  # its own GPU's (schedulers.parallel)
+            energy_windows=own.energy_windows,  # its own GPU's (perseus.schedulers.parallel)
             idle_before_s=own.idle_before_s,  # likewise
         )
 

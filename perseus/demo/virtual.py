@@ -282,7 +282,7 @@ def run_rounds(
     *,
     on_round: Callable[[int, list[FrequencySchedule], list[ProfilingResult]], None] | None = None,
 ) -> list[list[FrequencySchedule]]:
-    """Drive `scheduler` (a `schedulers.FrequencyScheduler` built for `cluster`'s job) for
+    """Drive `scheduler` (a `perseus.schedulers.FrequencyScheduler` built for `cluster`'s job) for
     `rounds` rounds as the coordinator would: schedules out, results in. Returns every
     round's schedules."""
     history = []

@@ -154,7 +154,7 @@ class JobDir:
     @property
     def profiling(self) -> Path:
         """What the profiling sweep cost (rounds, seconds, energy) and how sure its
-        estimates are (`schedulers.sweep.InstructionSweep.report`)."""
+        estimates are (`perseus.schedulers.sweep.InstructionSweep.report`)."""
         return self.path / self.PROFILING
 
     @property

@@ -9,7 +9,7 @@ Python literal of the clocks alone, one list per pipeline rank in execution orde
 read with `ast.literal_eval` (literals only: no name, call or operator is evaluated), at
 most `MAX_PLAN_BYTES`, and validated like the JSON plan's ``frequencies`` (known
 instruction kinds, whole positive MHz, at most `MAX_ACTIONS` entries). Such a plan says
-neither its pipeline nor its time and energy: `schedulers.point_solution.PointSolution`
+neither its pipeline nor its time and energy: `perseus.schedulers.point_solution.PointSolution`
 checks it against the job's pipeline; commands that need a scored plan take JSON only.
 """
 

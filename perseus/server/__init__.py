@@ -40,6 +40,8 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from perseus.errors import ConfigurationError
+from perseus.schedulers.base import check_scheduler_args
+from perseus.schedulers.registry import resolve_scheduler
 from perseus.server.auth import CoordinatorAuthMiddleware
 from perseus.server.errors import install_error_handlers
 from perseus.server.job_manager import JobManager
@@ -47,8 +49,6 @@ from perseus.server.metrics import CoordinatorMetrics, RequestCounter
 from perseus.server.ops import router as ops_router
 from perseus.server.routes import router
 from perseus.settings import PerseusSettings
-from schedulers.base import check_scheduler_args
-from schedulers.registry import resolve_scheduler
 from zeus_power.serving import BodyLimitMiddleware
 
 __all__ = ["DEFAULT_ROUND_TIMEOUT_S", "create_app"]
@@ -76,7 +76,7 @@ def create_app(
 
     Raises:
         ConfigurationError: The scheduler's name or arguments are invalid (checked up front:
-            `settings.scheduler` is resolved here, through `schedulers.registry`).
+            `settings.scheduler` is resolved here, through `perseus.schedulers.registry`).
     """
     settings = settings if settings is not None else PerseusSettings()
     scheduler_cls = resolve_scheduler(settings.scheduler)

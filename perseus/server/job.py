@@ -49,6 +49,7 @@ from perseus.protocol import (
     ProfilingResult,
     RankInfo,
 )
+from perseus.schedulers.base import FrequencyScheduler, build_scheduler
 from perseus.server.barrier import JobPhase, Round, fail_round, ranks_text
 from perseus.server.errors import status_of
 from perseus.server.job_dump import JobDump
@@ -56,7 +57,6 @@ from perseus.server.job_rounds import RoundBarrier
 from perseus.server.leaders import check_registration
 from perseus.server.stats import JobStats
 from perseus.settings import PerseusSettings
-from schedulers.base import FrequencyScheduler, build_scheduler
 
 __all__ = ["CoordinatedJob", "JobPhase", "Round", "ranks_text"]
 

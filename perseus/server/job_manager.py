@@ -37,12 +37,12 @@ from perseus.protocol import (
     JobInfo,
     JobRecord,
 )
+from perseus.schedulers.base import build_scheduler, check_scheduler_args
+from perseus.schedulers.registry import scheduler_ref
 from perseus.server.barrier import JobPhase
 from perseus.server.job import CoordinatedJob
 from perseus.server.restore import read_dump, restore_report_rounds
 from perseus.settings import PerseusSettings
-from schedulers.base import build_scheduler, check_scheduler_args
-from schedulers.registry import scheduler_ref
 
 __all__ = ["JobManager"]
 

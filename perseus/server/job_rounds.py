@@ -31,12 +31,12 @@ from perseus.errors import (
 )
 from perseus.planning.report import RoundKind, round_kind
 from perseus.protocol import FrequencySchedule, JobRecord, ProfilingResult, RankInfo
+from perseus.schedulers.base import FrequencyScheduler
 from perseus.server.barrier import JobPhase, Round, fail_round, ranks_text, timeout_message
 from perseus.server.errors import status_of
 from perseus.server.job_dump import JobDump
 from perseus.server.leaders import check_result
 from perseus.server.stats import JobStats
-from schedulers.base import FrequencyScheduler
 
 __all__ = ["RoundBarrier"]
 

@@ -21,8 +21,8 @@ from perseus.io.model_files import load_models
 from perseus.io.plan_file import load_plan
 from perseus.planning.report import measure, round_kind
 from perseus.protocol import FrequencySchedule, JobRecord, ProfilingResult, RankInfo
-from schedulers.base import check_scheduler_args
-from schedulers.registry import scheduler_ref
+from perseus.schedulers.base import check_scheduler_args
+from perseus.schedulers.registry import scheduler_ref
 
 if TYPE_CHECKING:
     from perseus.server.job import CoordinatedJob

@@ -44,7 +44,7 @@ from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import read_profile_rows
 from perseus.planning import evaluate, solve_frontier
 from perseus.protocol import JobRecord, load_prof, load_ranks, load_sched
-from schedulers.parallel import Parallel3D
+from perseus.schedulers.parallel import Parallel3D
 from zeus_power.device import get_gpu_spec
 
 require_torch()

@@ -19,7 +19,7 @@ import networkx as nx
 import pytest
 from paths import REPO
 
-ROOTS = ("perseus", "schedulers", "zeus_power")
+ROOTS = ("perseus", "zeus_power")
 HEAVY = (
     "httpx",
     "fastapi",
@@ -132,7 +132,7 @@ def test_dynamic_import_scan_sees_literal_and_mapped_names(tmp_path: Path) -> No
     (pkg / "solver").mkdir(parents=True)
     (pkg / "solver" / "problem.py").write_text("")
     (pkg / "settings.py").write_text(
-        'import importlib\nregistry = importlib.import_module("schedulers").SCHEDULERS\n'
+        'import importlib\nregistry = importlib.import_module("perseus.schedulers").SCHEDULERS\n'
     )
     (pkg / "solver" / "__init__.py").write_text(
         'import importlib\n_WHERE = {"SolverProblem": "problem"}\n'
@@ -145,7 +145,7 @@ def test_dynamic_import_scan_sees_literal_and_mapped_names(tmp_path: Path) -> No
     )
     assert sorted(_dynamic_imports(tmp_path)) == [
         ("perseus", "perseus.settings"),
-        ("perseus.settings", "schedulers"),
+        ("perseus.settings", "perseus.schedulers"),
         ("perseus.solver", "perseus.solver.problem"),
     ]
 

@@ -85,7 +85,7 @@ def test_the_wheel_carries_profiles_types_and_license(dist: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {p.name for p in (REPO / "profiles").glob("*.csv")}
     assert shipped and {f"profiles/{n}" for n in shipped} <= names
-    assert {"perseus/py.typed", "schedulers/py.typed", "zeus_power/py.typed"} <= names
+    assert {"perseus/py.typed", "zeus_power/py.typed"} <= names
     assert "perseus_energy-0.1.0.dist-info/licenses/LICENSE" in names
     metadata = zipfile.ZipFile(wheel).read("perseus_energy-0.1.0.dist-info/METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata

@@ -11,11 +11,11 @@ from perseus.demo.virtual import VirtualCluster, run_rounds
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import make_schedule
 from perseus.io.profile_csv import save_profile
+from perseus.schedulers.base import build_scheduler
+from perseus.schedulers.perseus_scheduler import Perseus
+from perseus.schedulers.registry import resolve_scheduler
 from perseus.settings import PerseusSettings
 from perseus.synth import stage_workloads, synthesize_profile
-from schedulers.base import build_scheduler
-from schedulers.perseus_scheduler import Perseus
-from schedulers.registry import resolve_scheduler
 
 GPU = "A100-SXM"
 WORK = [1.0, 1.6, 1.0, 1.2]

@@ -63,9 +63,9 @@ def test_a_row_no_gpu_can_draw_is_left_out_and_said(tmp_path):
     from sensor_ranks import Ranks, dvfs_truth
 
     from perseus.domain.schedule import make_schedule
+    from perseus.schedulers.base import build_scheduler
+    from perseus.schedulers.perseus_scheduler import Perseus, PerseusPhase
     from perseus.settings import PerseusSettings
-    from schedulers.base import build_scheduler
-    from schedulers.perseus_scheduler import Perseus, PerseusPhase
     from zeus_power.device import SensorSpec
 
     model = dvfs_truth(10.0)
@@ -112,10 +112,10 @@ def test_a_fitted_energy_below_zero_is_left_out_not_fatal(tmp_path):
     from sensor_ranks import Ranks, dvfs_truth
 
     from perseus.domain.schedule import make_schedule
+    from perseus.schedulers.base import build_scheduler
+    from perseus.schedulers.perseus_scheduler import Perseus
+    from perseus.schedulers.sweep_products import profile_rows
     from perseus.settings import PerseusSettings
-    from schedulers.base import build_scheduler
-    from schedulers.perseus_scheduler import Perseus
-    from schedulers.sweep_products import profile_rows
     from zeus_power.device import SensorSpec
 
     schedule = make_schedule("1f1b", 2, 4)

@@ -20,8 +20,8 @@ from server_fixtures import (
 from perseus.domain.schedule import make_schedule
 from perseus.io.profile_csv import load_profile
 from perseus.planning import evaluate, max_frequencies, solve_frontier
+from perseus.schedulers.envpipe import envpipe_frequencies
 from perseus.settings import PerseusSettings
-from schedulers.envpipe import envpipe_frequencies
 
 M = 4
 MIN_FREQ = 600

@@ -11,9 +11,9 @@ from server_fixtures import job_info, rank_infos, running_server
 
 from perseus.domain.schedule import make_schedule
 from perseus.protocol import ProfilingResult
+from perseus.schedulers.base import has_breakdowns
+from perseus.schedulers.registry import SCHEDULERS
 from perseus.settings import PerseusSettings
-from schedulers.base import has_breakdowns
-from schedulers.registry import SCHEDULERS
 
 PP, M = 2, 2
 ZEUS_DEFAULT = {"iter_time": [0.5, 0.5], "iter_energy": [100.0, 101.0]}

@@ -16,9 +16,9 @@ from server_fixtures import job_info, rank_infos, running_server
 from perseus.errors import PerseusError
 from perseus.memory import available_memory_bytes
 from perseus.protocol import FrequencySchedule, ProfilingResult, load_prof, load_ranks, load_sched
+from perseus.schedulers.args import SchedulerArgs
+from perseus.schedulers.base import FrequencyScheduler
 from perseus.settings import PerseusSettings
-from schedulers.args import SchedulerArgs
-from schedulers.base import FrequencyScheduler
 
 
 class Recorder(FrequencyScheduler):

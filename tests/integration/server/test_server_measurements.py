@@ -20,9 +20,9 @@ import pytest
 from server_fixtures import GroundTruth, SimulatedJob, running_server
 
 from perseus.protocol import FrequencySchedule, ProfilingResult, load_prof
+from perseus.schedulers.all_max import AllMaxFrequency
 from perseus.server.errors import scheduler_error_status
 from perseus.settings import PerseusSettings
-from schedulers.all_max import AllMaxFrequency
 
 M = 4
 TRUTH = GroundTruth([0.010, 0.014])

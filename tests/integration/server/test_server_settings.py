@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 from perseus.cli import app as cli_app
 from perseus.demo import Coordinator
 from perseus.errors import ConfigurationError
+from perseus.schedulers import SCHEDULERS, check_scheduler_args
 from perseus.server import create_app
 from perseus.settings import PerseusSettings
-from schedulers import SCHEDULERS, check_scheduler_args
 
 M = 2
 
@@ -112,7 +112,7 @@ def test_perseus_serve_exits_2_with_a_clear_message(env, message):
 
 
 def test_scheduler_args_are_declared_once_and_shared():
-    from schedulers.args import PipelineArgs, SchedulerArgs, SweepArgs
+    from perseus.schedulers.args import PipelineArgs, SchedulerArgs, SweepArgs
 
     assert all(issubclass(cls.Args, SchedulerArgs) for cls in SCHEDULERS.values())
     sweeping = ["InstructionProfiler", "Perseus", "EnvPipe", "ZeusGlobal", "ZeusPerStage"]

@@ -1,4 +1,4 @@
-"""One error tree: every exception class of `perseus` and `schedulers` is a PerseusError;
+"""One error tree: every exception class of `perseus` (its schedulers included) is a PerseusError;
 the tree knows nothing of HTTP, and the coordinator maps it to statuses in one place."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _modules(package_name: str) -> list[ModuleType]:
     return modules
 
 
-@pytest.mark.parametrize("package", ["perseus", "schedulers"])
+@pytest.mark.parametrize("package", ["perseus", "perseus.schedulers"])
 def test_every_exception_class_derives_from_perseus_error(package: str) -> None:
     found = []
     strays = []

@@ -239,11 +239,11 @@ def test_json_dumps_round_trip(tmp_path: Path) -> None:
 def test_settings_keep_the_scheduler_name_the_registry_resolves_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import schedulers
-    from schedulers.args import SchedulerArgs
-    from schedulers.registry import resolve_scheduler
+    import perseus.schedulers
+    from perseus.schedulers.args import SchedulerArgs
+    from perseus.schedulers.registry import resolve_scheduler
 
-    class Dummy(schedulers.FrequencyScheduler):
+    class Dummy(perseus.schedulers.FrequencyScheduler):
         class Args(SchedulerArgs):
             knob: int = 1
 
@@ -253,19 +253,19 @@ def test_settings_keep_the_scheduler_name_the_registry_resolves_it(
         def observe(self, profiling_results):  # type: ignore[no-untyped-def]
             return None
 
-    monkeypatch.setitem(schedulers.SCHEDULERS, "Dummy", Dummy)
+    monkeypatch.setitem(perseus.schedulers.SCHEDULERS, "Dummy", Dummy)
     monkeypatch.setenv("PERSEUS_SCHEDULER", " Dummy ")
     monkeypatch.setenv("PERSEUS_SCHEDULER_ARGS", '{"knob": 3}')
     settings = PerseusSettings()
     assert settings.scheduler == "Dummy" and settings.scheduler_args == {"knob": 3}
     assert resolve_scheduler(settings.scheduler) is Dummy
-    assert schedulers.check_scheduler_args(Dummy, settings.scheduler_args) == Dummy.Args(knob=3)
+    assert perseus.schedulers.check_scheduler_args(Dummy, settings.scheduler_args) == Dummy.Args(knob=3)
     with pytest.raises(ConfigurationError, match="It accepts: knob"):
-        schedulers.check_scheduler_args(Dummy, {"nope": 3})
+        perseus.schedulers.check_scheduler_args(Dummy, {"nope": 3})
 
 
 def test_unknown_scheduler_lists_valid_names() -> None:
-    from schedulers.registry import resolve_scheduler
+    from perseus.schedulers.registry import resolve_scheduler
 
     assert PerseusSettings(scheduler="NoSuch").scheduler == "NoSuch"  # resolved at startup
     with pytest.raises(ConfigurationError, match=r"Unknown scheduler 'NoSuch'\. Valid names"):

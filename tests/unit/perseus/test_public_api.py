@@ -15,7 +15,7 @@ import pytest
         "perseus.integrations.pipelining",
         "perseus.planning",
         "perseus.solver",
-        "schedulers",
+        "perseus.schedulers",
         "zeus_power",
         "zeus_power.device",
         "profiles",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from perseus.protocol import AFTER_WORK_EDGES_S
-from schedulers.estimation import GPUBounds, PowerRegression, WindowRow, fit_windows
+from perseus.schedulers.estimation import GPUBounds, PowerRegression, WindowRow, fit_windows
 
 IDLE_W = 60.0
 LIMIT_W = 400.0

@@ -8,7 +8,7 @@ from perseus.client.fold import GroupFold
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ConfigurationError, PlanError, RankError
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
-from schedulers.parallel import Parallel3D
+from perseus.schedulers.parallel import Parallel3D
 
 ONE_F_ONE_B = make_schedule("1f1b", 2, 1)  # one forward and one backward per rank
 
@@ -220,7 +220,7 @@ FFBB_WHERE = {"forward": [0, 1], "backward": [2, 3]}
 
 
 def test_instructions_run_while_a_clock_change_lands_are_left_out_of_unit_times():
-    from schedulers.measurement import clean_unit_times
+    from perseus.schedulers.measurement import clean_unit_times
 
     units, where = FFBB, FFBB_WHERE
     tb = {"forward": [[0.02, 0.008]] * 2, "backward": [[0.03, 0.02]] * 2}
@@ -236,7 +236,7 @@ def test_instructions_run_while_a_clock_change_lands_are_left_out_of_unit_times(
 
 
 def test_windows_charge_seconds_run_before_a_change_lands_to_the_previous_clock():
-    from schedulers.measurement import window_shares
+    from perseus.schedulers.measurement import window_shares
 
     # The first of each pair starts a change and runs its first 15 ms at the other kind's
     # clock; the second starts 20 ms (30 ms) after the change began, clear of it.
@@ -261,7 +261,7 @@ def test_a_clock_change_lands_in_wall_time_across_idle_gaps():
     """A 2 ms forward starts a change that takes 15 ms to land; the GPU then waits 20 ms
     for a peer before the next forward. In busy seconds that forward would start 2 ms into
     the change (and be charged to the wrong clock); in wall time it starts 22 ms in, clear."""
-    from schedulers.measurement import clean_unit_times, window_shares
+    from perseus.schedulers.measurement import clean_unit_times, window_shares
 
     units, where = FFBB, FFBB_WHERE
     tb = {"forward": [[0.002, 0.002]] * 2, "backward": [[0.03, 0.02]] * 2}

@@ -10,11 +10,11 @@ from pydantic import ValidationError
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ConfigurationError
 from perseus.protocol import JobInfo, PipelineSpec, ProfilingResult, RankInfo
+from perseus.schedulers.profiler import InstructionProfiler, ProfilerArgs
+from perseus.schedulers.sweep import InstructionSweep, SweepPhase
+from perseus.schedulers.sweep_levels import coarse_levels, refine_levels
+from perseus.schedulers.zeus import ZeusArgs
 from perseus.settings import PerseusSettings
-from schedulers.profiler import InstructionProfiler, ProfilerArgs
-from schedulers.sweep import InstructionSweep, SweepPhase
-from schedulers.sweep_levels import coarse_levels, refine_levels
-from schedulers.zeus import ZeusArgs
 
 LEVELS = list(range(1500, 690, -30))  # 28 levels, 1500 … 690 MHz
 

@@ -19,8 +19,8 @@ import perseus
 from perseus.cli import app
 from perseus.cli.scheduler_flags import scheduler_args, scheduler_flags
 from perseus.errors import ConfigurationError
-from schedulers.args import SchedulerArgs
-from schedulers.registry import SCHEDULERS
+from perseus.schedulers.args import SchedulerArgs
+from perseus.schedulers.registry import SCHEDULERS
 
 runner = CliRunner()
 PACKAGE = Path(perseus.__file__).parent

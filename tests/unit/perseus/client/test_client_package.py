@@ -24,7 +24,7 @@ FORBIDDEN = (
     "perseus.server",
     "perseus.cli",
     "perseus.demo",
-    "schedulers",
+    "perseus.schedulers",
     "torch",
     "fastapi",
     "pandas",
@@ -39,7 +39,7 @@ def _first_party_imports(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-    return {n for n in names if n.split(".")[0] in ("perseus", "zeus_power", "schedulers")}
+    return {n for n in names if n.split(".")[0] in ("perseus", "zeus_power", "perseus.schedulers")}
 
 
 @pytest.mark.parametrize("module", sorted(p.name for p in CLIENT.glob("*.py")))

@@ -15,8 +15,8 @@ from perseus.errors import ConfigurationError, ProfileError, SolverError
 from perseus.io.profile_csv import load_profile
 from perseus.planning import choose_index
 from perseus.planning.gpu import blocking_power, gpu_of_profile
-from schedulers.args import ProfileSourceArgs
-from schedulers.perseus_scheduler import PerseusArgs
+from perseus.schedulers.args import ProfileSourceArgs
+from perseus.schedulers.perseus_scheduler import PerseusArgs
 
 A100 = REPO / "profiles" / "gpt3-xl_a100_4stage.csv"
 A40 = REPO / "profiles" / "bloom_a40_8stage.csv"

@@ -27,7 +27,7 @@ without them declares why in `needs_breakdowns`; one that leaves it None takes r
 with only the iteration's time and energy (`has_breakdowns`).
 
 Scheduler arguments (``PERSEUS_SCHEDULER_ARGS``) are a pydantic model the class names in
-``Args`` (`schedulers.args`: shared groups declared once). `check_scheduler_args`
+``Args`` (`perseus.schedulers.args`: shared groups declared once). `check_scheduler_args`
 validates a JSON object against it, once at coordinator start and once per job in
 `build_scheduler`, which hands the validated model to the constructor as its fourth
 argument; constructors do not check their arguments again.
@@ -43,8 +43,8 @@ from pydantic import ValidationError
 
 from perseus.errors import ConfigurationError, RankError
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo, RoundStatus
+from perseus.schedulers.args import SchedulerArgs
 from perseus.settings import PerseusSettings
-from schedulers.args import SchedulerArgs
 
 if TYPE_CHECKING:
     from perseus.domain.plan import Plan
@@ -62,7 +62,7 @@ class FrequencyScheduler(abc.ABC):
     """Base class of frequency schedulers."""
 
     Args: ClassVar[type[SchedulerArgs]] = SchedulerArgs
-    """The model of this scheduler's arguments (`schedulers.args`); default: none."""
+    """The model of this scheduler's arguments (`perseus.schedulers.args`); default: none."""
 
     needs_breakdowns: ClassVar[str | None] = None
     """Why this scheduler needs every result's per-instruction breakdowns, said to the
@@ -157,7 +157,7 @@ def check_scheduler_args(cls: type, args: dict[str, Any]) -> SchedulerArgs:
     if not (inspect.isclass(cls) and issubclass(cls, FrequencyScheduler)):
         raise ConfigurationError(
             f"Scheduler {getattr(cls, '__name__', cls)!r} does not subclass "
-            "schedulers.base.FrequencyScheduler"
+            "perseus.schedulers.base.FrequencyScheduler"
         )
     model = cls.Args
     try:

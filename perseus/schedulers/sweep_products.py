@@ -8,9 +8,9 @@ from typing import Any
 
 from perseus.domain.kinds import INSTRUCTIONS
 from perseus.domain.rows import ProfileRow
-from schedulers.measurement import RoundMeasurement
-from schedulers.pipeline import PipelineScheduler
-from schedulers.sweep_estimates import SweepEstimates
+from perseus.schedulers.measurement import RoundMeasurement
+from perseus.schedulers.pipeline import PipelineScheduler
+from perseus.schedulers.sweep_estimates import SweepEstimates
 
 __all__ = ["ProfilingCost", "profile_rows", "profiling_report"]
 

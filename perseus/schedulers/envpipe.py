@@ -11,8 +11,8 @@ from perseus.domain.schedule import PipelineSchedule
 from perseus.errors import PlanError
 from perseus.planning import all_max_plan, make_plan, pipeline_problem
 from perseus.protocol import JobInfo, RankInfo
+from perseus.schedulers.planning import PlanningArgs, PlanningScheduler
 from perseus.settings import PerseusSettings
-from schedulers.planning import PlanningArgs, PlanningScheduler
 
 __all__ = ["EnvPipe", "envpipe_frequencies"]
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from perseus.protocol import JobInfo, RankInfo
+from perseus.schedulers.args import PipelineArgs
+from perseus.schedulers.pipeline import FixedPlanScheduler
 from perseus.settings import PerseusSettings
-from schedulers.args import PipelineArgs
-from schedulers.pipeline import FixedPlanScheduler
 
 __all__ = ["AllMaxFrequency"]
 

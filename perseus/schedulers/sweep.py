@@ -33,12 +33,12 @@ energy-optimal clock, measured against the minimum rather than the previous leve
 the noise of a power-capped plateau (energies a few percent apart in any order) does not
 stop it at the top, as it stops the ``full`` sweep on the real Bloom A40 profile. REFINE
 (``refine``, on by default) then measures only the skipped levels that could shape an
-instruction's time–energy hull (`schedulers.sweep_followup`). Grouped sweeps (the Zeus
+instruction's time–energy hull (`perseus.schedulers.sweep_followup`). Grouped sweeps (the Zeus
 baselines measure a whole round at one clock) use ``full``. Figures:
 ``benchmarks/bench_profiling_cost.py``.
 
 Energies come from what a GPU shows (``estimator="windows"``, the default): see
-`schedulers.sweep_estimates`; options whose energy stays uncertain are measured again in
+`perseus.schedulers.sweep_estimates`; options whose energy stays uncertain are measured again in
 
 ```
 ... ──▶ CONFIRM (options whose uncertainty could change the plan, measured again) ──▶ DONE
@@ -60,17 +60,17 @@ from perseus.domain.profile import InstructionProfile
 from perseus.domain.rows import ProfileRow
 from perseus.errors import ConfigurationError, RankError
 from perseus.io.profile_csv import write_profile_rows
-from schedulers.args import SweepArgs
-from schedulers.estimation import PowerRegression
-from schedulers.measurement import RoundMeasurement, StagePlan, unit_time
-from schedulers.pipeline import PipelineScheduler
-from schedulers.sweep_estimates import SweepEstimates
-from schedulers.sweep_followup import FollowUp
-from schedulers.sweep_levels import (
+from perseus.schedulers.args import SweepArgs
+from perseus.schedulers.estimation import PowerRegression
+from perseus.schedulers.measurement import RoundMeasurement, StagePlan, unit_time
+from perseus.schedulers.pipeline import PipelineScheduler
+from perseus.schedulers.sweep_estimates import SweepEstimates
+from perseus.schedulers.sweep_followup import FollowUp
+from perseus.schedulers.sweep_levels import (
     coarse_levels,
     sweep_round_steps,
 )
-from schedulers.sweep_products import ProfilingCost, profile_rows, profiling_report
+from perseus.schedulers.sweep_products import ProfilingCost, profile_rows, profiling_report
 
 __all__ = ["InstructionSweep", "SweepPhase"]
 
@@ -103,7 +103,7 @@ class InstructionSweep:
 
     Args:
         scheduler: The pipeline scheduler whose job is profiled.
-        args: The sweep's arguments (`schedulers.args.SweepArgs`: warm-up rounds, frequency
+        args: The sweep's arguments (`perseus.schedulers.args.SweepArgs`: warm-up rounds, frequency
             step, lowest frequency, early stop), validated already.
         group: (pipeline stage, instruction) → early-stop group (the stage is the virtual
             stage; `scheduler.pipeline.stage_ranks` maps it to its pipeline rank).
@@ -184,7 +184,7 @@ class InstructionSweep:
 
     @property
     def windows(self) -> bool:
-        """Energies are fitted to the ranks' energy windows (`schedulers.sweep_estimates`)."""
+        """Energies are fitted to the ranks' energy windows (`perseus.schedulers.sweep_estimates`)."""
         return self.estimates.windows
 
     @property
@@ -350,7 +350,7 @@ class InstructionSweep:
         return statistics.median(self.p2p_samples) if self.p2p_samples else None
 
     def rows(self) -> list[ProfileRow]:
-        """The profile's rows (`schedulers.sweep_products.profile_rows`), energies
+        """The profile's rows (`perseus.schedulers.sweep_products.profile_rows`), energies
         refitted; 'windows' rows say they are estimated, with their standard error, and
         leave out options whose energy they could not tell."""
         self.estimates.refit(self.energy_j)

@@ -2,7 +2,7 @@
 
 REFINE (after the coarse pass) measures, per instruction, only skipped levels next to the
 points that shape its time–energy hull, by bisection
-(`schedulers.sweep_levels.refine_levels`): around the fastest and the cheapest option, and
+(`perseus.schedulers.sweep_levels.refine_levels`): around the fastest and the cheapest option, and
 around vertices where the hull bends enough that a skipped level could lie more than
 ``refine_tolerance`` below the line between its measured neighbours. Where the hull is
 straight, skipped levels would give the solver nothing new. Each REFINE round runs every
@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 import math
 
-from schedulers.args import SweepArgs
-from schedulers.measurement import RoundMeasurement, unit_time
-from schedulers.sweep_estimates import SweepEstimates
-from schedulers.sweep_levels import refine_levels
+from perseus.schedulers.args import SweepArgs
+from perseus.schedulers.measurement import RoundMeasurement, unit_time
+from perseus.schedulers.sweep_estimates import SweepEstimates
+from perseus.schedulers.sweep_levels import refine_levels
 
 __all__ = ["FollowUp", "uncertain_options"]
 

@@ -1,7 +1,7 @@
 """What a scheduler plans and what it measures, per pipeline rank and per pipeline stage.
 
 A `StagePlan` is the plan of one iteration per pipeline rank; `RoundMeasurement` is one
-complete round of results, aggregated by `schedulers.parallel.Parallel3D` (whose module
+complete round of results, aggregated by `perseus.schedulers.parallel.Parallel3D` (whose module
 docstring gives the rule: times are the max over a stage's copies, energies the sum over
 the tensor-parallel ranks of the first data-parallel pipeline).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from schedulers.estimation import Unit, WindowRow
+from perseus.schedulers.estimation import Unit, WindowRow
 
 __all__ = [
     "RoundMeasurement",

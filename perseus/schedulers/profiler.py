@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
+from perseus.schedulers.args import PipelineArgs, SweepArgs
+from perseus.schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
+from perseus.schedulers.sweep import InstructionSweep, SweepPhase
 from perseus.settings import PerseusSettings
-from schedulers.args import PipelineArgs, SweepArgs
-from schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
-from schedulers.sweep import InstructionSweep, SweepPhase
 
 __all__ = ["InstructionProfiler", "ProfilerArgs"]
 
@@ -24,8 +24,8 @@ class InstructionProfiler(PipelineScheduler):
     backward, or a split backward's backward_input and backward_weight); the
     per-instruction numbers are the mean over the window's iterations and occurrences,
     aggregated per stage (time = max over the stage's ranks, energy = sum over the stage's
-    tp ranks of the first dp pipeline; see `schedulers.parallel`). Early stop and warm-up:
-    `schedulers.sweep`. When the sweep is done the `InstructionProfilingResult` (long-form
+    tp ranks of the first dp pipeline; see `perseus.schedulers.parallel`). Early stop and warm-up:
+    `perseus.schedulers.sweep`. When the sweep is done the `InstructionProfilingResult` (long-form
     CSV, one row group per pipeline stage, its `stage` column the virtual stage) is
     written to ``dump_dir/<job_id>/instruction_profile.csv``
     (whether or not `dump_data` is on: the profile is a product) and every later round runs

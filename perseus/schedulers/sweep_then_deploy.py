@@ -14,9 +14,9 @@ import abc
 from perseus.domain.plan import Plan
 from perseus.errors import PlanError
 from perseus.protocol import ProfilingResult
-from schedulers.measurement import RoundMeasurement, StagePlan
-from schedulers.pipeline import PipelineScheduler
-from schedulers.sweep import InstructionSweep
+from perseus.schedulers.measurement import RoundMeasurement, StagePlan
+from perseus.schedulers.pipeline import PipelineScheduler
+from perseus.schedulers.sweep import InstructionSweep
 
 __all__ = ["SweepThenDeploy"]
 

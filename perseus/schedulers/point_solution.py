@@ -8,9 +8,9 @@ from perseus.domain.plan import Plan
 from perseus.errors import PlanError
 from perseus.io.plan_file import FrequencyLists, read_plan
 from perseus.protocol import JobInfo, RankInfo
+from perseus.schedulers.args import PipelineArgs, SchedulerArgs
+from perseus.schedulers.pipeline import FixedPlanScheduler, job_pipeline
 from perseus.settings import PerseusSettings
-from schedulers.args import PipelineArgs, SchedulerArgs
-from schedulers.pipeline import FixedPlanScheduler, job_pipeline
 
 __all__ = ["PointSolution", "PointSolutionArgs"]
 

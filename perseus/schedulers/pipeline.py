@@ -2,7 +2,7 @@
 
 Subclasses plan per pipeline rank (a `StagePlan`: per rank, its (kind, MHz) list in
 execution order) and measure per pipeline rank and per pipeline (virtual) stage;
-`schedulers.parallel.Parallel3D` wraps them for 3D parallelism (per-rank results → per-rank
+`perseus.schedulers.parallel.Parallel3D` wraps them for 3D parallelism (per-rank results → per-rank
 and per-stage measurements, stage plans → per-rank schedules). The pipeline is the one the
 job described at registration (any order: interleaved, zero-bubble, ...), else the
 coordinator's default (`job_pipeline`).
@@ -23,16 +23,16 @@ from perseus.domain.schedule import PipelineSchedule, check_size, make_schedule
 from perseus.errors import ConfigurationError, PlanError
 from perseus.io.jobdir import JobDir
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
-from perseus.settings import PerseusSettings
-from schedulers.args import PipelineArgs, SchedulerArgs
-from schedulers.base import FrequencyScheduler, has_breakdowns
-from schedulers.measurement import (
+from perseus.schedulers.args import PipelineArgs, SchedulerArgs
+from perseus.schedulers.base import FrequencyScheduler, has_breakdowns
+from perseus.schedulers.measurement import (
     RoundMeasurement,
     StageMeasurement,
     StagePlan,
     VirtualStageMeasurement,
 )
-from schedulers.parallel import Parallel3D
+from perseus.schedulers.parallel import Parallel3D
+from perseus.settings import PerseusSettings
 
 __all__ = [
     "FixedPlanScheduler",

@@ -12,13 +12,13 @@ import importlib
 import inspect
 
 from perseus.errors import ConfigurationError
-from schedulers.all_max import AllMaxFrequency
-from schedulers.base import FrequencyScheduler
-from schedulers.envpipe import EnvPipe
-from schedulers.perseus_scheduler import Perseus
-from schedulers.point_solution import PointSolution
-from schedulers.profiler import InstructionProfiler
-from schedulers.zeus import ZeusGlobal, ZeusPerStage
+from perseus.schedulers.all_max import AllMaxFrequency
+from perseus.schedulers.base import FrequencyScheduler
+from perseus.schedulers.envpipe import EnvPipe
+from perseus.schedulers.perseus_scheduler import Perseus
+from perseus.schedulers.point_solution import PointSolution
+from perseus.schedulers.profiler import InstructionProfiler
+from perseus.schedulers.zeus import ZeusGlobal, ZeusPerStage
 
 __all__ = ["SCHEDULERS", "resolve_scheduler", "scheduler_ref"]
 

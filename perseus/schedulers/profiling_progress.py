@@ -16,17 +16,17 @@ from perseus.domain.profile import InstructionProfile
 from perseus.domain.rows import ProfileRow
 from perseus.errors import PlanError
 from perseus.protocol import ProfilingResult, RankInfo
-from schedulers.checks import short_instructions
-from schedulers.guard import RoundFigures, median_figures
-from schedulers.measurement import RoundMeasurement
-from schedulers.sweep_levels import counter_round_steps
+from perseus.schedulers.checks import short_instructions
+from perseus.schedulers.guard import RoundFigures, median_figures
+from perseus.schedulers.measurement import RoundMeasurement
+from perseus.schedulers.sweep_levels import counter_round_steps
 
 __all__ = ["ProfilingProgress", "RoundsLeft"]
 
 
 class RoundsLeft(Protocol):
     """A sweep whose rounds profiling runs (`InstructionSweep`, or the per-stage one of
-    `schedulers.stage_clocks`), as far as progress reports need it."""
+    `perseus.schedulers.stage_clocks`), as far as progress reports need it."""
 
     @property
     def done(self) -> bool: ...
@@ -81,7 +81,7 @@ class ProfilingProgress:
 
     def too_short(self, switch_latency_s: float) -> bool:
         """Whether the all-max rounds already showed instructions too short to plan clocks
-        for (`schedulers.checks.short_instructions`)."""
+        for (`perseus.schedulers.checks.short_instructions`)."""
         m = self.all_max_round
         if m is None:
             return False

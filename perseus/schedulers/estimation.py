@@ -34,7 +34,7 @@ windows no longer stands alone. The curve's top, and so all of it, is at most th
 limit; the top and the blocking power are at least its idle power (`GPUBounds`, as the rank
 reported them; else 0 and no limit). A unit whose fitted power cannot be told from idle
 (within 2 standard errors and a quarter of it: no instruction draws that little) is named in `GPUFit.unphysical`: the profile leaves it out
-(`schedulers.sweep_estimates`). Standard errors come from the windows' own residuals (a
+(`perseus.schedulers.sweep_estimates`). Standard errors come from the windows' own residuals (a
 heteroskedasticity-robust sandwich, never below the classical figure), so a misfit widens
 them.
 
@@ -47,7 +47,7 @@ by Gauss–Newton, each fit starting from the GPU's last shares.
 An instruction that starts while a clock change lands runs at the previous clock until the
 change lands (the rank's measured switch latency) and draws that clock's power: those
 seconds count for its kind at the previous clock, not for its own clock's unit
-(`schedulers.measurement.window_shares`).
+(`perseus.schedulers.measurement.window_shares`).
 
 On A100 and H100 the sensor samples only about the last 25 % of each period (arXiv
 2312.02741): a refresh then shows that part's mean power times the period. Windows also

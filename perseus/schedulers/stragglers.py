@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from perseus.domain.plan import Plan
 from perseus.errors import ConfigurationError
-from schedulers.measurement import RoundMeasurement
-from schedulers.plan_model import PlanModel
+from perseus.schedulers.measurement import RoundMeasurement
+from perseus.schedulers.plan_model import PlanModel
 
 __all__ = ["StragglerTracker"]
 

@@ -2,7 +2,7 @@
 
 Zeus (Zeus, NSDI'23) picks a GPU power limit by profiling each limit and minimising its
 cost ``η·E + (1 − η)·MaxPower·T``. These baselines do the same with SM frequencies, so that
-comparisons run in the same system: the frequency sweep of `schedulers.sweep` stands in
+comparisons run in the same system: the frequency sweep of `perseus.schedulers.sweep` stands in
 for Zeus's power-limit sweep (high → low; a sweep stops after `early_stop_after`
 consecutive cost rises), then the minimum-cost frequency is deployed for good.
 """
@@ -19,11 +19,11 @@ from perseus.domain.kinds import DEFAULT_P2P_POWER_W
 from perseus.errors import PlanError
 from perseus.planning import make_plan
 from perseus.protocol import JobInfo, RankInfo
+from perseus.schedulers.args import PipelineArgs, SweepArgs
+from perseus.schedulers.pipeline import RoundMeasurement
+from perseus.schedulers.sweep import InstructionSweep
+from perseus.schedulers.sweep_then_deploy import SweepThenDeploy
 from perseus.settings import PerseusSettings
-from schedulers.args import PipelineArgs, SweepArgs
-from schedulers.pipeline import RoundMeasurement
-from schedulers.sweep import InstructionSweep
-from schedulers.sweep_then_deploy import SweepThenDeploy
 from zeus_power.metric import zeus_cost
 
 __all__ = ["ZeusArgs", "ZeusGlobal", "ZeusPerStage"]
