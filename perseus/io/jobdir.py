@@ -17,6 +17,7 @@ dump_dir/<job_id>/
 ├── profiling.json           what the sweep cost and how sure it is     scheduler, always
 ├── frontier/                the solved time–energy frontier            scheduler, always
 ├── promise.jsonl            deployments and the guard's checks/moves   scheduler, always
+├── promise.1.jsonl          the record before, once it was rotated     scheduler, always
 └── guard.json               the guard's all-max rounds and state       scheduler, dump_data
 ```
 
@@ -58,6 +59,7 @@ class JobDir:
     PROFILING = "profiling.json"
     FRONTIER = "frontier"
     PROMISE = "promise.jsonl"
+    PROMISE_BEFORE = "promise.1.jsonl"
     GUARD = "guard.json"
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -161,6 +163,12 @@ class JobDir:
     def promise(self) -> Path:
         """The `Perseus` scheduler's deployments, checks and moves, one JSON object a line."""
         return self.path / self.PROMISE
+
+    @property
+    def promise_before(self) -> Path:
+        """The events before those of `promise`, once it grew past its bound and was
+        rotated (`perseus.schedulers.story.MAX_RECORD_BYTES`)."""
+        return self.path / self.PROMISE_BEFORE
 
     @property
     def guard(self) -> Path:

@@ -9,6 +9,7 @@ same accounting as the coordinator's ``GET /jobs/{job_id}``.
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -161,27 +162,32 @@ def read_dump(
         predicted_deployed=predicted_figures(plan, dp) if plan is not None else None,
     )
     return DumpReport(
-        record.job_id, scheduler, rounds, report_, _promise(jd.promise), estimates
+        record.job_id,
+        scheduler,
+        rounds,
+        report_,
+        _promise(jd.promise_before, jd.promise),
+        estimates,
     )
 
 
 _MAX_EVENTS = 10_000
 
 
-def _promise(path: Path) -> list[dict[str, Any]]:
-    """The events of ``promise.jsonl`` (none when absent); a line that is not a JSON
-    object with an ``event`` is skipped (the file is the scheduler's, written as it goes)."""
-    if not path.is_file():
-        return []
-    events = []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(entry, dict) and isinstance(entry.get("event"), str):
-                events.append(entry)
-            if len(events) >= _MAX_EVENTS:
-                break
-    return events
+def _promise(*paths: Path) -> list[dict[str, Any]]:
+    """The events of ``promise.1.jsonl`` and ``promise.jsonl`` (none when absent), the
+    newest `_MAX_EVENTS`, oldest first; a line that is not a JSON object with an ``event``
+    is skipped (the file is the scheduler's, written as it goes)."""
+    events: deque[dict[str, Any]] = deque(maxlen=_MAX_EVENTS)
+    for path in paths:
+        if not path.is_file():
+            continue
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(entry, dict) and isinstance(entry.get("event"), str):
+                    events.append(entry)
+    return list(events)
