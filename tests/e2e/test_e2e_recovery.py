@@ -52,7 +52,7 @@ def test_the_guard_checks_the_plan_again_after_kill_9_and_the_job_finishes(tmp_p
         nproc=2,
         layers="1,3",
         microbatches=2,
-        steps=120,
+        steps=200,
         nominal_ms_per_layer=10.0,
         env={"PERSEUS_RECONNECT_S": "60", "ZEUS_EMULATED_SENSOR_PERIOD_MS": "20"},
     )
