@@ -26,6 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from perseus.io.jobdir import JobDir
 from perseus.protocol import MAX_NOTES, JobNote
 
 __all__ = ["MAX_EVENTS", "MAX_RECORD_BYTES", "JobStory"]
@@ -66,9 +67,7 @@ class JobStory:
                 exists = self.record_path.is_file()
                 self._record_bytes = self.record_path.stat().st_size if exists else 0
             if self._record_bytes and self._record_bytes + len(line) > MAX_RECORD_BYTES:
-                before = self.record_path.with_name(
-                    f"{self.record_path.stem}.1{self.record_path.suffix}"
-                )
+                before = self.record_path.with_name(JobDir.PROMISE_BEFORE)
                 os.replace(self.record_path, before)
                 self._record_bytes = 0
             with self.record_path.open("ab") as f:
