@@ -36,6 +36,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
 
 
+BESIDE_E2E_NICE = 15
+"""How far a process that runs tests other than e2e lowers its CPU priority (``os.nice``).
+
+The e2e jobs judge plans on their measured time and energy, and on two shared cores the other
+xdist worker's tests are the host's noise: a busy second of them stretched a plan's rounds by
+a few per cent against all-max rounds run before it (a fall-back, or a measured saving below
+zero, that the job on a quiet host does not show). A worker that has run a test other than e2e
+yields the CPU to the torchrun jobs for the rest of the session (the servers and subprocesses
+its tests start inherit it); the e2e jobs sleep most of their time, so it still runs nearly as
+fast. A process never raises its priority again, so the worker that runs the e2e group does it
+first (the group comes first) and lowers its own only after."""
+
+_yielded = False
+
+
+@pytest.fixture(autouse=True)
+def _yield_to_e2e(request: pytest.FixtureRequest) -> None:
+    global _yielded
+    if _yielded or request.node.get_closest_marker("e2e") is not None:
+        return
+    os.nice(BESIDE_E2E_NICE)
+    _yielded = True
+
+
 EMULATION_OPT_IN = {"ZEUS_GPU_BACKEND": "emulated"}
 """The suite runs on emulated GPUs, and says so: `auto` (the default) never emulates by
 itself, so every test (and every subprocess it starts, which inherits the environment)
