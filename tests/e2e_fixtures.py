@@ -41,6 +41,7 @@ __all__ = [
     "scheduler_under_test",
     "steps_of",
     "torchrun_command",
+    "truth_of",
 ]
 
 NOMINAL_MS_PER_LAYER = 4.0
@@ -83,6 +84,24 @@ def run_job(
         timeout_s=timeout_s,
     )
     return status, read_traces(trace_dir), log.read_text(errors="replace")
+
+
+def truth_of(
+    truth_dir: Path, *, clear_only: bool = False
+) -> dict[tuple[int, str, int], tuple[float, float]]:
+    """(stage, kind, MHz) → the median (time, energy) of the instructions the emulated GPUs
+    ran (``PERSEUS_EMULATE_TRUTH``), each at its own clock: those that ran partly at the
+    previous clock (a change still landing) are left out where others ran clear of a change,
+    as the profiler leaves them out. `clear_only`: keys no instruction ran clear of a change
+    are left out too (their truth mixes two clocks)."""
+    import pandas as pd
+
+    frame = pd.concat(pd.read_csv(p) for p in sorted(Path(truth_dir).glob("rank*.csv")))
+    keys = ["stage", "instruction", "frequency"]
+    clear = frame.groupby(keys)["switching"].transform("min") == 0
+    kept = frame.switching == 0 if clear_only else ~clear | (frame.switching == 0)
+    typical = frame[kept].groupby(keys)[["time", "energy"]].median()
+    return {(int(s), str(k), int(f)): (t, e) for (s, k, f), (t, e) in typical.iterrows()}
 
 
 def executed(records: Sequence[dict[str, Any]], step: int) -> list[tuple[str, int]]:

@@ -223,11 +223,16 @@ class PowerRegression:
         fits = self.fit()
         return next(iter(fits.values())).model if fits else None
 
-    def unit_energy(self, rank: int, unit: Unit) -> tuple[float, float] | None:
+    def unit_energy(
+        self, rank: int, unit: Unit, time_s: float | None = None
+    ) -> tuple[float, float] | None:
         """(energy J, standard error J) of one instruction of `unit` on `rank`: its fitted
-        power times its mean measured time; None when the unit has no data."""
+        power times `time_s` (default: its mean measured time); None when the unit has no
+        data."""
         fit = self.fit().get(rank)
         t = self.mean_time_s(rank, unit)
+        if t is not None and time_s is not None:
+            t = time_s
         if fit is None or t is None or unit not in fit.units:
             return None
         est = fit.units[unit]

@@ -353,7 +353,7 @@ class InstructionSweep:
         """The profile's rows (`perseus.schedulers.sweep_products.profile_rows`), energies
         refitted; 'windows' rows say they are estimated, with their standard error, and
         leave out options whose energy they could not tell."""
-        self.estimates.refit(self.energy_j)
+        self.estimates.refit(self.energy_j, self.time_s)
         return self.estimates.annotate(
             profile_rows(self.scheduler, self.units, self.time_s, self.energy_j)
         )

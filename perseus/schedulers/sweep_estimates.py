@@ -86,9 +86,13 @@ class SweepEstimates:
         estimate = self.estimate(stage, name, freq)
         return breakdown_j if estimate is None else estimate[0]
 
-    def estimate(self, stage: int, name: str, freq: int) -> tuple[float, float] | None:
+    def estimate(
+        self, stage: int, name: str, freq: int, time_s: float | None = None
+    ) -> tuple[float, float] | None:
         """(energy J, standard error J) of (stage, name) at `freq`: the sum over the
-        stage's tensor-parallel GPUs of the first data-parallel pipeline."""
+        stage's tensor-parallel GPUs of the first data-parallel pipeline. `time_s`: the
+        option's time as the profile states it, which each GPU's fitted power multiplies
+        (default: the mean of the times its windows saw)."""
         pp = self._scheduler.pipeline.stage_ranks[stage]
         members = self._scheduler.stage_ranks[pp]
         first_dp = min(r.dp_rank for r in members)
@@ -96,7 +100,7 @@ class SweepEstimates:
         for info in members:
             if info.dp_rank != first_dp:
                 continue
-            est = self.regression.unit_energy(info.rank, (stage, name, freq))
+            est = self.regression.unit_energy(info.rank, (stage, name, freq), time_s)
             if est is None:
                 return None
             if self.unphysical(stage, name, freq) is not None:
@@ -126,16 +130,24 @@ class SweepEstimates:
             if e.get("max_clock")
         ]
 
-    def refit(self, energy_j: dict[tuple[int, str], dict[int, float]]) -> None:
+    def refit(
+        self,
+        energy_j: dict[tuple[int, str], dict[int, float]],
+        time_s: dict[tuple[int, str], dict[int, float]] | None = None,
+    ) -> None:
         """Every measured option's energy (in `energy_j`, updated) and standard error from
-        the fit of all windows."""
+        the fit of all windows: the fitted power times the option's time in `time_s` (the
+        profile's row), so that a row's power is the fitted one, within the GPU's bounds
+        (the mean of the windows' times can differ from the row's: a few instructions
+        stretched while a clock change landed lengthen it)."""
         if not self.windows:
             return
         for unit, energies in energy_j.items():
             stage, name = unit
             se = self.energy_se.setdefault(unit, {})
+            times = (time_s or {}).get(unit, {})
             for freq in energies:
-                estimate = self.estimate(stage, name, freq)
+                estimate = self.estimate(stage, name, freq, times.get(freq))
                 if estimate is not None:
                     energies[freq], se[freq] = estimate
                 else:

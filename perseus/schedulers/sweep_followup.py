@@ -155,7 +155,7 @@ class FollowUp:
             self.confirm_rounds_left = max(1, rounds_so_far // 4)
         if self.confirm_rounds_left <= 0:
             return False
-        self.estimates.refit(energy_j)
+        self.estimates.refit(energy_j, time_s)
         block_w = self.estimates.block_power_w() or 0.0
         for unit in self.units:
             freqs = uncertain_options(

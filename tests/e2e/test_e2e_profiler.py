@@ -17,7 +17,7 @@ import statistics
 
 import pandas as pd
 import pytest
-from e2e_fixtures import Coordinator, DemoJob, require_torch, run_job
+from e2e_fixtures import Coordinator, DemoJob, require_torch, run_job, truth_of
 
 from perseus.protocol import InstructionProfilingResult
 
@@ -60,14 +60,7 @@ def profiled(tmp_path_factory):
         status, traces, log = run_job(tmp, spec, coordinator)
         assert status == 0, log
         (job_dir,) = coordinator.job_dirs()
-    frame = pd.concat(pd.read_csv(p) for p in sorted(truth_dir.glob("rank*.csv")))
-    # An instruction's own time and energy at its clock: those that ran partly at the previous
-    # clock (a change still landing) are left out where others ran clear of a change, as the
-    # profiler leaves them out.
-    keys = ["stage", "instruction", "frequency"]
-    clear = frame.groupby(keys)["switching"].transform("min") == 0
-    typical = frame[~clear | (frame.switching == 0)].groupby(keys)[["time", "energy"]].median()
-    truth = {(int(st), str(k), int(f)): (t, e) for (st, k, f), (t, e) in typical.iterrows()}
+    truth = truth_of(truth_dir)
     return job_dir / "instruction_profile.csv", traces, truth
 
 

@@ -158,3 +158,27 @@ def test_stated_errors_cover_the_truth():
             hits += abs(est.power_w - p) <= 2 * est.se_w
             total += 1
     assert hits / total >= 0.9, hits / total
+
+
+def test_a_row_s_energy_is_its_fitted_power_times_the_row_s_time():
+    """An instruction's energy is its fitted power times the time the profile states for it.
+    The mean of the times the windows saw includes the few instructions stretched while a
+    clock change landed (here 20 % of them, 30 % longer): with it, a unit at the cap read
+    above the power limit (421 W on a 400 W A100, in an e2e job of 2026-11-29)."""
+    rng = np.random.default_rng(0)
+    power = _curve(LIMIT_W)
+    rows = _windows(_timeline(rng, power, 4.0), power, noise=0.02, rng=rng)
+    regression = PowerRegression({0: GPUBounds(IDLE_W, LIMIT_W)})
+    regression.add(0, rows)
+    unit = (0, "forward", 1410)
+    row_time_s = 0.010
+    regression.add_time(0, unit, 8 * row_time_s + 2 * 1.3 * row_time_s, 10)
+    assert regression.mean_time_s(0, unit) > row_time_s * 1.05
+    fitted_w = regression.fit()[0].units[unit].power_w
+    assert fitted_w <= LIMIT_W + 1e-6
+    energy_j, se_j = regression.unit_energy(0, unit, row_time_s)
+    assert energy_j == pytest.approx(fitted_w * row_time_s)
+    assert energy_j / row_time_s <= LIMIT_W + 1e-6
+    assert se_j == pytest.approx(regression.fit()[0].units[unit].se_w * row_time_s)
+    mean_energy_j, _ = regression.unit_energy(0, unit)  # the windows' mean time
+    assert mean_energy_j / row_time_s > LIMIT_W
