@@ -96,18 +96,18 @@ def cli_errors(func: Callable[P, R]) -> Callable[P, R]:
 
 
 def resolve_profile_path(value: str) -> Path:
-    """A profile argument: a CSV path, or the name of a profile shipped in `profiles/`."""
+    """A profile argument: a CSV path, or the name of a profile shipped in `perseus/profiles/`."""
     path = Path(value)
     if path.is_file():
         return path
     if path.suffix in ("", ".csv") and path.parent == Path("."):
-        import profiles
+        from perseus import profiles
 
         try:
             return profiles.path(value)
         except FileNotFoundError:
             pass
-    import profiles
+    from perseus import profiles
 
     shipped = ", ".join(profiles.available()) or "none"
     raise FileNotFoundError(

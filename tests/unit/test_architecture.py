@@ -53,7 +53,7 @@ def test_a_solve_loads_neither_pandas_nor_networkx() -> None:
         "from perseus.io.profile_csv import load_profile\n"
         "from perseus.domain.schedule import make_schedule\n"
         "from perseus.planning import solve_frontier\n"
-        "profile = load_profile('profiles/bloom_a40_8stage.csv')\n"
+        "profile = load_profile('perseus/profiles/bloom_a40_8stage.csv')\n"
         "solve_frontier(profile, make_schedule('1f1b', 8, 2), p2p_power_w=70.0, max_points=4)\n"
         "print(json.dumps(sorted(m for m in ('pandas', 'networkx') if m in sys.modules)))"
     )

@@ -2,7 +2,7 @@
 numbers or commit hashes (docs state what is true now, not when it changed).
 
 Checked in every Markdown file of the repository (README.md, benchmarks/README.md, docs/,
-profiles/ …): inline links ``[text](target)`` outside code blocks, with their ``#anchor``
+perseus/profiles/ …): inline links ``[text](target)`` outside code blocks, with their ``#anchor``
 when the target is a Markdown file (GitHub's heading slugs), and references to documents
 written as code, e.g. ``docs/emulator.md``, which is how the README names most of them.
 """

@@ -83,8 +83,8 @@ def test_build_makes_an_sdist_and_a_wheel_that_twine_passes(dist: Path) -> None:
 def test_the_wheel_carries_profiles_types_and_license(dist: Path) -> None:
     [wheel] = dist.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    shipped = {p.name for p in (REPO / "profiles").glob("*.csv")}
-    assert shipped and {f"profiles/{n}" for n in shipped} <= names
+    shipped = {p.name for p in (REPO / "perseus" / "profiles").glob("*.csv")}
+    assert shipped and {f"perseus/profiles/{n}" for n in shipped} <= names
     assert {"perseus/py.typed", "zeus_power/py.typed"} <= names
     assert "perseus_energy-0.1.0.dist-info/licenses/LICENSE" in names
     metadata = zipfile.ZipFile(wheel).read("perseus_energy-0.1.0.dist-info/METADATA").decode()
@@ -104,7 +104,7 @@ def test_the_installed_wheel_runs_version_and_solve(venv: Path, tmp_path: Path) 
     assert len(rows) > 10 and all((out / row["plan"]).is_file() for row in rows[:3])
     # The profile came from the installed wheel, not from this checkout.
     where = _run(
-        [str(venv / "bin" / "python"), "-c", "import profiles; print(profiles.__file__)"],
+        [str(venv / "bin" / "python"), "-c", "import perseus.profiles as p; print(p.__file__)"],
         cwd=tmp_path,
     ).stdout
     assert str(venv) in where

@@ -14,11 +14,11 @@ import pytest
         "perseus.integrations",
         "perseus.integrations.pipelining",
         "perseus.planning",
+        "perseus.profiles",
         "perseus.solver",
         "perseus.schedulers",
         "zeus_power",
         "zeus_power.device",
-        "profiles",
     ],
 )
 def test_all_is_sorted_and_importable(package: str) -> None:

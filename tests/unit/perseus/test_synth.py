@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-import profiles
+from perseus import profiles
 from perseus.cli.profile import app
 from perseus.domain.profile import InstructionProfile
 from perseus.errors import ConfigurationError, ProfileError

@@ -18,8 +18,8 @@ from perseus.planning.gpu import blocking_power, gpu_of_profile
 from perseus.schedulers.args import ProfileSourceArgs
 from perseus.schedulers.perseus_scheduler import PerseusArgs
 
-A100 = REPO / "profiles" / "gpt3-xl_a100_4stage.csv"
-A40 = REPO / "profiles" / "bloom_a40_8stage.csv"
+A100 = REPO / "perseus" / "profiles" / "gpt3-xl_a100_4stage.csv"
+A40 = REPO / "perseus" / "profiles" / "bloom_a40_8stage.csv"
 
 
 def _scaled(tmp_path: Path, column: str, factor: float) -> Path:
@@ -52,7 +52,7 @@ def test_a_profile_in_ms_or_mj_is_refused_naming_a_row_and_the_mistake(
 
 
 def test_shipped_profiles_are_plausible() -> None:
-    for path in (REPO / "profiles").glob("*.csv"):
+    for path in (REPO / "perseus" / "profiles").glob("*.csv"):
         load_profile(path)
 
 

@@ -26,7 +26,7 @@ from perseus.io.profile_csv import load_profile
 from perseus.planning import Frontier, FrontierPoint, solve_frontier
 from perseus.schedulers.plan_model import store_frontier
 
-PROFILE = REPO / "profiles" / "bloom_a40_8stage.csv"
+PROFILE = REPO / "perseus" / "profiles" / "bloom_a40_8stage.csv"
 
 
 @pytest.fixture(scope="module")

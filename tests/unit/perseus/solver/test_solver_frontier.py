@@ -346,7 +346,7 @@ def test_every_rounding_meets_its_lp_deadline(profile_name):
     from perseus.solver import solve_lp_curve
     from perseus.solver.rounding import Rounder
 
-    path = REPO / "profiles" / f"{profile_name}.csv"
+    path = REPO / "perseus" / "profiles" / f"{profile_name}.csv"
     profile = load_profile(path)
     stages = int(profile.to_frame()["stage"].max()) + 1
     pipeline = PipelineProblem(profile, make_schedule("1f1b", stages, 6), P_BLOCK)

@@ -10,8 +10,8 @@ from perseus.domain.schedule import make_schedule
 from perseus.errors import PlanError, SolverError
 from perseus.io.profile_csv import load_profile
 from perseus.planning import PipelineProblem, evaluate, solve_frontier
+from perseus.profiles import path as shipped_profile_path
 from perseus.solver.polish import polish_plan
-from profiles import path as shipped_profile_path
 
 
 @pytest.mark.parametrize(("num_stages", "num_microbatches", "num_options"), [(2, 3, 3), (3, 2, 2)])
