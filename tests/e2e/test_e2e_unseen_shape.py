@@ -16,8 +16,8 @@ targets of the fidelity benchmark (`bench_profile_fidelity.py`): energy error me
 p95 ≤ 4 %, max ≤ 10 %; the truth within 2 stated standard errors of ≥ 90 % of the rows. **Not
 met today** (marked `xfail(strict=True)`, so that meeting them fails the run until the mark
 goes): on this shape the estimator cannot tell a stage's backward halves apart (they run back
-to back, swept down together: a stage's input half reads 10–15 % high where its weight half
-reads as much low) and its low clocks lean on few windows (the figures: the mark's reason;
+to back, in one proportion in every energy window: a stage's input half reads 10–15 % high
+where its weight half reads as much low) and its low clocks lean on few windows (the figures: the mark's reason;
 docs/profiling-notes.md, "Where the family's targets are missed"). No row's power lies outside
 [idle, power limit] (met; before each row's energy was its fitted power times the row's own
 time, one read 421 W).
