@@ -131,7 +131,8 @@ def test_no_row_draws_what_a_gpu_cannot(run):
     job_dir, truth = run
     for r, _ in _rows(job_dir, truth):
         power = r.energy / r.time
-        assert SPEC.idle_power_w <= power <= SPEC.default_power_limit_w, (r, power)
+        # At the cap a row's power is the limit, up to the float product time × power.
+        assert SPEC.idle_power_w <= power <= SPEC.default_power_limit_w * (1 + 1e-9), (r, power)
 
 
 def test_the_plan_deploys_and_saves_what_it_predicted(run):

@@ -96,8 +96,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         raw = self.headers.get("Content-Length", "0") or "0"
         length = int(raw) if raw.isdigit() else MAX_BODY_BYTES + 1
         if length > MAX_BODY_BYTES or self.headers.get("Transfer-Encoding"):
+            # Said, not only done: a client that reads no `Connection: close` sends its next
+            # request on this connection and is reset.
             self.close_connection = True
-            self._send(413, {"error": f"the API takes no body (at most {MAX_BODY_BYTES} bytes)"})
+            self._send(
+                413,
+                {"error": f"the API takes no body (at most {MAX_BODY_BYTES} bytes)"},
+                headers={"Connection": "close"},
+            )
             return False
         if length:
             self.rfile.read(length)

@@ -153,8 +153,13 @@ def test_an_oversized_query_or_body_is_refused(gpud):
     with gpud.client() as c:
         long = c.get("/gpu/get_power_limit?gpu_ids=" + "0," * 2000 + "0")
         body = c.post("/gpu/reset_gpu_locked_clocks?gpu_ids=0&block=true", content=b"x" * 10_000)
+        # The body is not read: the connection closes, and the answer says so, so that the
+        # client's next request goes on a new connection instead of being reset.
+        after = c.get("/discover")
     assert long.status_code == 414
     assert body.status_code == 413
+    assert body.headers["connection"] == "close"
+    assert after.status_code == 200
 
 
 _CLIENT = """
