@@ -30,7 +30,7 @@ Per sweep (`sweep` scheduler argument) it prints:
 
 Before: ``full`` (every clock, high → low, per-instruction early stop after 2 energy rises in
 a row), the default until the coarse sweep; ``full:early_stop_after=999`` measures every
-clock. After: ``coarse``, the default (`perseus.schedulers.sweep`). ``name:arg=value+arg=value``
+clock. After: ``coarse``, the default (`perseus.schedulers.sweep.instruction_sweep`). ``name:arg=value+arg=value``
 passes more sweep arguments (e.g. ``coarse:refine=0``, ``coarse:coarse_step=6``).
 """
 

@@ -19,7 +19,7 @@ large tensor, memory-bound), each an "instruction" of about 8 ms. Phases:
 During phase 2 the rank's own machinery runs as in training: `CounterPoller` watches the
 counter's refreshes (`perseus.client.sensing`), instructions are timed with CUDA events and
 placed on the host clock from one synchronisation per iteration, the phase is cut into
-`energy_windows`, and `perseus.schedulers.estimation` fits each mix's power and the idle power
+`energy_windows`, and `perseus.schedulers.sweep.power_fit` fits each mix's power and the idle power
 under both sampling models (the whole period; its last 25 %, arXiv 2312.02741). Reported
 per mix: the estimate (± its standard error) against the mix run alone, and what today's
 profiler would say (iteration mean power × time). Also reported: the refresh period and
@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perseus.client.sensing import CounterPoller, Tick, energy_windows, periodic_ticks
-from perseus.schedulers.estimation import MODELS, WindowRow, fit_windows
+from perseus.schedulers.measurement import WindowRow
+from perseus.schedulers.sweep.power_fit import MODELS, fit_windows
 
 PATTERN = ["heavy"] * 4 + ["light", "heavy"] * 2 + ["light"] * 4
 IDLE_GAP_S = 0.03

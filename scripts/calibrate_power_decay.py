@@ -20,7 +20,7 @@ The counter (100 ms refresh, 1 % noise, phase drawn per seed) is read every 0.5 
 virtual time; a refresh is timed at the middle of the reads around it, as `CounterPoller`
 times it. The interleaved phase is cut into energy windows (`perseus.client.sensing.
 energy_windows`) and fitted with the probe's plain least-squares model
-(`perseus.schedulers.estimation.fit_windows`, whole period: window energy = Σ kind power × busy
+(`perseus.schedulers.sweep.power_fit.fit_windows`, whole period: window energy = Σ kind power × busy
 seconds + idle power × idle seconds); each mix's alone power is read as the probe reads it.
 Printed per τ: the fitted powers and their errors against the alone runs (means over the
 seeds), and their distance to the measured errors. ``--drift-per-hour`` adds a drift
@@ -39,7 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perseus.client.sensing import Tick, energy_windows, periodic_ticks
-from perseus.schedulers.estimation import MODELS, WindowRow, fit_windows
+from perseus.schedulers.measurement import WindowRow
+from perseus.schedulers.sweep.power_fit import MODELS, fit_windows
 from zeus_power.device import REAL_SENSORS, EmulatedGPU, VirtualClock
 
 # What the H200 probe measured (docs/measurements/h200-2026-11-26/sensors-probe.json).

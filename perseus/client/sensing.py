@@ -15,7 +15,7 @@ is the energy between two refreshes. So a rank:
    instruction of the iteration order, the seconds it ran inside the window.
 
 The coordinator then fits every (stage, kind, clock)'s power to these windows
-(`perseus.schedulers.estimation`). Each window also carries the seconds each instruction ran in the
+(`perseus.schedulers.sweep.power_fit`). Each window also carries the seconds each instruction ran in the
 last `SAMPLED_TAIL` of each refresh period inside it: on A100 and H100 the sensor samples only
 that part of a period (arXiv 2312.02741), and the fit picks whichever model explains the
 readings. `wait_period` measures the refresh period at start (three refreshes, a few hundred

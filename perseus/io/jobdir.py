@@ -156,7 +156,7 @@ class JobDir:
     @property
     def profiling(self) -> Path:
         """What the profiling sweep cost (rounds, seconds, energy) and how sure its
-        estimates are (`perseus.schedulers.sweep.InstructionSweep.report`)."""
+        estimates are (`perseus.schedulers.sweep.instruction_sweep.InstructionSweep.report`)."""
         return self.path / self.PROFILING
 
     @property

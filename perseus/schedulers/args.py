@@ -7,7 +7,7 @@ groups are declared here once:
 
 - `PipelineArgs`: the pipeline every pipeline scheduler runs (`num_microbatches` is
   required, `schedule`).
-- `SweepArgs`: the online instruction sweep (`perseus.schedulers.sweep`).
+- `SweepArgs`: the online instruction sweep (`perseus.schedulers.sweep.instruction_sweep`).
 - `ProfileSourceArgs`: a given profile / blocking power instead of measuring them.
 """
 
@@ -61,7 +61,7 @@ class PipelineArgs(SchedulerArgs):
 
 
 class SweepArgs(SchedulerArgs):
-    """The online frequency sweep (`perseus.schedulers.sweep.InstructionSweep`)."""
+    """The online frequency sweep (`perseus.schedulers.sweep.instruction_sweep.InstructionSweep`)."""
 
     warmup_rounds: int = Field(default=1, ge=0, description="all-max rounds before measuring")
     freq_step: int = Field(default=1, ge=1, description="profile every freq_step-th frequency")
@@ -105,7 +105,7 @@ class SweepArgs(SchedulerArgs):
     estimator: Literal["windows", "breakdown"] = Field(
         default="windows",
         description="'windows': every (stage, kind, clock)'s energy is fitted by least squares "
-        "to the energy counter's refreshes the ranks report (perseus.schedulers.estimation), each "
+        "to the energy counter's refreshes the ranks report (perseus.schedulers.sweep.power_fit), each "
         "with its standard error, and rounds are long enough to hold round_ticks refreshes; "
         "'breakdown': each instruction's energy as the ranks report it (exact only where a "
         "GPU shows per-instruction energy, which no real one does; used anyway for ranks "

@@ -8,20 +8,38 @@ the tensor-parallel ranks of the first data-parallel pipeline).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-
-from perseus.schedulers.estimation import Unit, WindowRow
 
 __all__ = [
     "RoundMeasurement",
     "StageMeasurement",
     "StagePlan",
+    "Unit",
     "VirtualStageMeasurement",
+    "WindowRow",
     "clean_unit_times",
     "unit_time",
     "window_shares",
 ]
+
+
+Unit = tuple[int, str, int]
+"""(pipeline stage, instruction kind, SM clock in MHz)."""
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    """One energy window, its busy seconds keyed by unit (`Parallel3D.measure` maps them)."""
+
+    energy_j: float
+    time_s: float
+    busy: Mapping[Unit, float]
+    tail_s: float = 0.0
+    tail_busy: Mapping[Unit, float] = field(default_factory=dict)
+    after: Mapping[Unit, tuple[float, ...]] = field(default_factory=dict)
+    """Per unit, the idle seconds in each band after its work stopped (`EnergyWindow.after_s`)."""
+    tail_after: Mapping[Unit, tuple[float, ...]] = field(default_factory=dict)
 
 StagePlan = list[list[tuple[str, int]]]
 """Per pipeline rank, the (instruction, freq_mhz) list of one iteration in execution order."""

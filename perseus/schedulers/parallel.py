@@ -19,7 +19,7 @@ when both are 1, with one stage per rank):
   gets its list; a data-parallel pipeline may get its own plan (stragglers).
 - a rank's energy windows (`perseus.protocol.EnergyWindow`: busy seconds per instruction
   of its order) → per rank, windows keyed by (stage, kind, clock) with the clocks the round
-  ran (`perseus.schedulers.estimation`): the per-GPU fit that turns them into energies.
+  ran (`perseus.schedulers.sweep.power_fit`): the per-GPU fit that turns them into energies.
 
 **Leaders** (protocol 2, `JobInfo.leaders`): only the leaders register, report and get
 schedules, and each speaks for its group (the tensor ranks of the replicas of its block,
@@ -48,12 +48,13 @@ from perseus.domain.robust import rank_time
 from perseus.domain.schedule import PipelineSchedule
 from perseus.errors import ConfigurationError, PlanError, RankError
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
-from perseus.schedulers.estimation import Unit, WindowRow
 from perseus.schedulers.measurement import (
     RoundMeasurement,
     StageMeasurement,
     StagePlan,
+    Unit,
     VirtualStageMeasurement,
+    WindowRow,
     clean_unit_times,
     window_shares,
 )

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from perseus.planning import Frontier
-    from perseus.schedulers.sweep import InstructionSweep
+    from perseus.schedulers.sweep.instruction_sweep import InstructionSweep
 
 __all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
 
@@ -58,7 +58,7 @@ class Perseus(DeployStep, PlanningScheduler):
     """The whole Perseus loop online (phases: `PerseusPhase`).
 
     1. All-max rounds: the job's measured baseline (time, energy, their spread).
-    2. Profile every instruction (`perseus.schedulers.sweep`), or read a profile (`profile_path`).
+    2. Profile every instruction (`perseus.schedulers.sweep.instruction_sweep`), or read a profile (`profile_path`).
     3. Costs the profile does not hold (`perseus.schedulers.costs`): the clock-switch latency the
        ranks measured (`switch_latency_ms` overrides it) and the P2P hop latency calibrated
        from the all-max rounds (`hop_latency_ms` overrides it); both are in the frontier.

@@ -18,7 +18,7 @@ from perseus.errors import PlanError
 from perseus.io.atomic import atomic_write_text
 from perseus.io.profile_csv import load_profile
 from perseus.schedulers.args import PipelineArgs, ProfileSourceArgs
-from perseus.schedulers.sweep import InstructionSweep
+from perseus.schedulers.sweep.instruction_sweep import InstructionSweep
 from perseus.schedulers.sweep_then_deploy import SweepThenDeploy
 
 __all__ = ["DEFAULT_P2P_POWER_W", "PlanningArgs", "PlanningScheduler"]

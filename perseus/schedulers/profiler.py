@@ -5,7 +5,7 @@ from __future__ import annotations
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo
 from perseus.schedulers.args import PipelineArgs, SweepArgs
 from perseus.schedulers.pipeline import PipelineScheduler, RoundMeasurement, StagePlan
-from perseus.schedulers.sweep import InstructionSweep, SweepPhase
+from perseus.schedulers.sweep.instruction_sweep import InstructionSweep, SweepPhase
 from perseus.settings import PerseusSettings
 
 __all__ = ["InstructionProfiler", "ProfilerArgs"]
@@ -25,7 +25,7 @@ class InstructionProfiler(PipelineScheduler):
     per-instruction numbers are the mean over the window's iterations and occurrences,
     aggregated per stage (time = max over the stage's ranks, energy = sum over the stage's
     tp ranks of the first dp pipeline; see `perseus.schedulers.parallel`). Early stop and warm-up:
-    `perseus.schedulers.sweep`. When the sweep is done the `InstructionProfilingResult` (long-form
+    `perseus.schedulers.sweep.instruction_sweep`. When the sweep is done the `InstructionProfilingResult` (long-form
     CSV, one row group per pipeline stage, its `stage` column the virtual stage) is
     written to ``dump_dir/<job_id>/instruction_profile.csv``
     (whether or not `dump_data` is on: the profile is a product) and every later round runs

@@ -19,7 +19,7 @@ from perseus.protocol import ProfilingResult, RankInfo
 from perseus.schedulers.checks import short_instructions
 from perseus.schedulers.guard import RoundFigures, median_figures
 from perseus.schedulers.measurement import RoundMeasurement
-from perseus.schedulers.sweep_levels import counter_round_steps
+from perseus.schedulers.sweep.levels import counter_round_steps
 
 __all__ = ["ProfilingProgress", "RoundsLeft"]
 

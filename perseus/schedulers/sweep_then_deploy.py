@@ -16,7 +16,7 @@ from perseus.errors import PlanError
 from perseus.protocol import ProfilingResult
 from perseus.schedulers.measurement import RoundMeasurement, StagePlan
 from perseus.schedulers.pipeline import PipelineScheduler
-from perseus.schedulers.sweep import InstructionSweep
+from perseus.schedulers.sweep.instruction_sweep import InstructionSweep
 
 __all__ = ["SweepThenDeploy"]
 

@@ -2,7 +2,7 @@
 
 Zeus (Zeus, NSDI'23) picks a GPU power limit by profiling each limit and minimising its
 cost ``η·E + (1 − η)·MaxPower·T``. These baselines do the same with SM frequencies, so that
-comparisons run in the same system: the frequency sweep of `perseus.schedulers.sweep` stands in
+comparisons run in the same system: the frequency sweep of `perseus.schedulers.sweep.instruction_sweep` stands in
 for Zeus's power-limit sweep (high → low; a sweep stops after `early_stop_after`
 consecutive cost rises), then the minimum-cost frequency is deployed for good.
 """
@@ -21,7 +21,7 @@ from perseus.planning import make_plan
 from perseus.protocol import JobInfo, RankInfo
 from perseus.schedulers.args import PipelineArgs, SweepArgs
 from perseus.schedulers.pipeline import RoundMeasurement
-from perseus.schedulers.sweep import InstructionSweep
+from perseus.schedulers.sweep.instruction_sweep import InstructionSweep
 from perseus.schedulers.sweep_then_deploy import SweepThenDeploy
 from perseus.settings import PerseusSettings
 from zeus_power.metric import zeus_cost

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from perseus.schedulers.estimation import MODELS, PowerRegression, WindowRow
+from perseus.schedulers.measurement import WindowRow
+from perseus.schedulers.sweep.power_fit import MODELS, PowerRegression
 
 F, B = (0, "forward", 1410), (0, "backward", 1410)
 POWER = {F: 380.0, B: 330.0}
@@ -131,7 +132,7 @@ def test_a_gross_outlier_window_is_dropped_and_powers_are_never_negative():
 
 
 def test_rounds_are_sized_for_the_slowest_counter():
-    from perseus.schedulers.sweep_levels import counter_round_steps
+    from perseus.schedulers.sweep.levels import counter_round_steps
 
     # 10 refreshes and the two partial ones at the ends, of the slowest counter (0.1 s).
     assert counter_round_steps([0.1, 0.05], 0.3, 10) == 4

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from perseus.protocol import AFTER_WORK_EDGES_S
-from perseus.schedulers.estimation import GPUBounds, PowerRegression, WindowRow, fit_windows
+from perseus.schedulers.measurement import WindowRow
+from perseus.schedulers.sweep.power_fit import GPUBounds, PowerRegression, fit_windows
 
 IDLE_W = 60.0
 LIMIT_W = 400.0

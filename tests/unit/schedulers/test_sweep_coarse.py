@@ -11,8 +11,8 @@ from perseus.domain.schedule import make_schedule
 from perseus.errors import ConfigurationError
 from perseus.protocol import JobInfo, PipelineSpec, ProfilingResult, RankInfo
 from perseus.schedulers.profiler import InstructionProfiler, ProfilerArgs
-from perseus.schedulers.sweep import InstructionSweep, SweepPhase
-from perseus.schedulers.sweep_levels import coarse_levels, refine_levels
+from perseus.schedulers.sweep.instruction_sweep import InstructionSweep, SweepPhase
+from perseus.schedulers.sweep.levels import coarse_levels, refine_levels
 from perseus.schedulers.zeus import ZeusArgs
 from perseus.settings import PerseusSettings
 

@@ -3,13 +3,13 @@
 No GPU shows an instruction's own energy. With ``estimator="windows"`` (the default, when
 every rank measured its energy counter's refresh period), each round's energy windows (the
 energy between two refreshes of the counter, and the seconds each instruction ran inside)
-go into a least-squares fit per GPU (`perseus.schedulers.estimation`) that gives every (stage,
+go into a least-squares fit per GPU (`perseus.schedulers.sweep.power_fit`) that gives every (stage,
 kind, clock) its energy and a standard error, and the blocking power its value. The sweep
 sizes its rounds to hold ``round_ticks`` refreshes, and after its passes measures again
 the options whose relative standard error is above ``target_uncertainty`` and that are not
 clearly dominated (CONFIRM: at most ``max_repeats`` times each, in at most a quarter as many
 rounds as came before). A unit whose fitted power no GPU can draw (at or below the idle power its
-rank reported: `perseus.schedulers.estimation.GPUBounds`; the limit bounds the fit itself) counts as unknown
+rank reported: `perseus.schedulers.sweep.power_fit.GPUBounds`; the limit bounds the fit itself) counts as unknown
 (infinite standard error, so CONFIRM measures it again), and if it still is at the end it
 never reaches the solver: below the max clock its row is left out; at the max clock, which
 every plan needs, all-max stays (`unphysical_at_max`). Both are logged and listed in
@@ -28,9 +28,9 @@ from typing import Any
 from perseus.domain.kinds import MIN_PLAUSIBLE_POWER_W
 from perseus.domain.rows import ProfileRow
 from perseus.schedulers.args import SweepArgs
-from perseus.schedulers.estimation import GPUBounds, PowerRegression
 from perseus.schedulers.measurement import RoundMeasurement
 from perseus.schedulers.pipeline import PipelineScheduler
+from perseus.schedulers.sweep.power_fit import GPUBounds, PowerRegression
 
 __all__ = ["SweepEstimates"]
 
@@ -49,7 +49,7 @@ class SweepEstimates:
         self._scheduler = scheduler
         refresh = [r.energy_refresh_s for r in scheduler.rank_infos]
         self.windows = args.estimator == "windows" and all(r is not None for r in refresh)
-        """Energies are fitted to the ranks' energy windows (`perseus.schedulers.estimation`)."""
+        """Energies are fitted to the ranks' energy windows (`perseus.schedulers.sweep.power_fit`)."""
         self.refresh_s = max((r for r in refresh if r is not None), default=0.0)
         """The slowest energy counter's refresh period (0: continuous)."""
         self.regression = PowerRegression(

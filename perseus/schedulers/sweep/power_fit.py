@@ -34,7 +34,7 @@ windows no longer stands alone. The curve's top, and so all of it, is at most th
 limit; the top and the blocking power are at least its idle power (`GPUBounds`, as the rank
 reported them; else 0 and no limit). A unit whose fitted power cannot be told from idle
 (within 2 standard errors and a quarter of it: no instruction draws that little) is named in `GPUFit.unphysical`: the profile leaves it out
-(`perseus.schedulers.sweep_estimates`). Standard errors come from the windows' own residuals (a
+(`perseus.schedulers.sweep.option_estimates`). Standard errors come from the windows' own residuals (a
 heteroskedasticity-robust sandwich, never below the classical figure), so a misfit widens
 them.
 
@@ -66,21 +66,18 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import lsq_linear
 
+from perseus.schedulers.measurement import Unit, WindowRow
+
 __all__ = [
     "GPUBounds",
     "GPUFit",
     "MODELS",
     "PowerRegression",
-    "Unit",
     "UnitEstimate",
-    "WindowRow",
     "fit_windows",
 ]
 
 logger = logging.getLogger(__name__)
-
-Unit = tuple[int, str, int]
-"""(pipeline stage, instruction kind, SM clock in MHz)."""
 
 MODELS = ("whole period", "period tail")
 """How a refresh samples its period: all of it, or its last `SAMPLED_TAIL`."""
@@ -117,20 +114,6 @@ _NEAR_IDLE = 0.25
 """A fitted power within `_AT_BOUND` of the idle power, or within 2 of its standard errors
 of it and at most `_NEAR_IDLE` above it, cannot be told from idle: no instruction draws
 that little."""
-
-
-@dataclass(frozen=True)
-class WindowRow:
-    """One energy window, its busy seconds keyed by unit (`Parallel3D.measure` maps them)."""
-
-    energy_j: float
-    time_s: float
-    busy: Mapping[Unit, float]
-    tail_s: float = 0.0
-    tail_busy: Mapping[Unit, float] = field(default_factory=dict)
-    after: Mapping[Unit, tuple[float, ...]] = field(default_factory=dict)
-    """Per unit, the idle seconds in each band after its work stopped (`EnergyWindow.after_s`)."""
-    tail_after: Mapping[Unit, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

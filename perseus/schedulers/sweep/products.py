@@ -10,7 +10,7 @@ from perseus.domain.kinds import INSTRUCTIONS
 from perseus.domain.rows import ProfileRow
 from perseus.schedulers.measurement import RoundMeasurement
 from perseus.schedulers.pipeline import PipelineScheduler
-from perseus.schedulers.sweep_estimates import SweepEstimates
+from perseus.schedulers.sweep.option_estimates import SweepEstimates
 
 __all__ = ["ProfilingCost", "profile_rows", "profiling_report"]
 

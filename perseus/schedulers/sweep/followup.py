@@ -2,7 +2,7 @@
 
 REFINE (after the coarse pass) measures, per instruction, only skipped levels next to the
 points that shape its time–energy hull, by bisection
-(`perseus.schedulers.sweep_levels.refine_levels`): around the fastest and the cheapest option, and
+(`perseus.schedulers.sweep.levels.refine_levels`): around the fastest and the cheapest option, and
 around vertices where the hull bends enough that a skipped level could lie more than
 ``refine_tolerance`` below the line between its measured neighbours. Where the hull is
 straight, skipped levels would give the solver nothing new. Each REFINE round runs every
@@ -20,8 +20,8 @@ import math
 
 from perseus.schedulers.args import SweepArgs
 from perseus.schedulers.measurement import RoundMeasurement, unit_time
-from perseus.schedulers.sweep_estimates import SweepEstimates
-from perseus.schedulers.sweep_levels import refine_levels
+from perseus.schedulers.sweep.levels import refine_levels
+from perseus.schedulers.sweep.option_estimates import SweepEstimates
 
 __all__ = ["FollowUp", "uncertain_options"]
 

@@ -33,12 +33,12 @@ energy-optimal clock, measured against the minimum rather than the previous leve
 the noise of a power-capped plateau (energies a few percent apart in any order) does not
 stop it at the top, as it stops the ``full`` sweep on the real Bloom A40 profile. REFINE
 (``refine``, on by default) then measures only the skipped levels that could shape an
-instruction's time–energy hull (`perseus.schedulers.sweep_followup`). Grouped sweeps (the Zeus
+instruction's time–energy hull (`perseus.schedulers.sweep.followup`). Grouped sweeps (the Zeus
 baselines measure a whole round at one clock) use ``full``. Figures:
 ``benchmarks/bench_profiling_cost.py``.
 
 Energies come from what a GPU shows (``estimator="windows"``, the default): see
-`perseus.schedulers.sweep_estimates`; options whose energy stays uncertain are measured again in
+`perseus.schedulers.sweep.option_estimates`; options whose energy stays uncertain are measured again in
 
 ```
 ... ──▶ CONFIRM (options whose uncertainty could change the plan, measured again) ──▶ DONE
@@ -61,16 +61,16 @@ from perseus.domain.rows import ProfileRow
 from perseus.errors import ConfigurationError, RankError
 from perseus.io.profile_csv import write_profile_rows
 from perseus.schedulers.args import SweepArgs
-from perseus.schedulers.estimation import PowerRegression
 from perseus.schedulers.measurement import RoundMeasurement, StagePlan, unit_time
 from perseus.schedulers.pipeline import PipelineScheduler
-from perseus.schedulers.sweep_estimates import SweepEstimates
-from perseus.schedulers.sweep_followup import FollowUp
-from perseus.schedulers.sweep_levels import (
+from perseus.schedulers.sweep.followup import FollowUp
+from perseus.schedulers.sweep.levels import (
     coarse_levels,
     sweep_round_steps,
 )
-from perseus.schedulers.sweep_products import ProfilingCost, profile_rows, profiling_report
+from perseus.schedulers.sweep.option_estimates import SweepEstimates
+from perseus.schedulers.sweep.power_fit import PowerRegression
+from perseus.schedulers.sweep.products import ProfilingCost, profile_rows, profiling_report
 
 __all__ = ["InstructionSweep", "SweepPhase"]
 
@@ -184,7 +184,7 @@ class InstructionSweep:
 
     @property
     def windows(self) -> bool:
-        """Energies are fitted to the ranks' energy windows (`perseus.schedulers.sweep_estimates`)."""
+        """Energies are fitted to the ranks' energy windows (`perseus.schedulers.sweep.option_estimates`)."""
         return self.estimates.windows
 
     @property
@@ -350,7 +350,7 @@ class InstructionSweep:
         return statistics.median(self.p2p_samples) if self.p2p_samples else None
 
     def rows(self) -> list[ProfileRow]:
-        """The profile's rows (`perseus.schedulers.sweep_products.profile_rows`), energies
+        """The profile's rows (`perseus.schedulers.sweep.products.profile_rows`), energies
         refitted; 'windows' rows say they are estimated, with their standard error, and
         leave out options whose energy they could not tell."""
         self.estimates.refit(self.energy_j, self.time_s)
