@@ -202,7 +202,9 @@ def test_a_killed_client_leaves_its_gpu_at_defaults(gpud):
 
 
 def test_sigterm_restores_every_gpu_and_removes_the_socket():
-    daemon = Gpud(gpus=2).wait_ready()
+    # Clocks land at once: with the emulator's default 15 ms a quiet host stopped the daemon
+    # before the locked clock was in force, and the exit line read the old one.
+    daemon = Gpud(gpus=2, env={"ZEUS_EMULATED_SWITCH_LATENCY_MS": "0"}).wait_ready()
     try:
         with daemon.client() as c:  # this process stays alive: only the exit resets
             c.post(
