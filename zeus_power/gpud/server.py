@@ -90,8 +90,10 @@ class _Bounded:
         except Exception:
             self.handle_error(request, client_address)
         finally:
-            self.shutdown_request(request)  # type: ignore[attr-defined]
+            # The slot first: a client that sees its connection closed may connect again at
+            # once, and must find the slot free (closing first answered that client 503).
             release.release()
+            self.shutdown_request(request)  # type: ignore[attr-defined]
 
     def _overloaded(self) -> None:
         self._refused += 1
