@@ -88,7 +88,16 @@ def test_the_guard_checks_the_plan_again_after_kill_9_and_the_job_finishes(tmp_p
     assert events and events[0] == "resumed", after
     assert "check" in events[1:], after  # the guard checked the plan again
     assert not [e for e in after if e["event"] in ("held", "fallback")], after
-    assert jd.deployed_plan.read_text() == plan_before
+    # The restored coordinator serves the plan it had: no new solve. The guard may still move
+    # to a faster frontier point if a loaded host stretches the plan's rounds past the budget
+    # (CI's two shared cores did): then the file holds that move's plan.
+    assert "deployed" not in events, after
+    moves = [e for e in after if e["event"] == "move"]
+    plan_now = jd.deployed_plan.read_text()
+    if not moves:
+        assert plan_now == plan_before
+    else:
+        assert json.loads(plan_now)["energy"] == pytest.approx(moves[-1]["energy_j"])
     assert (jd.path / "finished").is_file() and not (jd.path / "failed").exists()
     assert "the coordinator is back" in log
     for rank in (0, 1):
