@@ -129,4 +129,3 @@ def test_an_idle_keep_alive_connection_is_closed_and_the_client_reconnects():
         time.sleep(0.6)  # the daemon closes the client's connection meanwhile
         assert zeusd.read("get_power_limit", 0, "power_limit_mw") == 300_000
         zeusd.close()
-
