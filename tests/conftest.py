@@ -51,31 +51,11 @@ first (the group comes first) and lowers its own only after."""
 _yielded = False
 
 
-def _leave_the_e2e_autogroup() -> None:
-    """Under xdist, give this worker a scheduling group of its own at `BESIDE_E2E_NICE`.
-
-    Where the kernel groups tasks by session (``CONFIG_SCHED_AUTOGROUP``, on by default), a
-    nice value weighs only against tasks of the same session, and torchrun starts every rank
-    in a new session of its own: there, a niced worker still took a third of the ranks' CPU
-    (measured on this 2-core VM: two busy ranks ran 2x as many loops as two busy workers at
-    nice 15 in another session, 4x in their own niced group). A worker that is not a process
-    group leader can start a session (`os.setsid`) and nice it (``/proc/self/autogroup``);
-    where it cannot, `os.nice` alone stays in force."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        return
-    try:
-        os.setsid()
-        Path("/proc/self/autogroup").write_text(f"{BESIDE_E2E_NICE}\n")
-    except OSError:
-        pass
-
-
 @pytest.fixture(autouse=True)
 def _yield_to_e2e(request: pytest.FixtureRequest) -> None:
     global _yielded
     if _yielded or request.node.get_closest_marker("e2e") is not None:
         return
-    _leave_the_e2e_autogroup()
     os.nice(BESIDE_E2E_NICE)
     _yielded = True
 
