@@ -14,8 +14,8 @@ sampled, 1 % noise) or ``100ms-25%`` (only the last 25 % of each period sampled,
 (every instruction as soon as its predecessors are done), tells its GPU each instruction's
 power as the hook's emulation does (`begin_busy` / `end_busy`, the DVFS model with the
 GPT-3 per-kind preset), reads the counter at iteration boundaries as the hook does, and
-polls it every 2.4 ms (one read's latency) as `perseus.client.sensing.CounterPoller` does;
-its energy windows come from `perseus.client.sensing.energy_windows`. So the scheduler sees
+polls it every 2.4 ms (one read's latency) as `perseus.client.gpu.sensing.CounterPoller` does;
+its energy windows come from `perseus.client.gpu.sensing.energy_windows`. So the scheduler sees
 exactly what a rank would report; the truth (the model's time and energy of every
 (stage, kind, clock)) is known here and nowhere in the loop.
 

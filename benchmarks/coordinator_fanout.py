@@ -25,7 +25,7 @@ def _fanout_rank(rank: int, world: int, store: str, microbatches: int, reps: int
     import torch
     import torch.distributed as dist
 
-    from perseus.client.leaders import JobFanOut
+    from perseus.client.wire.leaders import JobFanOut
     from perseus.protocol import FrequencySchedule, ParallelLayout, ProfilingResult
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)

@@ -3,7 +3,7 @@ emulated GPUs with given sensors.
 
 A rank runs its schedule's iterations as the pipeline's DAG orders them, tells its GPU
 each instruction's power as the hook's emulation does, reads the counter at iteration
-boundaries and polls it as `perseus.client.sensing.CounterPoller` does, in virtual time;
+boundaries and polls it as `perseus.client.gpu.sensing.CounterPoller` does, in virtual time;
 what it reports is exactly what a rank would (see `bench_sensors.py`'s docstring). What
 each (stage, kind, clock) takes and draws is a `Truth`: the DVFS model's (`dvfs_truth`)
 or any other curves (`bench_profile_fidelity.py` draws them around the published A40
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perseus.client.emulation import EmulationSettings
-from perseus.client.rounds import idle_before_s
-from perseus.client.sensing import Tick, energy_windows
+from perseus.client.gpu.rounds import idle_before_s
+from perseus.client.gpu.sensing import Tick, energy_windows
+from perseus.client.settings import EmulationSettings
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule
 from perseus.protocol import FrequencySchedule, JobInfo, PipelineSpec, ProfilingResult, RankInfo

@@ -17,7 +17,7 @@ large tensor, memory-bound), each an "instruction" of about 8 ms. Phases:
 3. each mix alone again (a drift check: the GPU is warmer now).
 
 During phase 2 the rank's own machinery runs as in training: `CounterPoller` watches the
-counter's refreshes (`perseus.client.sensing`), instructions are timed with CUDA events and
+counter's refreshes (`perseus.client.gpu.sensing`), instructions are timed with CUDA events and
 placed on the host clock from one synchronisation per iteration, the phase is cut into
 `energy_windows`, and `perseus.schedulers.sweep.power_fit` fits each mix's power and the idle power
 under both sampling models (the whole period; its last 25 %, arXiv 2312.02741). Reported
@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perseus.client.sensing import CounterPoller, Tick, energy_windows, periodic_ticks
+from perseus.client.gpu.sensing import CounterPoller, Tick, energy_windows, periodic_ticks
 from perseus.schedulers.measurement import WindowRow
 from perseus.schedulers.sweep.power_fit import MODELS, fit_windows
 

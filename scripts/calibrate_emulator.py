@@ -14,7 +14,7 @@ Two passes over the SOSP'24 GPT-3 175B and Bloom 176B A40 profiles (8 stages,
 
 ``--kinds`` prints only the per-kind medians of the second pass (memory fraction and
 activity of every profile's forwards and backwards): the emulator's per-kind presets,
-`perseus.client.emulation.KIND_PRESETS`.
+`perseus.client.settings.KIND_PRESETS`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ durations, for a range of decay time constants τ (`EmulatedGPU(power_decay_s=τ
 
 The counter (100 ms refresh, 1 % noise, phase drawn per seed) is read every 0.5 ms of
 virtual time; a refresh is timed at the middle of the reads around it, as `CounterPoller`
-times it. The interleaved phase is cut into energy windows (`perseus.client.sensing.
+times it. The interleaved phase is cut into energy windows (`perseus.client.gpu.sensing.
 energy_windows`) and fitted with the probe's plain least-squares model
 (`perseus.schedulers.sweep.power_fit.fit_windows`, whole period: window energy = Σ kind power × busy
 seconds + idle power × idle seconds); each mix's alone power is read as the probe reads it.
@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perseus.client.sensing import Tick, energy_windows, periodic_ticks
+from perseus.client.gpu.sensing import Tick, energy_windows, periodic_ticks
 from perseus.schedulers.measurement import WindowRow
 from perseus.schedulers.sweep.power_fit import MODELS, fit_windows
 from zeus_power.device import REAL_SENSORS, EmulatedGPU, VirtualClock

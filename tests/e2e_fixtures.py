@@ -22,7 +22,7 @@ from typing import Any
 
 from paths import TESTS, require_module
 
-from perseus.client.emulation import EmulationSettings
+from perseus.client.settings import EmulationSettings
 from perseus.demo import Coordinator, DemoJob, read_traces, run_training, torchrun_command
 from zeus_power.device.emulated import DVFSModel
 
@@ -189,7 +189,7 @@ def expected_instruction(
     layers: int, instruction: str, freq_mhz: int, *, ms_per_layer: float = NOMINAL_MS_PER_LAYER
 ) -> tuple[float, float]:
     """The emulator's model: (time_s, energy_j) of one instruction of a `layers`-layer stage
-    (its kind's workload: `perseus.client.emulation.KIND_PRESETS`, the default preset)."""
+    (its kind's workload: `perseus.client.settings.KIND_PRESETS`, the default preset)."""
     model = DVFSModel(GPU_TYPE)
     work = EmulationSettings().workload(instruction)
     nominal_s = ms_per_layer / 1000 * layers * (2 if instruction == "backward" else 1)

@@ -14,7 +14,7 @@ schedules come from the server, and a `perseus.demo.virtual.VirtualCluster` runs
 `EmulatedGPU`s in virtual time and produces what the ranks report (instruction times and
 energies, iteration times and the energy counters' changes). With `leaders_per_stage` the
 job speaks protocol 2: only its leaders talk, each reporting its group's round folded as
-the client folds it in-job (`perseus.client.fold.GroupFold`), and every rank of a group
+the client folds it in-job (`perseus.client.wire.fold.GroupFold`), and every rank of a group
 runs its replica's list of its leader's schedule. Nothing here computes a
 "measured" figure with the solver's formulas. What the emulator measures differs from the
 solver's accounting where a real job's would: a round runs one iteration, which every rank
@@ -40,7 +40,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from perseus.client.fold import GroupFold
+from perseus.client.wire.fold import GroupFold
 from perseus.demo.virtual import VirtualCluster
 from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import PipelineSchedule, make_schedule

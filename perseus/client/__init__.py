@@ -1,27 +1,29 @@
 """The per-rank client: `PerseusOptimizer`, the hook a training job calls on every rank.
 
-Modules, one concern each:
+Three parts, one concern each, under the hook that composes them:
 
-- `hook`: `PerseusOptimizer`, the hook's state machine (steps, instructions, rounds).
-- `options`: `HookOptions`, the hook's keyword options, checked once.
-- `settings`: `ClientSettings`, every ``PERSEUS_*`` variable the client reads.
-- `place`: `RankPlace`, a rank's validated place in its layout (or its ``DeviceMesh``).
-- `registration`: the job's registration (the fan-out table, the shared job id, leaders).
-- `exchange`: a round's report and next schedule, off the training thread.
-- `finish`: the job's normal end, told by its first leader.
-- `lifecycle`: the one rule for leaving a ``with`` block.
-- `coordinator`: `CoordinatorClient`, the coordinator's HTTP API; `translate` maps httpx's
-  failures and error answers to `perseus.errors`.
-- `leaders`: `JobFanOut`, the in-job fan-out; `job_table` its table, `fold` how a leader
-  folds its group's rounds.
-- `bootstrap`: the torch.distributed side: the process group, sharing the job id, barriers.
-- `rank_gpu`: `RankGPU`, the rank's GPU and what drives and measures it:
-  `timing` (sync, emulated or CUDA-events timing, one interface), `events` (the CUDA-events
-  mechanics), `meter` (energy readings and a round's energy windows), `sensing`
+- `hook`: `PerseusOptimizer`, the hook's state machine (steps, instructions, rounds), with
+  `options` (`HookOptions`, its keyword options, checked once), `schedule`
+  (`ScheduleValidator`, a rank's schedule on arrival and the order it executes) and
+  `savings` (the log of what a rank deploys and saves).
+- `gpu/`: the rank's GPU as the hook drives and measures it. `rank_gpu` (`RankGPU`, made
+  once), `timing` (sync, emulated or CUDA-events timing, one interface), `events` (the
+  CUDA-events mechanics), `meter` (energy readings and a round's windows), `sensing`
   (`CounterPoller`, the counter's refreshes), `rounds` (`RoundRecord`, what a round
   measured), `frequency` (`FrequencyController`), `emulation` (for GPUs with a `stand_in`).
-- `schedule`: `ScheduleValidator`, a rank's schedule on arrival and the order it executes.
-- `savings`, `console`, `trace`: the log of savings, rank 0's console log, JSONL traces.
+- `wire/`: the job and the coordinator. `coordinator` (`CoordinatorClient`, the HTTP API)
+  and `translate` (httpx's failures and error answers as `perseus.errors`), `registration`
+  (the fan-out table, the shared job id, leaders), `leaders` (`JobFanOut`, the in-job
+  fan-out), `job_table` and `fold` (a leader's table and how it folds its group's rounds),
+  `exchange` (a round's report and next schedule, off the training thread), `finish` (the
+  job's normal end, told by its first leader).
+- Below all three: `settings` (`ClientSettings` and `EmulationSettings`, every
+  ``PERSEUS_*`` variable the client reads), `facts` (`GpuFacts`, what the GPU side states
+  and the wire registers), `place` (`RankPlace`, a rank's validated place in its layout),
+  `bootstrap` (the torch.distributed side), `lifecycle` (the one rule for leaving a ``with``
+  block), `console` (rank 0's log) and `trace` (JSONL traces).
+
+The GPU side and the wire never import each other (import-linter's ``client-layers``).
 
 The client depends on `perseus.protocol`, `perseus.errors` and `zeus_power.device` only
 (never on the solver, the planner or the server: data flows one way). Names are imported
@@ -34,14 +36,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from perseus.client.coordinator import CoordinatorClient
-    from perseus.client.emulation import EmulationSettings, InstructionEmulator
-    from perseus.client.frequency import FrequencyController
+    from perseus.client.gpu.emulation import InstructionEmulator
+    from perseus.client.gpu.frequency import FrequencyController
     from perseus.client.hook import PerseusOptimizer
     from perseus.client.options import HookOptions
     from perseus.client.schedule import ScheduleValidator
-    from perseus.client.settings import ClientSettings
+    from perseus.client.settings import ClientSettings, EmulationSettings
     from perseus.client.trace import TRACE_DIR_ENV
+    from perseus.client.wire.coordinator import CoordinatorClient
 
 __all__ = [
     "ClientSettings",
@@ -57,11 +59,11 @@ __all__ = [
 
 _WHERE = {
     "ClientSettings": "settings",
-    "CoordinatorClient": "coordinator",
-    "EmulationSettings": "emulation",
-    "FrequencyController": "frequency",
+    "CoordinatorClient": "wire.coordinator",
+    "EmulationSettings": "settings",
+    "FrequencyController": "gpu.frequency",
     "HookOptions": "options",
-    "InstructionEmulator": "emulation",
+    "InstructionEmulator": "gpu.emulation",
     "PerseusOptimizer": "hook",
     "ScheduleValidator": "schedule",
     "TRACE_DIR_ENV": "trace",

@@ -1,6 +1,6 @@
 """The torch bootstrap: the job's process group, its shared job id, device sync.
 
-One rank (rank 0, or the job's first leader: `perseus.client.leaders`) registers the job
+One rank (rank 0, or the job's first leader: `perseus.client.wire.leaders`) registers the job
 with the coordinator and broadcasts the id (or its error) to the other ranks over the job's
 own process group, as two plain tensors (no pickling). torch is
 imported only inside these functions, so importing this module stays cheap.

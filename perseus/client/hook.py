@@ -18,7 +18,7 @@ device_id=..., server_url=...)``, or ``from_layout(device_mesh, ...)``).
 
 A round: the rank runs its `FrequencySchedule` for `steps_per_round` iterations (or the
 schedule's `steps`, if more), then reports it and gets the next schedule off the training
-thread (`perseus.client.exchange`); the next `on_step_begin` collects it (and raises any
+thread (`perseus.client.wire.exchange`); the next `on_step_begin` collects it (and raises any
 error the exchange met). The parts are sibling modules: `rank_gpu` (timing, energy, clocks),
 `registration`, `exchange`, `finish`, `settings`, `lifecycle` (the ``with`` rule).
 
@@ -49,19 +49,19 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from perseus.client.bootstrap import process_group
 from perseus.client.console import setup_job_logging
-from perseus.client.coordinator import CoordinatorClient, check_server_url
-from perseus.client.exchange import Background, RoundExchange
-from perseus.client.finish import finish_job
+from perseus.client.gpu.rank_gpu import RankGPU
+from perseus.client.gpu.rounds import RoundRecord
+from perseus.client.gpu.timing import Timing
 from perseus.client.lifecycle import ClosesOnExit
 from perseus.client.options import HookKeywords, HookOptions
 from perseus.client.place import RankPlace, check_layout
-from perseus.client.rank_gpu import RankGPU
-from perseus.client.registration import register
-from perseus.client.rounds import RoundRecord
 from perseus.client.savings import SavingsLog
 from perseus.client.schedule import ScheduleValidator
-from perseus.client.timing import Timing
 from perseus.client.trace import Trace, job_record, schedule_record
+from perseus.client.wire.coordinator import CoordinatorClient, check_server_url
+from perseus.client.wire.exchange import Background, RoundExchange
+from perseus.client.wire.finish import finish_job
+from perseus.client.wire.registration import register
 from perseus.errors import ConfigurationError, DeviceError, RankError
 from perseus.protocol import JobOutcome, ParallelLayout, RoundStatus
 from zeus_power.device.base import GPUError
@@ -163,7 +163,7 @@ class PerseusOptimizer(ClosesOnExit):
         side = self._gpu = RankGPU(rank, pp_rank, device_id, opts, settings)
         self.gpu, self.emulated, self.emulator = side.gpu, side.emulated, side.emulator
         self.timing = self._gpu.timing
-        """The timing in use, ``sync`` or ``events`` (`perseus.client.timing`)."""
+        """The timing in use, ``sync`` or ``events`` (`perseus.client.gpu.timing`)."""
         self.available_frequencies = self._gpu.frequencies
         self.switch_latency_s = self._gpu.switch_latency_s
         """How long this GPU took to apply a locked clock (measured here; None: unknown)."""
@@ -392,7 +392,7 @@ class PerseusOptimizer(ClosesOnExit):
     def close(self, *, finish: bool = True) -> None:
         """Stop the hook's threads, restore the GPU's clocks, close the HTTP client.
         `finish` (a normal end): every rank waits for the others (at most twice `timeout_s`),
-        then the first leader tells the coordinator (`perseus.client.finish`); a finish that
+        then the first leader tells the coordinator (`perseus.client.wire.finish`); a finish that
         cannot be told is a warning. ``finish=False`` (training failed) tells the coordinator
         nothing: the job fails at its round timeout. Idempotent."""
         if self._state is _HookState.CLOSED:

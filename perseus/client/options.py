@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from perseus.client.emulation import EmulationSettings
-from perseus.client.settings import ClientSettings
+from perseus.client.settings import ClientSettings, EmulationSettings
 from perseus.errors import ConfigurationError
 from perseus.protocol import PipelineSpec
 from zeus_power.device.base import GPU
@@ -69,7 +68,7 @@ class HookOptions:
             `perseus.integrations.pipelining.attach` passes torch's schedule here.
         trace_dir: Write ``rank{R}.jsonl`` here (default: ``PERSEUS_TRACE_DIR``, if set).
         sync: Device synchronisation before each measurement (default: CUDA's, if any).
-        timing: How instructions are timed (`perseus.client.timing`): ``"sync"``,
+        timing: How instructions are timed (`perseus.client.gpu.timing`): ``"sync"``,
             ``"events"`` (real CUDA GPUs with an energy counter only) or ``"auto"``:
             events where they can run, else sync. Default: ``PERSEUS_TIMING``, else auto.
         token: The coordinator's token (default: ``PERSEUS_TOKEN``, if set), sent with

@@ -137,7 +137,7 @@ class VirtualCluster:
 
     def rank_infos(self) -> list[RankInfo]:
         """Every rank's registration, its clock switch timed on its GPU as the hook does
-        (`perseus.client.frequency.measure_switch_latency`, here in virtual time)."""
+        (`perseus.client.gpu.frequency.measure_switch_latency`, here in virtual time)."""
         infos = []
         for r, gpu in enumerate(self.gpus):
             dp, pp, tp = self.layout_of(r)

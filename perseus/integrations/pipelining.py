@@ -364,7 +364,7 @@ def attach(
     schedule's stages, the global rank and world size from ``torch.distributed``.
 
     Only the job's leaders talk to the coordinator (one per pipeline stage by default:
-    `perseus.client.leaders`); the others get their schedules from them in-job. The leaders
+    `perseus.client.wire.leaders`); the others get their schedules from them in-job. The leaders
     follow from the layout: the data- and tensor-parallel place given here, or read from
     `device_mesh`.
 

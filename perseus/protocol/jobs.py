@@ -267,7 +267,7 @@ class RankInfo(BaseModel):
         allow_inf_nan=False,
         description="the power the rank's GPU drew while idle, W, measured by the rank at start "
         "from its energy counter (the energy between the first and the last refresh it saw "
-        "while nothing ran, over the time between them; `perseus.client.meter.EnergyReader`); "
+        "while nothing ran, over the time between them; `perseus.client.gpu.meter.EnergyReader`); "
         "a leader sends its own GPU's; None: not measured (no counter, a counter that did not "
         "refresh steadily, or an older client)",
     )
@@ -282,7 +282,7 @@ class RankInfo(BaseModel):
         le=MAX_SWITCH_LATENCY_S,
         allow_inf_nan=False,
         description="how long this rank's GPU took to apply a locked SM clock, measured by the "
-        "rank (`perseus.client.frequency.measure_switch_latency`); a leader's is the slowest "
+        "rank (`perseus.client.gpu.frequency.measure_switch_latency`); a leader's is the slowest "
         "of its group; None: not measured",
     )
 

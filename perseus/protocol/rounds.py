@@ -217,7 +217,7 @@ class ProfilingResult(BaseModel):
             that the coordinator counts a clock change's landing in wall time; None from
             older clients. A leader sends its own GPU's.
 
-    A leader's result speaks for its whole group (`perseus.client.leaders`, gathered
+    A leader's result speaks for its whole group (`perseus.client.wire.leaders`, gathered
     in-job): `iter_time` is each iteration's slowest GPU of the group, `iter_energy` each
     iteration's sum over the group's GPUs, `time_breakdown` each instruction's slowest GPU,
     and `energy_breakdown` each instruction's sum over the tensor ranks of the leader's own

@@ -1,7 +1,7 @@
 """The costs a cluster charges that the instruction profile does not hold, measured online.
 
 - **Clock switches.** Each rank times its own GPU applying a locked clock
-  (`perseus.client.frequency.measure_switch_latency`) and registers the figure
+  (`perseus.client.gpu.frequency.measure_switch_latency`) and registers the figure
   (`RankInfo.switch_latency_s`); the plan counts the slowest rank's (`switch_latency_s`).
 - **P2P hops and host gaps.** Whatever a rank waits for between two instructions beyond what
   the DAG knows (a send/recv through NCCL or gloo, a process waking up) is charged to the

@@ -24,7 +24,7 @@ when both are 1, with one stage per rank):
 **Leaders** (protocol 2, `JobInfo.leaders`): only the leaders register, report and get
 schedules, and each speaks for its group (the tensor ranks of the replicas of its block,
 `perseus.domain.layout.Leaders`). Its result arrives already folded in-job
-(`perseus.client.leaders`): each instruction's time is the slowest GPU of its group and its
+(`perseus.client.wire.leaders`): each instruction's time is the slowest GPU of its group and its
 energy the sum over the tensor ranks of the leader's own replica, and it carries one
 `ReplicaFigures` per replica (busy time, iteration time and energy). So the rules above
 hold with the leaders as the members: times are the max over a stage's leaders, energies

@@ -18,7 +18,7 @@ SETTINGS_DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 SETTINGS = {
     "coordinator": "perseus.settings:PerseusSettings",
     "client": "perseus.client.settings:ClientSettings",
-    "emulation": "perseus.client.emulation:EmulationSettings",
+    "emulation": "perseus.client.settings:EmulationSettings",
     "device": "zeus_power.device:DeviceSettings",
     "zeusd client": "zeus_power.device.zeusd_client:ZeusdSettings",
     "BSO server": "zeus_power.bso.server.settings:BSOSettings",

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import pytest
 
-from perseus.client.coordinator import (
+from perseus.client.wire.coordinator import (
     DEFAULT_RECONNECT_S,
     CoordinatorClient,
     reconnect_window_s,

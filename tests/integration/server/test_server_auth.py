@@ -20,7 +20,7 @@ import pytest
 from paths import REPO, require_module
 from server_fixtures import GroundTruth, SimulatedJob, job_info, rank_infos, running_server
 
-from perseus.client.coordinator import CoordinatorClient
+from perseus.client.wire.coordinator import CoordinatorClient
 from perseus.errors import CoordinatorError
 from perseus.protocol import JOB_TOKEN_HEADER, ProfilingResult
 from perseus.settings import PerseusSettings

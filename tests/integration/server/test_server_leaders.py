@@ -2,7 +2,7 @@
 
 The job is a `SimulatedJob` with ``leaders_per_stage``: its every rank runs on emulated GPUs
 (`VirtualCluster`), and each leader reports its group's round folded as the client folds it
-in-job (`perseus.client.fold.GroupFold`). The coordinator is the real app under uvicorn.
+in-job (`perseus.client.wire.fold.GroupFold`). The coordinator is the real app under uvicorn.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from server_fixtures import GroundTruth, SimulatedJob, running_server
 
-from perseus.client.coordinator import CoordinatorClient
+from perseus.client.wire.coordinator import CoordinatorClient
 from perseus.demo import Coordinator
 from perseus.domain.plan import Plan
 from perseus.domain.schedule import make_schedule

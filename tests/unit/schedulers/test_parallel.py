@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from perseus.client.fold import GroupFold
+from perseus.client.wire.fold import GroupFold
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ConfigurationError, PlanError, RankError
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo

@@ -7,9 +7,9 @@ import logging
 import httpx
 import pytest
 
-from perseus.client.coordinator import CoordinatorClient
 from perseus.client.hook import PerseusOptimizer
 from perseus.client.lifecycle import ClosesOnExit
+from perseus.client.wire.coordinator import CoordinatorClient
 from perseus.integrations.pipelining import PipelineAttachment
 
 

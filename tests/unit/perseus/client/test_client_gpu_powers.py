@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from perseus.client.meter import IDLE_MAX_WAIT_S, EnergyReader
+from perseus.client.gpu.meter import IDLE_MAX_WAIT_S, EnergyReader
+from perseus.client.gpu.rank_gpu import RankGPU, read_power_limit_w
 from perseus.client.options import HookOptions
-from perseus.client.rank_gpu import RankGPU, read_power_limit_w
 from perseus.client.settings import ClientSettings
 from zeus_power.device.base import GPUNotSupportedError
 from zeus_power.device.emulated import EmulatedGPU

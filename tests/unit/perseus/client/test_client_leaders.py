@@ -8,9 +8,9 @@ import socket
 import pytest
 from paths import require_module
 
-from perseus.client.fold import GroupFold
-from perseus.client.leaders import JobFanOut
 from perseus.client.place import mesh_place
+from perseus.client.wire.fold import GroupFold
+from perseus.client.wire.leaders import JobFanOut
 from perseus.errors import ConfigurationError, RankError
 from perseus.protocol import ParallelLayout, ProfilingResult
 

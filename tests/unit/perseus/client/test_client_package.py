@@ -42,7 +42,7 @@ def _first_party_imports(path: Path) -> set[str]:
     return {n for n in names if n.split(".")[0] in ("perseus", "zeus_power", "perseus.schedulers")}
 
 
-@pytest.mark.parametrize("module", sorted(p.name for p in CLIENT.glob("*.py")))
+@pytest.mark.parametrize("module", sorted(str(p.relative_to(CLIENT)) for p in CLIENT.rglob("*.py")))
 def test_the_client_imports_only_the_protocol_the_errors_and_the_device_layer(module):
     bad = [
         name
@@ -81,7 +81,7 @@ def test_the_hook_asks_the_gpu_for_a_stand_in_instead_of_its_class():
     from zeus_power.device.nvml import NVMLGPU
 
     assert NVMLGPU.stand_in is GPU.stand_in  # real GPUs inherit "None: nothing to emulate"
-    for module in ("hook.py", "rank_gpu.py", "timing.py"):
+    for module in ("hook.py", "gpu/rank_gpu.py", "gpu/timing.py"):
         assert "isinstance" not in (CLIENT / module).read_text()
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from perseus.client.sensing import (
+from perseus.client.gpu.sensing import (
     CounterPoller,
     Tick,
     energy_windows,

@@ -6,11 +6,12 @@ import time
 
 import pytest
 
-from perseus.client.emulation import EmulationSettings, InstructionEmulator
-from perseus.client.frequency import FrequencyController
-from perseus.client.meter import EnergyReader
-from perseus.client.rounds import RoundRecord
-from perseus.client.timing import EmulatedTiming, SyncTiming, Timing, choose_timing
+from perseus.client.gpu.emulation import InstructionEmulator
+from perseus.client.gpu.frequency import FrequencyController
+from perseus.client.gpu.meter import EnergyReader
+from perseus.client.gpu.rounds import RoundRecord
+from perseus.client.gpu.timing import EmulatedTiming, SyncTiming, Timing, choose_timing
+from perseus.client.settings import EmulationSettings
 from perseus.errors import ConfigurationError
 from zeus_power.device.emulated import EmulatedGPU
 

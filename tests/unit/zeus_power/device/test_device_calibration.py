@@ -98,7 +98,7 @@ def test_the_emulators_kind_presets_are_the_fits_of_the_published_profiles(name,
     """`KIND_PRESETS` (what the emulated hook's forwards and backwards run) are the fitted
     memory fraction and activity of stage 0 (stages 0-6 are identical layers, so their
     median), rounded to 3 decimals (`scripts/calibrate_emulator.py --kinds`)."""
-    from perseus.client.emulation import KIND_PRESETS
+    from perseus.client.settings import KIND_PRESETS
 
     model = DVFSModel("A40")
     for label, m in _measurements(name, (0,)):

@@ -53,8 +53,8 @@ from typing import Any
 import numpy as np
 
 from perseus.client.bootstrap import share_job_id
-from perseus.client.fold import GroupFold
-from perseus.client.job_table import check_table, decode_row, encode_row, ranks_text
+from perseus.client.wire.fold import GroupFold
+from perseus.client.wire.job_table import check_table, decode_row, encode_row, ranks_text
 from perseus.errors import CoordinatorError, RankError, ScheduleError
 from perseus.protocol import (
     FrequencySchedule,

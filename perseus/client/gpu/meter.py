@@ -1,7 +1,7 @@
 """A rank's energy readings: the GPU's energy counter, read cheaply, and a round's windows.
 
-`EnergyReader` is what the hook's timings read energy through (`perseus.client.timing`).
-On a GPU with an energy counter, a `CounterPoller` (`perseus.client.sensing`) watches the
+`EnergyReader` is what the hook's timings read energy through (`perseus.client.gpu.timing`).
+On a GPU with an energy counter, a `CounterPoller` (`perseus.client.gpu.sensing`) watches the
 counter's refreshes off the training thread: a reading is the poller's last value (the
 counter only moves at its refreshes, so this is the counter's now, without another read
 — 2.4 ms on an H100 — on the training thread), and at a round's end the round is cut at
@@ -19,8 +19,8 @@ import logging
 import math
 import time
 
-from perseus.client.rounds import RoundRecord
-from perseus.client.sensing import CounterPoller, energy_windows, mean_power_w
+from perseus.client.gpu.rounds import RoundRecord
+from perseus.client.gpu.sensing import CounterPoller, energy_windows, mean_power_w
 from perseus.protocol import MAX_POWER_W, EnergyWindow
 from zeus_power.device.base import GPU
 

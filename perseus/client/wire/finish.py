@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from perseus.client.bootstrap import all_ranks_reach
-from perseus.client.coordinator import CoordinatorClient
+from perseus.client.wire.coordinator import CoordinatorClient
 from perseus.errors import CoordinatorError
 from perseus.protocol import JobOutcome, RoundStatus
 

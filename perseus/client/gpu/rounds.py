@@ -1,6 +1,6 @@
 """What a rank measured in one round, and the trace lines it writes on the way.
 
-A `RoundRecord` is filled by the hook's timing (`perseus.client.timing`): per step its
+A `RoundRecord` is filled by the hook's timing (`perseus.client.gpu.timing`): per step its
 time and energy, per instruction kind and step the times and energies of its instructions,
 and every instruction's host-clock interval (what the energy windows are cut from). At
 the round's end it becomes the `ProfilingResult` the rank reports.

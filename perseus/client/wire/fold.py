@@ -5,7 +5,7 @@ Every rank of a group lays its round out as one float64 vector, the same on ever
 iteration the slowest GPU's time and the group's energy; per instruction the slowest GPU's
 time and the energy of the tensor ranks of its own replica; per replica its slowest tensor
 rank's iteration time, its busiest tensor rank's instruction time, its energy; and the
-median blocking power of the idle GPUs (`perseus.client.leaders` moves the rows).
+median blocking power of the idle GPUs (`perseus.client.wire.leaders` moves the rows).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from perseus.client.job_table import ranks_text
+from perseus.client.wire.job_table import ranks_text
 from perseus.errors import RankError
 from perseus.protocol import INSTRUCTIONS, ProfilingResult, ReplicaFigures
 

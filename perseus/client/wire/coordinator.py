@@ -1,7 +1,7 @@
 """The coordinator's HTTP API as one rank uses it.
 
 `CoordinatorClient` speaks the routes of `perseus.protocol` and turns every failure into
-the `perseus.errors` tree (`perseus.client.translate`, which says which): a
+the `perseus.errors` tree (`perseus.client.wire.translate`, which says which): a
 `CoordinatorUnreachableError` when the coordinator went away, a `JobNotFoundError` (404),
 else a `CoordinatorRequestError` naming the URL and carrying the status code and the
 coordinator's ``detail``. The httpx client is injectable (`transport=` or `client=`), so tests can talk to an in-process app.
@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from perseus.client.lifecycle import close_on_exit
 from perseus.client.settings import DEFAULT_RECONNECT_S, ClientSettings
-from perseus.client.translate import answer_error, decode_answer, transport_error
+from perseus.client.wire.translate import answer_error, decode_answer, transport_error
 from perseus.errors import (
     ConfigurationError,
     CoordinatorError,

@@ -2,13 +2,13 @@
 
 At a round's end every rank folds its result into its stage leader's (`JobFanOut.gather`);
 the leader reports the group's result, long-polls for the next schedule and hands it out to
-its group; the others receive it (`perseus.client.leaders`). `RoundExchange.start` runs that
+its group; the others receive it (`perseus.client.wire.leaders`). `RoundExchange.start` runs that
 on a daemon thread (`Background`) so that training never waits for it until the next
 round's first step needs the schedule. A leader that gets no schedule tells its group why,
 so that no rank waits for one that will not come.
 
 While the coordinator is away (killed, restarting), the exchange retries for
-``PERSEUS_RECONNECT_S`` (`perseus.client.coordinator`) and every rank waits where it waits
+``PERSEUS_RECONNECT_S`` (`perseus.client.wire.coordinator`) and every rank waits where it waits
 every round: in its next `on_step_begin`, between two steps, its GPU at the clock of its
 last instruction. All ranks of a job stop at the same step boundary (the round barrier), so
 no rank runs a step its pipeline peers do not run; when the restarted coordinator answers,
@@ -23,8 +23,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from perseus.client.coordinator import CoordinatorClient
-from perseus.client.leaders import JobFanOut
+from perseus.client.wire.coordinator import CoordinatorClient
+from perseus.client.wire.leaders import JobFanOut
 from perseus.protocol import FrequencySchedule, ProfilingResult
 
 __all__ = ["Background", "RoundExchange"]

@@ -5,15 +5,15 @@
   by its instructions in proportion to their times (the step's mean power).
 - `EmulatedTiming` (``sync`` on a GPU with a `stand_in`): sync timing that also stretches
   each instruction to the locked clock and tells the emulated GPU what it draws
-  (`perseus.client.emulation`); energy is still read from the GPU's sensors only.
-- `EventsTiming` (``events``): CUDA events and a watcher thread (`perseus.client.events`),
+  (`perseus.client.gpu.emulation`); energy is still read from the GPU's sensors only.
+- `EventsTiming` (``events``): CUDA events and a watcher thread (`perseus.client.gpu.events`),
   one synchronisation per iteration; each step's energy read by the watcher, shared by
   time at the round's end. Real CUDA GPUs with an energy counter only.
 
 On an H100, sync timing cost +149 % per iteration and events +0.8 % (10 iterations a
 round; ``docs/measurements/h100-2026-11-24``). `choose_timing` resolves ``auto``: events
 where they can run, else sync. Whatever the timing, the round's energy windows and mean
-power come from the `EnergyReader` (`perseus.client.meter`) at the round's end.
+power come from the `EnergyReader` (`perseus.client.gpu.meter`) at the round's end.
 
 The hook calls, per round: ``step_begin``, then per instruction ``instruction_begin`` /
 ``instruction_end``, ``step_end``; after the round's last step ``round_end``; ``discard``
@@ -27,11 +27,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import ClassVar
 
-from perseus.client.emulation import InstructionEmulator
-from perseus.client.events import EventTimer, InstructionTiming
-from perseus.client.frequency import FrequencyController
-from perseus.client.meter import EnergyReader
-from perseus.client.rounds import RoundRecord
+from perseus.client.gpu.emulation import InstructionEmulator
+from perseus.client.gpu.events import EventTimer, InstructionTiming
+from perseus.client.gpu.frequency import FrequencyController
+from perseus.client.gpu.meter import EnergyReader
+from perseus.client.gpu.rounds import RoundRecord
 from perseus.errors import ConfigurationError
 from zeus_power.device.base import GPU, StandIn
 

@@ -1,6 +1,6 @@
 """Instruction timing without stalling the training thread: CUDA events and a watcher thread.
 
-The mechanics of the hook's "events" timing (`perseus.client.timing.EventsTiming`). Sync
+The mechanics of the hook's "events" timing (`perseus.client.gpu.timing.EventsTiming`). Sync
 timing synchronises the device around every instruction, so that host clocks, the energy
 counter and the clock changes line up with what the GPU runs. That stalls the host at
 every instruction: the next instruction's kernels are only queued once the previous ones

@@ -4,7 +4,7 @@ Each row holds a rank's coordinates, the layout, leaders per stage, steps per ro
 pipeline it was given, its GPU's name, SM clocks and emulation, and its measured clock-switch
 latency, as int64s (no pickling). `check_table` checks that every rank was given one layout
 and one pipeline, that no two ranks claim one place, and that every GPU is of one type with
-one set of SM clocks; its errors name the ranks that differ. `perseus.client.leaders`
+one set of SM clocks; its errors name the ranks that differ. `perseus.client.wire.leaders`
 builds the groups from it.
 """
 

@@ -11,11 +11,11 @@ refreshes every 100 ms by default: `zeus_power.device.sensors`). The hook never 
 instruction's energy from here; it reads the GPU's sensors, as on a real GPU.
 
 Instruction kinds draw different power and slow down differently with the clock, as the
-published A40 profiles show (`KIND_PRESETS`, derived in ``docs/emulator.md``): by default
+published A40 profiles show (`perseus.client.settings.KIND_PRESETS`, derived in ``docs/emulator.md``): by default
 the GPT-3 175B fits, forward memory fraction 0.479 and activity 0.826, backward 0.739 and
 0.753 (the split backward's halves take the backward's).
 
-Settings, ``PERSEUS_EMULATE_*`` environment variables (`EmulationSettings`):
+Settings, ``PERSEUS_EMULATE_*`` environment variables (`perseus.client.settings.EmulationSettings`):
 
 - *measured* (default): the instruction's real elapsed time ``t`` is taken as its time at
   the max clock; at clock ``f`` it lasts ``t · stretch(f)``.
@@ -48,74 +48,14 @@ import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal, TextIO
+from typing import TextIO
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
+from perseus.client.settings import EmulationSettings
 from perseus.errors import ConfigurationError
-from zeus_power.device import DEFAULT_ACTIVITY, Workload
+from zeus_power.device import Workload
 from zeus_power.device.base import StandIn
 
-__all__ = ["EmulationSettings", "InstructionEmulator", "KIND_PRESETS", "TruthLog"]
-
-KIND_PRESETS: Mapping[str, Mapping[str, tuple[float, float]]] = {
-    "gpt3": {"forward": (0.479, 0.826), "backward": (0.739, 0.753)},
-    "bloom": {"forward": (0.711, 0.760), "backward": (0.504, 0.761)},
-    "uniform": {"forward": (0.0, DEFAULT_ACTIVITY), "backward": (0.0, DEFAULT_ACTIVITY)},
-}
-"""Per instruction kind, (memory fraction, activity) of the emulated work: the medians over
-the stages of the A40 fits of the SOSP'24 GPT-3 175B and Bloom 176B profiles
-(the per-kind medians `scripts/calibrate_emulator.py` prints; ``docs/emulator.md``). The split backward's
-halves (``backward_input``, ``backward_weight``) take the backward's: no published profile
-measures them apart. ``uniform`` is the emulator before kinds differed."""
-
-MAX_NOMINAL_MS = 1e6
-_NominalMs = Annotated[float, Field(gt=0.0, le=MAX_NOMINAL_MS, allow_inf_nan=False)]
-
-
-class EmulationSettings(BaseSettings):
-    """How the hook emulates frequency control on a stand-in GPU (env ``PERSEUS_EMULATE_*``).
-
-    Attributes:
-        stretch: Stretch each instruction's wall time by the model's ratio for the clock in
-            force (``PERSEUS_EMULATE_STRETCH``). Off: measure only.
-        nominal: Use the nominal per-instruction time at the max clock instead of the
-            measured one (``PERSEUS_EMULATE_NOMINAL``).
-        nominal_ms: Nominal times at the max clock in ms by instruction name, a JSON object
-            such as ``{"forward": 10, "backward": 20, "forward@3": 5}`` (``name@stage``
-            for one pipeline stage; ``PERSEUS_EMULATE_NOMINAL_MS``). Times the training job
-            passes itself (``nominal_time_s``) win.
-        kinds: Per-kind workload preset, a key of `KIND_PRESETS` (``PERSEUS_EMULATE_KINDS``).
-        memory_fraction: Share of an instruction's time at the max clock that does not
-            scale with the SM clock, for every kind (``PERSEUS_EMULATE_MEMORY_FRACTION``;
-            default: the preset's per kind).
-        activity: Dynamic-power activity of every kind (``PERSEUS_EMULATE_ACTIVITY``;
-            default: the preset's per kind).
-        truth: Append every executed instruction's model time and energy to
-            ``truth/rank{R}.csv`` (``PERSEUS_EMULATE_TRUTH``): for tests and benchmarks.
-    """
-
-    model_config = SettingsConfigDict(env_prefix="PERSEUS_EMULATE_", extra="forbid", frozen=True)
-
-    stretch: bool = True
-    nominal: bool = False
-    nominal_ms: dict[str, _NominalMs] | None = Field(default=None, max_length=1024)
-    kinds: Literal["gpt3", "bloom", "uniform"] = "gpt3"
-    memory_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
-    activity: float | None = Field(default=None, gt=0.0, le=3.0)
-    truth: Path | None = None
-
-    def workload(self, kind: str) -> Workload:
-        """The emulated work of one instruction of `kind`, per unit of time at the max clock."""
-        preset = KIND_PRESETS[self.kinds]
-        memory_fraction, activity = preset.get(kind, preset["backward"])
-        if self.memory_fraction is not None:
-            memory_fraction = self.memory_fraction
-        if self.activity is not None:
-            activity = self.activity
-        return Workload.from_memory_fraction(memory_fraction, activity=activity)
-
+__all__ = ["InstructionEmulator", "TruthLog"]
 
 class TruthLog:
     """``DIR/rank{R}.csv``: one row per executed instruction, the model's time and energy.

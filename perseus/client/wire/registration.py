@@ -2,7 +2,7 @@
 leader's rank registered (collective: every rank of the job calls `register`, in order).
 
 1. Every rank learns every rank's place and GPU, checks them, and joins its stage
-   leader's group (`JobFanOut`, `perseus.client.leaders`).
+   leader's group (`JobFanOut`, `perseus.client.wire.leaders`).
 2. The job's first leader registers the job (``POST /register_job``; the pipeline goes
    with it) and broadcasts the id, with the job's credential, to every rank
    (`JobFanOut.share_job_id`); a failure there is every rank's error.
@@ -15,31 +15,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from perseus.client.coordinator import CoordinatorClient
-from perseus.client.leaders import JobFanOut
+from perseus.client.facts import GpuFacts
 from perseus.client.place import RankPlace
+from perseus.client.wire.coordinator import CoordinatorClient
+from perseus.client.wire.leaders import JobFanOut
 from perseus.protocol import PROTOCOL_VERSION, JobInfo, PipelineSpec, RankInfo
 
-__all__ = ["GpuFacts", "Registration", "register"]
+__all__ = ["Registration", "register"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GpuFacts:
-    """What a rank tells the job and the coordinator about its GPU."""
-
-    device_id: int
-    name: str
-    frequencies: list[int]
-    emulated: bool
-    switch_latency_s: float | None
-    energy_refresh_s: float | None
-    power_limit_w: float | None = None
-    """The power limit in force, W, as read at start (None: the GPU would not say)."""
-    idle_power_w: float | None = None
-    """The power drawn while idle, W, measured at start (`EnergyReader.idle_power_w`;
-    None: not measured)."""
 
 
 @dataclass(frozen=True)

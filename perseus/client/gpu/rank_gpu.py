@@ -3,8 +3,8 @@ clocks, its energy meter, its frequency controller and its timing, each made onc
 
 `RankGPU` opens the GPU (or takes the one given), sets up emulation when the GPU has a
 `stand_in` (an `EmulatedGPU`: it runs no kernels itself, so the hook stretches
-instructions and tells it what they draw; `perseus.client.emulation`), chooses the timing
-(`perseus.client.timing.choose_timing`), and measures how long a clock switch takes. What
+instructions and tells it what they draw; `perseus.client.gpu.emulation`), chooses the timing
+(`perseus.client.gpu.timing.choose_timing`), and measures how long a clock switch takes. What
 starts threads (the energy counter's watcher, the frequency controller, the events
 watcher) starts when the hook connects, and `stop` ends all of it, whatever was started.
 """
@@ -14,14 +14,20 @@ from __future__ import annotations
 import logging
 
 from perseus.client.bootstrap import device_sync
-from perseus.client.emulation import InstructionEmulator
-from perseus.client.frequency import FrequencyController, measure_switch_latency
-from perseus.client.meter import EnergyReader
+from perseus.client.facts import GpuFacts
+from perseus.client.gpu.emulation import InstructionEmulator
+from perseus.client.gpu.frequency import FrequencyController, measure_switch_latency
+from perseus.client.gpu.meter import EnergyReader
+from perseus.client.gpu.rounds import RoundRecord
+from perseus.client.gpu.timing import (
+    EmulatedTiming,
+    EventsTiming,
+    SyncTiming,
+    Timing,
+    choose_timing,
+)
 from perseus.client.options import HookOptions
-from perseus.client.registration import GpuFacts
-from perseus.client.rounds import RoundRecord
 from perseus.client.settings import ClientSettings
-from perseus.client.timing import EmulatedTiming, EventsTiming, SyncTiming, Timing, choose_timing
 from perseus.protocol import MAX_POWER_W, EnergyWindow
 from zeus_power.device.base import GPU, GPUError
 
