@@ -39,8 +39,8 @@ from perseus.protocol import (
 )
 from perseus.schedulers.base import build_scheduler, check_scheduler_args
 from perseus.schedulers.registry import scheduler_ref
-from perseus.server.barrier import JobPhase
 from perseus.server.job import CoordinatedJob
+from perseus.server.job.barrier import JobPhase
 from perseus.server.restore import read_dump, restore_report_rounds
 from perseus.settings import PerseusSettings
 
@@ -230,7 +230,7 @@ class JobManager:
         job = self._new_job(info, self.scheduler_cls, args)
         try:
             rounds = job_dir.rounds()
-            job.round = job._new_round(rounds[-1] + 1 if rounds else 0)
+            job.rounds.restart_at(rounds[-1] + 1 if rounds else 0)
             for rank_info in rank_infos:
                 job.ranks[rank_info.rank] = rank_info
                 job._coords[rank_info.dp_rank, rank_info.pp_rank, rank_info.tp_rank] = (

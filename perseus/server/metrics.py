@@ -15,7 +15,7 @@ target) its state (``perseus_job_state{job_id,state}``, 1 for the current one), 
 counters ``perseus_job_rounds_total``, ``perseus_job_iterations_total``,
 ``perseus_energy_joules_total`` (measured, every GPU, every reported iteration),
 ``perseus_energy_saved_joules_total`` and ``perseus_energy_overspent_joules_total`` (per
-complete round against the job's measured all-max iteration, `perseus.server.stats`),
+complete round against the job's measured all-max iteration, `perseus.server.job.stats`),
 ``perseus_guard_moves_total{job_id,reason}``, and the gauges of its latest figures: energy and
 time per iteration (``which``: latest round, all-max, deployed), energy saving and slowdown
 of its deployed plan (``source``: measured, predicted). A job that ends stays listed for
@@ -42,8 +42,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from perseus.schedulers.solve_pool import SolveFailedError
-from perseus.server.barrier import JobPhase
 from perseus.server.job import CoordinatedJob
+from perseus.server.job.barrier import JobPhase
 
 if TYPE_CHECKING:
     from perseus.server.job_manager import JobManager

@@ -129,9 +129,9 @@ def restore_report_rounds(job: CoordinatedJob, rounds: list[int], plan: Any) -> 
             )
         except (OSError, ValueError):
             continue  # pruned meanwhile, or torn: it was not a report round
-        if kind not in job.report_rounds:
+        if kind not in job.rounds.report_rounds:
             continue
-        job.report_rounds[kind].append(number)
+        job.rounds.report_rounds[kind].append(number)
         try:
             figures = measure(load_models(job.dir.results(number), ProfilingResult))
         except (OSError, ValueError):

@@ -17,7 +17,7 @@ from server_fixtures import GroundTruth, SimulatedJob, running_server, write_tru
 
 from perseus.protocol import JOB_TOKEN_HEADER
 from perseus.server import create_app
-from perseus.server.stats import MAX_GUARD_REASONS, JobStats
+from perseus.server.job.stats import MAX_GUARD_REASONS, JobStats
 from perseus.settings import PerseusSettings
 
 ROUNDS = 9

@@ -7,7 +7,7 @@ from __future__ import annotations
 from perseus.domain.layout import Leaders
 from perseus.errors import InvalidRankError, InvalidResultError
 from perseus.protocol import ProfilingResult, RankInfo
-from perseus.server.barrier import ranks_text
+from perseus.server.job.barrier import ranks_text
 
 __all__ = ["check_registration", "check_result"]
 

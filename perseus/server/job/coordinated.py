@@ -5,7 +5,7 @@ loop (no locks needed between a check and the update that follows it); the sched
 methods, which may be slow (a frontier solve), run in a worker thread, one call at a time
 per job (`CoordinatedJob.lock`), so a long solve never blocks the loop or other jobs.
 
-A round is a barrier: `perseus.server.job_rounds`.
+Its rounds are a part it owns (`JobRounds`, `perseus.server.job.rounds`): a round is a barrier.
 
 The talking ranks are every rank of a protocol-1 job, and only the leaders of a protocol-2
 job (`JobInfo.leaders`, `perseus.domain.layout.Leaders`): each registers, reports and asks
@@ -15,7 +15,7 @@ that is not a leader and registers, reports or asks anyway is refused with 422
 (`InvalidRankError`), naming the rule.
 
 With `dump_data`, what a restarted coordinator needs is on disk as soon as it is known
-(`perseus.server.job_dump`). A rank's identical registration or result sent again (a client
+(`perseus.server.job.dump`). A rank's identical registration or result sent again (a client
 retrying through a coordinator outage) is accepted without effect.
 
 A job finishes when its rank 0 closes normally (``POST /finish/{job_id}``, after every rank
@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -43,19 +42,14 @@ from perseus.errors import (
     SchedulerFailedError,
 )
 from perseus.io.jobdir import JobDir
-from perseus.planning.report import REPORT_WINDOW, RoundKind
-from perseus.protocol import (
-    JobRecord,
-    ProfilingResult,
-    RankInfo,
-)
+from perseus.protocol import FrequencySchedule, JobRecord, ProfilingResult, RankInfo
 from perseus.schedulers.base import FrequencyScheduler, build_scheduler
-from perseus.server.barrier import JobPhase, Round, fail_round, ranks_text
 from perseus.server.errors import status_of
-from perseus.server.job_dump import JobDump
-from perseus.server.job_rounds import RoundBarrier
-from perseus.server.leaders import check_registration
-from perseus.server.stats import JobStats
+from perseus.server.job.barrier import JobPhase, Round, fail_round, ranks_text
+from perseus.server.job.dump import JobDump
+from perseus.server.job.leaders import check_registration
+from perseus.server.job.rounds import JobRounds
+from perseus.server.job.stats import JobStats
 from perseus.settings import PerseusSettings
 
 __all__ = ["CoordinatedJob", "JobPhase", "Round", "ranks_text"]
@@ -63,8 +57,9 @@ __all__ = ["CoordinatedJob", "JobPhase", "Round", "ranks_text"]
 logger = logging.getLogger(__name__)
 
 
-class CoordinatedJob(RoundBarrier):
-    """Everything the coordinator knows about one job."""
+class CoordinatedJob:
+    """Everything the coordinator knows about one job: its registration and lifecycle here,
+    its rounds in `rounds`."""
 
     def __init__(
         self,
@@ -85,7 +80,7 @@ class CoordinatedJob(RoundBarrier):
             enabled=settings.dump_data,
             keep_rounds=settings.dump_keep_rounds,
         )
-        """What a restart needs, written as it is known (`perseus.server.job_dump`)."""
+        """What a restart needs, written as it is known (`perseus.server.job.dump`)."""
         self.settings = settings
         self.scheduler_cls = scheduler_cls
         self.scheduler_args = dict(scheduler_args)
@@ -99,27 +94,18 @@ class CoordinatedJob(RoundBarrier):
         self.scheduler: FrequencyScheduler | None = None
         self.phase = JobPhase.REGISTERING
         self.failure: JobError | None = None
-        self.results: dict[int, ProfilingResult] = {}
-        self.round = self._new_round(0)
         self.lock = asyncio.Lock()
+        """One scheduler call at a time (its methods run in a worker thread)."""
         self.last_active = time.monotonic()
-        self._results_dumped = False
-        """The current `results` (all ranks) were written when the last one arrived."""
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = JobStats(self.talking_ranks, info.dp_degree)
-        """What the operator's view shows (`perseus.server.stats`)."""
+        """What the operator's view shows (`perseus.server.job.stats`)."""
         self.on_round: Callable[[CoordinatedJob, float], None] | None = None
         """Called with the round's latency (s) when a round's schedules are handed out."""
         self.on_end: Callable[[CoordinatedJob], None] | None = None
         """Called once when the job fails or finishes."""
-        keep = REPORT_WINDOW + 1  # round 0 is all-max but no report's
-        self.report_rounds: dict[RoundKind, deque[int]] = {
-            RoundKind.ALL_MAX: deque(maxlen=keep),
-            RoundKind.DEPLOYED: deque(maxlen=keep),
-        }
-        """The newest all-max and deployed rounds: the energy report's, never pruned."""
-        self._rank_max: dict[int, int] | None = None
-        self._rank_pp: dict[int, int] = {}
+        self.rounds = JobRounds(self)
+        """The job's rounds: the barrier, the scheduler's turn, the ranks' results."""
 
     # ------------------------------------------------------------------ basics
     @property
@@ -130,13 +116,29 @@ class CoordinatedJob(RoundBarrier):
     @property
     def busy(self) -> bool:
         """A scheduler call is in flight (the job must not be evicted)."""
-        return self.round.completing or self.lock.locked()
+        return self.rounds.busy or self.lock.locked()
+
+    @property
+    def round(self) -> Round:
+        """The round in progress (`JobRounds.current`)."""
+        return self.rounds.current
+
+    @property
+    def emulated(self) -> bool:
+        """Some rank registered an emulated GPU: the job's numbers are the emulator's."""
+        return any(info.emulated for info in self.ranks.values())
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
 
-    def _new_round(self, number: int) -> Round:
-        return Round(number, asyncio.get_running_loop().create_future())
+    async def get_schedule(self, rank: int) -> FrequencySchedule:
+        """`rank`'s schedule for the round in progress, once every talking rank has asked
+        (`JobRounds.get_schedule`)."""
+        return await self.rounds.get_schedule(rank)
+
+    async def report_result(self, result: ProfilingResult) -> None:
+        """A talking rank's result for the previous round (`JobRounds.report_result`)."""
+        await self.rounds.report_result(result)
 
     def check_usable(self) -> None:
         """Raise a `JobStateError` carrying the job's failure if it failed, or saying it
@@ -203,7 +205,8 @@ class CoordinatedJob(RoundBarrier):
         except Exception:
             logger.exception("Job %s: the scheduler failed to close", self.job_id)
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
+        """Run `coro` on the event loop as the job's task (kept until it ends)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -283,7 +286,7 @@ class CoordinatedJob(RoundBarrier):
             len(rank_infos),
             "ranks" if self.leaders is None else "leaders",
         )
-        self._maybe_complete()
+        self.rounds.maybe_complete()
 
     # ------------------------------------------------------------------ stragglers
     async def announce_straggler(self, dp_rank: int, slowdown: float) -> None:
