@@ -50,7 +50,7 @@ from perseus.domain.profile import InstructionProfile
 from perseus.errors import ProfileError
 from perseus.planning import evaluate, max_frequencies, solve_frontier
 from perseus.schedulers.base import build_scheduler
-from perseus.schedulers.perseus_scheduler import Perseus, PerseusPhase
+from perseus.schedulers.perseus_scheduler.scheduler import Perseus, PerseusPhase
 from perseus.settings import PerseusSettings
 
 BUDGETS = (0.0, 0.01, 0.05)

@@ -56,7 +56,7 @@ from perseus.domain.schedule import PipelineSchedule, make_schedule
 from perseus.planning import Frontier, evaluate, max_frequencies, solve_frontier
 from perseus.protocol import FrequencySchedule, JobInfo, PipelineSpec, ProfilingResult, RankInfo
 from perseus.schedulers.base import build_scheduler
-from perseus.schedulers.perseus_scheduler import Perseus, PerseusPhase
+from perseus.schedulers.perseus_scheduler.scheduler import Perseus, PerseusPhase
 from perseus.settings import PerseusSettings
 
 P_BLOCK_W = DEFAULT_P2P_POWER_W

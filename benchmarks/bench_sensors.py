@@ -55,7 +55,7 @@ from perseus.domain.schedule import make_schedule
 from perseus.errors import ProfileError
 from perseus.planning import evaluate, solve_frontier
 from perseus.schedulers.base import build_scheduler
-from perseus.schedulers.perseus_scheduler import Perseus, PerseusPhase
+from perseus.schedulers.perseus_scheduler.scheduler import Perseus, PerseusPhase
 from perseus.settings import PerseusSettings
 from zeus_power.device import SensorSpec
 from zeus_power.device.sensors import IDEAL_SENSORS

@@ -14,7 +14,7 @@ client, a process of its own too.
 Phases of `--phase-s` seconds alternate: *idle* (no solve) and *solving*, during which
 `--solves` frontier solves of `--shape` (stages x microbatches, 1F1B, a synthetic A100
 profile, 15 ms clock switches) run in the coordinator the way a job's solve runs: submitted
-to its solve pool (`perseus.schedulers.solve_pool`, ``PERSEUS_SOLVE_WORKERS`` = `--workers`), each
+to its solve pool (`perseus.schedulers.perseus_scheduler.solve_pool`, ``PERSEUS_SOLVE_WORKERS`` = `--workers`), each
 in a process of its own. With `--threads` they run on threads of the coordinator's own
 process instead (how solves ran before the pool), for comparison (one phase pair only: a
 thread cannot be stopped). The solves are started before a solving phase and stopped after
@@ -54,7 +54,7 @@ if str(REPO / "tests") not in sys.path:
 def _solve_request(shape: tuple[int, int], out_dir: Path, k: int) -> Any:
     from perseus.domain.profile import InstructionProfile
     from perseus.domain.schedule import make_schedule
-    from perseus.schedulers.plan_model import SolveRequest
+    from perseus.schedulers.perseus_scheduler.plan_model import SolveRequest
     from perseus.synth import stage_workloads, synthesize_profile
 
     stages, microbatches = shape
@@ -76,8 +76,8 @@ def serve(port: int, workers: int, shape: tuple[int, int], threads: bool, dump: 
     start and stop the solves inside it."""
     import uvicorn
 
-    from perseus.schedulers.plan_model import solve_in_process
-    from perseus.schedulers.solve_pool import PoolSolve, solve_pool
+    from perseus.schedulers.perseus_scheduler.plan_model import solve_in_process
+    from perseus.schedulers.perseus_scheduler.solve_pool import PoolSolve, solve_pool
     from perseus.server import create_app
     from perseus.settings import PerseusSettings
 

@@ -48,7 +48,7 @@ class PerseusSettings(BaseSettings):
         ended_job_ttl_s: Seconds a finished or failed job stays listed (``/jobs``, its
             ``/metrics`` series) after it ends; then it is forgotten (its dump stays).
         solve_workers: Frontier solves that run at once, each in a process of its own,
-            for all the coordinator's jobs together (`perseus.schedulers.solve_pool`); more wait
+            for all the coordinator's jobs together (`perseus.schedulers.perseus_scheduler.solve_pool`); more wait
             their turn, their jobs at all-max meanwhile. Each needs ~100 KB of memory per
             instruction of its pipeline (0.8 GB at 16 stages × 256 microbatches).
         solve_timeout_s: Seconds a frontier solve may run; one that runs longer is stopped

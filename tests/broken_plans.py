@@ -16,8 +16,8 @@ them as plugins (``module:Class``) from this folder, which the fixtures put on i
 from __future__ import annotations
 
 from perseus.schedulers.measurement import StagePlan
-from perseus.schedulers.perseus_phase import PerseusPhase
-from perseus.schedulers.perseus_scheduler import Perseus
+from perseus.schedulers.perseus_scheduler.phase import PerseusPhase
+from perseus.schedulers.perseus_scheduler.scheduler import Perseus
 
 __all__ = ["NoSaving", "SlowPlan"]
 

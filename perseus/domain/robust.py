@@ -1,7 +1,7 @@
 """The one statistic of measured rounds: a median over a bounded window, a MAD for its spread.
 
 Every judge of a job's measured figures uses these functions, so that they all judge the
-same numbers: the promise guard (`perseus.schedulers.guard`), the scheduler's summary line, the
+same numbers: the promise guard (`perseus.schedulers.perseus_scheduler.guard`), the scheduler's summary line, the
 energy report (`perseus.planning.report`: ``GET /jobs/{job_id}``, ``/metrics`` and
 ``perseus report``) and the tests.
 

@@ -167,7 +167,7 @@ class JobDir:
     @property
     def promise_before(self) -> Path:
         """The events before those of `promise`, once it grew past its bound and was
-        rotated (`perseus.schedulers.story.MAX_RECORD_BYTES`)."""
+        rotated (`perseus.schedulers.perseus_scheduler.story.MAX_RECORD_BYTES`)."""
         return self.path / self.PROMISE_BEFORE
 
     @property

@@ -308,7 +308,7 @@ def check_frontier_memory(
 ) -> None:
     """Refuse a frontier that cannot fit in this machine's available memory, or in
     `budget_bytes` (the memory a solve may use, when it is bounded: the coordinator's
-    solve processes, `perseus.schedulers.solve_pool`).
+    solve processes, `perseus.schedulers.perseus_scheduler.solve_pool`).
 
     `solve_frontier` calls it first; `perseus solve` (before building the schedule) and the
     `Perseus` scheduler (at registration) call it earlier, so that a job too big to solve

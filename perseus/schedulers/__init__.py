@@ -7,7 +7,7 @@ resolves ``PERSEUS_SCHEDULER`` against; a ``module:Class`` name loads a plugin i
 from perseus.schedulers.all_max import AllMaxFrequency
 from perseus.schedulers.base import FrequencyScheduler, build_scheduler, check_scheduler_args
 from perseus.schedulers.envpipe import EnvPipe
-from perseus.schedulers.perseus_scheduler import Perseus
+from perseus.schedulers.perseus_scheduler.scheduler import Perseus
 from perseus.schedulers.pipeline import PipelineScheduler
 from perseus.schedulers.point_solution import PointSolution
 from perseus.schedulers.profiler import InstructionProfiler

@@ -15,7 +15,7 @@ from perseus.errors import ConfigurationError
 from perseus.schedulers.all_max import AllMaxFrequency
 from perseus.schedulers.base import FrequencyScheduler
 from perseus.schedulers.envpipe import EnvPipe
-from perseus.schedulers.perseus_scheduler import Perseus
+from perseus.schedulers.perseus_scheduler.scheduler import Perseus
 from perseus.schedulers.point_solution import PointSolution
 from perseus.schedulers.profiler import InstructionProfiler
 from perseus.schedulers.zeus import ZeusGlobal, ZeusPerStage

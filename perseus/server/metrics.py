@@ -7,7 +7,7 @@ its schedules being ready: the scheduler's observe + plan and the dumps),
 route's template, so a job id never becomes a label value here),
 ``perseus_jobs_ended_total{state}`` (finished, failed, evicted) and
 ``perseus_solve_failures_total{reason}`` (frontier solves that failed, their jobs held at
-all-max: ``error``, ``memory``, ``crashed``, ``timeout``; `perseus.schedulers.solve_pool`).
+all-max: ``error``, ``memory``, ``crashed``, ``timeout``; `perseus.schedulers.perseus_scheduler.solve_pool`).
 
 Read from the listed jobs at each scrape (`JobsCollector`): ``perseus_jobs{state}``,
 ``perseus_ranks``, and per job (label ``job_id``; Prometheus keeps ``job`` for the scrape
@@ -41,7 +41,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from perseus.schedulers.solve_pool import SolveFailedError
+from perseus.schedulers.perseus_scheduler.solve_pool import SolveFailedError
 from perseus.server.job import CoordinatedJob
 from perseus.server.job.barrier import JobPhase
 

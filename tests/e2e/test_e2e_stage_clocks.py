@@ -9,7 +9,7 @@ and the heaviest stage leaves the others slack. A40s, whose idle power is small 
 they draw computing (30 W against ~400 W), so that a host's noise in the idle time between
 instructions (4 ranks on 2 shared cores: most of each iteration) moves the job's energy
 less than a per-stage plan saves. The all-max rounds show it; Perseus measures
-the stages' clocks instead of the instructions' (`perseus.schedulers.stage_clocks`), deploys the
+the stages' clocks instead of the instructions' (`perseus.schedulers.perseus_scheduler.stage_clocks`), deploys the
 plan that runs each stage at one clock, and guards it against the all-max rounds like any
 plan. The job runs until Perseus has decided and then `ROUNDS_AFTER` more rounds (the
 rounds are sized in time, so the steps they take depend on the machine).
@@ -18,7 +18,7 @@ rounds are sized in time, so the steps they take depend on the machine).
 positive, measured against the job's all-max rounds.
 
 A host so busy that the all-max rounds' energy spreads more than half the predicted saving
-holds all-max (the check every plan passes first, `perseus.schedulers.checks.plan_problems`): no
+holds all-max (the check every plan passes first, `perseus.schedulers.perseus_scheduler.checks.plan_problems`): no
 saving could be verified there. That outcome, and only that one, skips the deployment's
 checks, saying so, outside CI (under CI it fails); every other hold, and any plan that is not per stage, fails.
 """

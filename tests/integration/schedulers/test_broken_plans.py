@@ -12,7 +12,7 @@ from perseus.domain.profile import InstructionProfile
 from perseus.domain.schedule import make_schedule
 from perseus.io.profile_csv import save_profile
 from perseus.schedulers.base import build_scheduler
-from perseus.schedulers.perseus_scheduler import Perseus
+from perseus.schedulers.perseus_scheduler.scheduler import Perseus
 from perseus.schedulers.registry import resolve_scheduler
 from perseus.settings import PerseusSettings
 from perseus.synth import stage_workloads, synthesize_profile

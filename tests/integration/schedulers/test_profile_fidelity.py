@@ -64,7 +64,7 @@ def test_a_row_no_gpu_can_draw_is_left_out_and_said(tmp_path):
 
     from perseus.domain.schedule import make_schedule
     from perseus.schedulers.base import build_scheduler
-    from perseus.schedulers.perseus_scheduler import Perseus, PerseusPhase
+    from perseus.schedulers.perseus_scheduler.scheduler import Perseus, PerseusPhase
     from perseus.settings import PerseusSettings
     from zeus_power.device import SensorSpec
 
@@ -113,7 +113,7 @@ def test_a_fitted_energy_below_zero_is_left_out_not_fatal(tmp_path):
 
     from perseus.domain.schedule import make_schedule
     from perseus.schedulers.base import build_scheduler
-    from perseus.schedulers.perseus_scheduler import Perseus
+    from perseus.schedulers.perseus_scheduler.scheduler import Perseus
     from perseus.schedulers.sweep.products import profile_rows
     from perseus.settings import PerseusSettings
     from zeus_power.device import SensorSpec

@@ -17,8 +17,8 @@ from perseus.domain.robust import window_medians
 from perseus.domain.schedule import make_schedule
 from perseus.io.profile_csv import save_profile
 from perseus.schedulers.base import build_scheduler
-from perseus.schedulers.guard import COOLDOWN_ROUNDS, GuardState
-from perseus.schedulers.perseus_scheduler import Perseus, PerseusPhase
+from perseus.schedulers.perseus_scheduler.guard import COOLDOWN_ROUNDS, GuardState
+from perseus.schedulers.perseus_scheduler.scheduler import Perseus, PerseusPhase
 from perseus.settings import PerseusSettings
 from perseus.synth import stage_workloads, synthesize_profile
 
@@ -145,7 +145,7 @@ def test_the_plan_runs_from_the_round_it_is_deployed_in(tmp_path):
 
 def test_instructions_too_short_are_planned_per_stage_without_an_instruction_sweep(tmp_path):
     """The all-max rounds show instructions too short to plan one by one: no instruction is
-    swept; the stages' clocks are (`perseus.schedulers.stage_clocks`, its own tests), and the
+    swept; the stages' clocks are (`perseus.schedulers.perseus_scheduler.stage_clocks`, its own tests), and the
     decision that follows says the plans are per stage and why."""
     pipeline = make_schedule("1f1b", S, M)
     pairs = stage_workloads(GPU, WORK, base_forward_ms=0.4)  # sub-ms, as a tiny model's
@@ -354,7 +354,7 @@ def test_a_failed_solve_is_tried_again_after_a_back_off(tmp_path):
     """Issue 49: a solve that fails (here: over its memory limit) holds all-max with its
     reason and is tried again SOLVE_RETRY_ROUNDS later; once it can succeed (the limit
     raised, as memory freed by other jobs' solves would) the job deploys its plan."""
-    from perseus.schedulers.solving import SOLVE_RETRY_ROUNDS
+    from perseus.schedulers.perseus_scheduler.solving import SOLVE_RETRY_ROUNDS
 
     c = cluster()
     settings = PerseusSettings(scheduler="Perseus", dump_dir=str(tmp_path), solve_memory_mb=1)

@@ -1,4 +1,4 @@
-"""The coordinator's solve pool (`perseus.schedulers.solve_pool`): every solve in a process of its
+"""The coordinator's solve pool (`perseus.schedulers.perseus_scheduler.solve_pool`): every solve in a process of its
 own, a bounded number at once; what goes wrong in one comes back as a `SolveFailedError`
 of its kind, and a cancelled or timed-out solve's process is gone.
 
@@ -16,7 +16,11 @@ import time
 
 import pytest
 
-from perseus.schedulers.solve_pool import SolveCancelledError, SolveFailedError, SolvePool
+from perseus.schedulers.perseus_scheduler.solve_pool import (
+    SolveCancelledError,
+    SolveFailedError,
+    SolvePool,
+)
 
 WAIT_S = 30.0
 
@@ -132,7 +136,7 @@ def test_a_solve_ends_when_its_coordinator_is_killed(tmp_path):
     """``kill -9`` runs no clean-up in the coordinator; its solve notices within a second."""
     code = (
         "import sys, time\n"
-        "from perseus.schedulers.solve_pool import SolvePool\n"
+        "from perseus.schedulers.perseus_scheduler.solve_pool import SolvePool\n"
         "solve = SolvePool(1).submit(time.sleep, 120, name='orphan', timeout_s=600)\n"
         "while solve.pid is None:\n"
         "    time.sleep(0.01)\n"

@@ -1,4 +1,4 @@
-"""A big frontier is solved in a process of its own (`perseus.schedulers.solving`): all-max rounds
+"""A big frontier is solved in a process of its own (`perseus.schedulers.perseus_scheduler.solving`): all-max rounds
 go on meanwhile, so no rank waits on the solve, and the plan deployed after it is the plan
 the solve in the round would have deployed. A frontier no point of which can be deployed
 holds all-max, saying why, and the job goes on."""
@@ -10,7 +10,7 @@ import time
 from test_schedulers_guard import cluster, profile_csv, scheduler
 
 from perseus.demo.virtual import run_rounds
-from perseus.schedulers.perseus_scheduler import PerseusPhase
+from perseus.schedulers.perseus_scheduler.scheduler import PerseusPhase
 
 TIMEOUT_S = 120
 ROUND_S = 0.005

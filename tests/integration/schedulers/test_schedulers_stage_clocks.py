@@ -4,8 +4,8 @@ scheduler in virtual time: per-stage constant clocks.
 Four ranks of 1F1B (8 microbatches) on emulated A100s with real-like sensors (a counter
 refreshing every 100 ms, 1 % noise) and 5 % timing jitter (`benchmarks/sensor_ranks.py`):
 the stages are uneven (1 : 1.6 : 1.3 : 0.7) and their forwards last 0.22-0.5 ms at the max
-clock. The all-max rounds show the instructions too short (`perseus.schedulers.checks`), so no
-instruction is swept: the stages' clocks are (`perseus.schedulers.stage_clocks`), and the plan that
+clock. The all-max rounds show the instructions too short (`perseus.schedulers.perseus_scheduler.checks`), so no
+instruction is swept: the stages' clocks are (`perseus.schedulers.perseus_scheduler.stage_clocks`), and the plan that
 runs every instruction of a stage at one clock is deployed and guarded. Its saving and
 slowdown are then scored on the truth (the emulator's own times and powers), which the
 scheduler never sees.
@@ -25,7 +25,7 @@ from sensor_ranks import Ranks, dvfs_truth
 from perseus.domain.schedule import make_schedule
 from perseus.planning import evaluate
 from perseus.schedulers.base import build_scheduler
-from perseus.schedulers.perseus_scheduler import Perseus, PerseusPhase
+from perseus.schedulers.perseus_scheduler.scheduler import Perseus, PerseusPhase
 from perseus.settings import PerseusSettings
 from zeus_power.device import SensorSpec
 

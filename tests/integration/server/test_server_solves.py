@@ -1,4 +1,4 @@
-"""Frontier solves cannot hurt their job (`perseus.schedulers.solving`, `perseus.schedulers.solve_pool`).
+"""Frontier solves cannot hurt their job (`perseus.schedulers.perseus_scheduler.solving`, `perseus.schedulers.perseus_scheduler.solve_pool`).
 
 A real coordinator on loopback runs `Perseus` with a given profile; simulated jobs on
 emulated GPUs (`server_fixtures.SimulatedJob`) ask for their rounds over HTTP.

@@ -1,4 +1,4 @@
-"""The promise guard's decisions on measured rounds (`perseus.schedulers.guard`), and what keeps it
+"""The promise guard's decisions on measured rounds (`perseus.schedulers.perseus_scheduler.guard`), and what keeps it
 fit to be left running for weeks (issue 49): a robust spread, a capped tolerance, a
 fall-back that cools down and re-deploys, bounded windows, a state that survives a restart."""
 
@@ -12,7 +12,8 @@ import pytest
 
 from perseus.domain.plan import Plan
 from perseus.domain.robust import MAD_SCALE, ROUND_WINDOW, robust_spread
-from perseus.schedulers.guard import (
+from perseus.schedulers.perseus_scheduler.args import PerseusArgs
+from perseus.schedulers.perseus_scheduler.guard import (
     COOLDOWN_ROUNDS,
     MAX_COOLDOWN_ROUNDS,
     SLOWDOWN_TOLERANCE_FLOOR,
@@ -21,9 +22,8 @@ from perseus.schedulers.guard import (
     RoundFigures,
     relative_spread,
 )
-from perseus.schedulers.perseus_args import PerseusArgs
-from perseus.schedulers.promise import GUARD_STATE_VERSION, Promise
-from perseus.schedulers.story import MAX_EVENTS
+from perseus.schedulers.perseus_scheduler.promise import GUARD_STATE_VERSION, Promise
+from perseus.schedulers.perseus_scheduler.story import MAX_EVENTS
 
 # All-max rounds with a 1 % round-to-round spread in time and energy.
 BASE_T = [1.00, 1.01, 0.99, 1.005, 0.995]

@@ -1,4 +1,4 @@
-"""Per-stage constant clocks (`perseus.schedulers.stage_clocks`): the levels and rounds, the fit of
+"""Per-stage constant clocks (`perseus.schedulers.perseus_scheduler.stage_clocks`): the levels and rounds, the fit of
 each stage's time ratio and busy power, and the search over one clock per stage.
 
 The fit and the search are fed a synthetic 4-stage pipeline of uneven stages whose truth is
@@ -14,8 +14,8 @@ import pytest
 
 from perseus.domain.schedule import make_schedule
 from perseus.planning import PipelineProblem, evaluate
-from perseus.schedulers import stage_clocks
-from perseus.schedulers.stage_clocks import (
+from perseus.schedulers.perseus_scheduler import stage_clocks
+from perseus.schedulers.perseus_scheduler.stage_clocks import (
     StageSample,
     fit_stage_curves,
     fit_time_sensitivity,

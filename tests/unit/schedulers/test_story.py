@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from perseus.planning.dump import _promise
-from perseus.schedulers import story
-from perseus.schedulers.story import JobStory
+from perseus.schedulers.perseus_scheduler import story
+from perseus.schedulers.perseus_scheduler.story import JobStory
 
 
 def _entry(n: int) -> dict:

@@ -16,7 +16,7 @@ from perseus.io.profile_csv import load_profile
 from perseus.planning import choose_index
 from perseus.planning.gpu import blocking_power, gpu_of_profile
 from perseus.schedulers.args import ProfileSourceArgs
-from perseus.schedulers.perseus_scheduler import PerseusArgs
+from perseus.schedulers.perseus_scheduler.scheduler import PerseusArgs
 
 A100 = REPO / "perseus" / "profiles" / "gpt3-xl_a100_4stage.csv"
 A40 = REPO / "perseus" / "profiles" / "bloom_a40_8stage.csv"

@@ -1,5 +1,5 @@
 """Compact frontier directories (`perseus.io.frontier_dir`: every point's clocks in one
-``plans.npz``) and the job's frontier store (`perseus.schedulers.plan_model.store_frontier`: a new
+``plans.npz``) and the job's frontier store (`perseus.schedulers.perseus_scheduler.plan_model.store_frontier`: a new
 directory renamed over the old one, `perseus.io.atomic.replace_dir`)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from perseus.io.frontier_dir import (
 from perseus.io.plan_file import load_plan
 from perseus.io.profile_csv import load_profile
 from perseus.planning import Frontier, FrontierPoint, solve_frontier
-from perseus.schedulers.plan_model import store_frontier
+from perseus.schedulers.perseus_scheduler.plan_model import store_frontier
 
 PROFILE = REPO / "perseus" / "profiles" / "bloom_a40_8stage.csv"
 

@@ -14,24 +14,23 @@ from perseus.errors import PlanError
 from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.schedulers.args import SchedulerArgs
-from perseus.schedulers.costs import CostModel, job_switch_latency
-from perseus.schedulers.drift import DriftWatch
-from perseus.schedulers.guard import (
+from perseus.schedulers.measurement import RoundMeasurement, StagePlan
+from perseus.schedulers.perseus_scheduler.args import PerseusArgs
+from perseus.schedulers.perseus_scheduler.costs import CostModel, job_switch_latency
+from perseus.schedulers.perseus_scheduler.drift import DriftWatch
+from perseus.schedulers.perseus_scheduler.guard import (
     GuardDecision,
     GuardState,
     PromiseGuard,
     RoundFigures,
     median_figures,
 )
-from perseus.schedulers.measurement import RoundMeasurement, StagePlan
-from perseus.schedulers.perseus_args import PerseusArgs
-from perseus.schedulers.perseus_phase import PerseusPhase
-from perseus.schedulers.plan_model import PlanModel, check_frontier_fits
-from perseus.schedulers.planning import PlanningScheduler
-from perseus.schedulers.profiling_progress import ProfilingProgress
-from perseus.schedulers.promise import Promise
-from perseus.schedulers.solving import DeployStep, FrontierSolve
-from perseus.schedulers.stage_clocks import (
+from perseus.schedulers.perseus_scheduler.phase import PerseusPhase
+from perseus.schedulers.perseus_scheduler.plan_model import PlanModel, check_frontier_fits
+from perseus.schedulers.perseus_scheduler.profiling_progress import ProfilingProgress
+from perseus.schedulers.perseus_scheduler.promise import Promise
+from perseus.schedulers.perseus_scheduler.solving import DeployStep, FrontierSolve
+from perseus.schedulers.perseus_scheduler.stage_clocks import (
     StageClockSweep,
     StageCurve,
     StageLimits,
@@ -40,7 +39,8 @@ from perseus.schedulers.stage_clocks import (
     stage_levels,
     stage_profile,
 )
-from perseus.schedulers.stragglers import StragglerTracker
+from perseus.schedulers.perseus_scheduler.stragglers import StragglerTracker
+from perseus.schedulers.planning import PlanningScheduler
 from perseus.settings import PerseusSettings
 
 if TYPE_CHECKING:
@@ -59,26 +59,26 @@ class Perseus(DeployStep, PlanningScheduler):
 
     1. All-max rounds: the job's measured baseline (time, energy, their spread).
     2. Profile every instruction (`perseus.schedulers.sweep.instruction_sweep`), or read a profile (`profile_path`).
-    3. Costs the profile does not hold (`perseus.schedulers.costs`): the clock-switch latency the
+    3. Costs the profile does not hold (`perseus.schedulers.perseus_scheduler.costs`): the clock-switch latency the
        ranks measured (`switch_latency_ms` overrides it) and the P2P hop latency calibrated
        from the all-max rounds (`hop_latency_ms` overrides it); both are in the frontier.
-    4. Checks (`perseus.schedulers.checks`): a profile the timer could not resolve, or a plan whose
+    4. Checks (`perseus.schedulers.perseus_scheduler.checks`): a profile the timer could not resolve, or a plan whose
        saving the job could not tell from noise, keeps all-max, and says why.
-    5. The frontier (`perseus.schedulers.plan_model`, written to the job's folder; a big one on a
-       thread, `perseus.schedulers.solving`, all-max meanwhile); the minimum-energy point with
+    5. The frontier (`perseus.schedulers.perseus_scheduler.plan_model`, written to the job's folder; a big one on a
+       thread, `perseus.schedulers.perseus_scheduler.solving`, all-max meanwhile); the minimum-energy point with
        T ≤ `deadline`, else T ≤ (1 + `max_slowdown`)·T(all-max).
-    6. The guard (`perseus.schedulers.promise`): the deployed plan's measured rounds against the
+    6. The guard (`perseus.schedulers.perseus_scheduler.promise`): the deployed plan's measured rounds against the
        all-max ones; over budget, it moves to a faster point re-scored with the measured
        costs, then to all-max; saving nothing, to all-max, for a cool-down after which the
-       plan is re-deployed (`perseus.schedulers.guard`). Every step is logged, sent to the job
+       plan is re-deployed (`perseus.schedulers.perseus_scheduler.guard`). Every step is logged, sent to the job
        (rank 0 logs it), and written to ``promise.jsonl``; the guard's state to
        ``guard.json``, so that a restarted coordinator goes on guarding (`resume`).
-    7. Stragglers (`perseus.schedulers.stragglers`): the other pipelines run the cheapest frontier
+    7. Stragglers (`perseus.schedulers.perseus_scheduler.stragglers`): the other pipelines run the cheapest frontier
        point that still meets the straggler's time, and go back when it recovers.
 
-    Instructions too short for per-instruction clocks (`perseus.schedulers.checks.short_instructions`,
+    Instructions too short for per-instruction clocks (`perseus.schedulers.perseus_scheduler.checks.short_instructions`,
     seen in the all-max rounds) are not swept: the stages' clocks are
-    (`perseus.schedulers.stage_clocks`), and the plans run every instruction of a stage at one clock,
+    (`perseus.schedulers.perseus_scheduler.stage_clocks`), and the plans run every instruction of a stage at one clock,
     then are checked, deployed and guarded as above.
     """
 
@@ -158,7 +158,7 @@ class Perseus(DeployStep, PlanningScheduler):
         """The all-max profiling rounds (not the warm-up): the max clock's stage figures."""
         self.stage_sensitivity: tuple[float, ...] | None = None
         """Per stage, the share of its added busy time the per-stage rounds' iterations
-        grew by (`perseus.schedulers.stage_clocks.fit_time_sensitivity`), once fitted."""
+        grew by (`perseus.schedulers.perseus_scheduler.stage_clocks.fit_time_sensitivity`), once fitted."""
         if self.sweep is None and not self.progress.lead_in:
             self._deploy()
 
@@ -277,7 +277,7 @@ class Perseus(DeployStep, PlanningScheduler):
 
     def _per_stage_profile(self) -> InstructionProfile:
         """The profile of a job whose instructions are too short: scaled per stage from the
-        per-stage clock rounds (`perseus.schedulers.stage_clocks`), or the max clock only when there
+        per-stage clock rounds (`perseus.schedulers.perseus_scheduler.stage_clocks`), or the max clock only when there
         were none (its plan is all-max; `_deploy` holds it, saying why)."""
         job_id = self.job_info.job_id
         sweep = self.stage_sweep
@@ -523,7 +523,7 @@ class Perseus(DeployStep, PlanningScheduler):
         )
 
     def _reprofile(self, why: str) -> None:
-        """The GPUs drifted from the profile (`perseus.schedulers.drift`): profile the job again as
+        """The GPUs drifted from the profile (`perseus.schedulers.perseus_scheduler.drift`): profile the job again as
         at its start (all-max rounds, then the sweep, or per-stage rounds), solve, check and
         deploy the new profile's plan. The running plan is withdrawn meanwhile (profiling
         rounds run their own clocks); the guard's all-max window, the energy totals and the

@@ -1,14 +1,14 @@
 """The plans `Perseus` weighs, all scored by one model: the job's profile and costs.
 
 `PlanModel` holds what every plan of a job is scored with (the profile, the pipeline, the
-blocking power, and the `perseus.schedulers.costs.CostModel` of clock switches and P2P hops) and
+blocking power, and the `perseus.schedulers.perseus_scheduler.costs.CostModel` of clock switches and P2P hops) and
 the frontier solved with them. It turns frontier points into plans, gives the all-max
 reference and a plan's predicted saving and slowdown against it, the faster point the
 guard asks for (re-scored with the measured costs) and the cheaper point the other
 pipelines run while one straggles.
 
 The frontier is solved in the coordinator (`PlanModel.solve`, small pipelines) or in a
-process of its own (`SolveRequest`, `solve_in_process`: `perseus.schedulers.solving`), and kept in
+process of its own (`SolveRequest`, `solve_in_process`: `perseus.schedulers.perseus_scheduler.solving`), and kept in
 the job's ``frontier/`` compactly (every point's clocks in one ``plans.npz``,
 `perseus.io.frontier_dir`): written whole under a new name beside it and renamed into
 place (`perseus.io.atomic.replace_dir`), so that a reader (a restarted coordinator,
@@ -32,12 +32,17 @@ from perseus.errors import PlanError, SolverError
 from perseus.io.atomic import replace_dir, sibling_tmp_dir
 from perseus.protocol import JobInfo, RankInfo
 from perseus.schedulers.args import PipelineArgs
-from perseus.schedulers.costs import CostModel, calibrate_costs, job_switch_latency, rescore_faster
-from perseus.schedulers.perseus_args import PerseusArgs
+from perseus.schedulers.perseus_scheduler.args import PerseusArgs
+from perseus.schedulers.perseus_scheduler.costs import (
+    CostModel,
+    calibrate_costs,
+    job_switch_latency,
+    rescore_faster,
+)
 
 if TYPE_CHECKING:
     from perseus.planning import Frontier
-    from perseus.schedulers.stage_clocks import StageLimits
+    from perseus.schedulers.perseus_scheduler.stage_clocks import StageLimits
 
 __all__ = [
     "PlanModel",
@@ -84,7 +89,7 @@ class SolveRequest:
     memory_budget_bytes: int | None = None
     """Refuse a frontier estimated to need more (`perseus.planning.check_frontier_memory`)."""
     per_stage: StageLimits | None = None
-    """`PlanModel.per_stage`: per-stage constant-clock plans (`perseus.schedulers.stage_clocks`)."""
+    """`PlanModel.per_stage`: per-stage constant-clock plans (`perseus.schedulers.perseus_scheduler.stage_clocks`)."""
 
 
 def store_frontier(frontier: Frontier, out_dir: Path) -> None:
@@ -113,14 +118,14 @@ def _check_memory(pipeline: PipelineSchedule, budget_bytes: int | None) -> None:
 def solve_in_process(request: SolveRequest) -> dict[str, Any]:
     """Solve `request`'s frontier and write it to ``request.out_dir`` (compactly); returns
     the solver's figures (points, seconds). Module-level, and given data only: it runs in a
-    process of its own (`perseus.schedulers.solve_pool`). The memory re-check's refusal is raised
+    process of its own (`perseus.schedulers.perseus_scheduler.solve_pool`). The memory re-check's refusal is raised
     as a `MemoryError` (the failure's kind is ``memory``)."""
     from perseus.planning import solve_frontier
 
     t0 = time.perf_counter()
     _check_memory(request.pipeline, request.memory_budget_bytes)
     if request.per_stage is not None:
-        from perseus.schedulers.stage_clocks import stage_clock_frontier
+        from perseus.schedulers.perseus_scheduler.stage_clocks import stage_clock_frontier
 
         limits = request.per_stage
         frontier = stage_clock_frontier(
@@ -332,11 +337,14 @@ class PlanModel:
         )
 
     def solve_per_stage(self, out_dir: Path) -> Frontier:
-        """The frontier of per-stage constant-clock plans (`perseus.schedulers.stage_clocks`: a
+        """The frontier of per-stage constant-clock plans (`perseus.schedulers.perseus_scheduler.stage_clocks`: a
         job whose instructions are too short to plan one by one; `per_stage` holds its
         time limit and the stages' measured time sensitivity), written to `out_dir` as
         `solve` writes one."""
-        from perseus.schedulers.stage_clocks import StageLimits, stage_clock_frontier
+        from perseus.schedulers.perseus_scheduler.stage_clocks import (
+            StageLimits,
+            stage_clock_frontier,
+        )
 
         limits = self.per_stage or StageLimits(None, 0.0)
         frontier = stage_clock_frontier(

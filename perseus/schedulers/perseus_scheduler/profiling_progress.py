@@ -16,9 +16,9 @@ from perseus.domain.profile import InstructionProfile
 from perseus.domain.rows import ProfileRow
 from perseus.errors import PlanError
 from perseus.protocol import ProfilingResult, RankInfo
-from perseus.schedulers.checks import short_instructions
-from perseus.schedulers.guard import RoundFigures, median_figures
 from perseus.schedulers.measurement import RoundMeasurement
+from perseus.schedulers.perseus_scheduler.checks import short_instructions
+from perseus.schedulers.perseus_scheduler.guard import RoundFigures, median_figures
 from perseus.schedulers.sweep.levels import counter_round_steps
 
 __all__ = ["ProfilingProgress", "RoundsLeft"]
@@ -26,7 +26,7 @@ __all__ = ["ProfilingProgress", "RoundsLeft"]
 
 class RoundsLeft(Protocol):
     """A sweep whose rounds profiling runs (`InstructionSweep`, or the per-stage one of
-    `perseus.schedulers.stage_clocks`), as far as progress reports need it."""
+    `perseus.schedulers.perseus_scheduler.stage_clocks`), as far as progress reports need it."""
 
     @property
     def done(self) -> bool: ...
@@ -81,7 +81,7 @@ class ProfilingProgress:
 
     def too_short(self, switch_latency_s: float) -> bool:
         """Whether the all-max rounds already showed instructions too short to plan clocks
-        for (`perseus.schedulers.checks.short_instructions`)."""
+        for (`perseus.schedulers.perseus_scheduler.checks.short_instructions`)."""
         m = self.all_max_round
         if m is None:
             return False

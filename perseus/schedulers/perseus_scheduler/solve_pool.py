@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 A = TypeVar("A")
 R = TypeVar("R")
 
-_PRELOAD = ["perseus.schedulers.plan_model", "perseus.planning.frontier", "perseus.solver.frontier"]
+_PRELOAD = ["perseus.schedulers.perseus_scheduler.plan_model", "perseus.planning.frontier", "perseus.solver.frontier"]
 """Imported once by the fork server, so that every solve's process starts with them."""
 
 _JOIN_S = 5.0

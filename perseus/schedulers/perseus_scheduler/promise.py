@@ -26,10 +26,15 @@ from typing import Any
 from perseus.domain.plan import Plan
 from perseus.domain.robust import ROUND_WINDOW
 from perseus.io.atomic import atomic_write_text
-from perseus.schedulers.costs import CostModel
-from perseus.schedulers.guard import GuardDecision, PromiseGuard, RoundFigures, median_figures
-from perseus.schedulers.perseus_args import PerseusArgs
-from perseus.schedulers.story import JobStory
+from perseus.schedulers.perseus_scheduler.args import PerseusArgs
+from perseus.schedulers.perseus_scheduler.costs import CostModel
+from perseus.schedulers.perseus_scheduler.guard import (
+    GuardDecision,
+    PromiseGuard,
+    RoundFigures,
+    median_figures,
+)
+from perseus.schedulers.perseus_scheduler.story import JobStory
 
 __all__ = ["GUARD_STATE_VERSION", "SAVE_EVERY", "Promise", "Verdict"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from perseus.domain.units import max_slowdown_problem
-from perseus.schedulers.drift import DEFAULT_REPROFILE_DRIFT
+from perseus.schedulers.perseus_scheduler.drift import DEFAULT_REPROFILE_DRIFT
 from perseus.schedulers.planning import PlanningArgs
 
 __all__ = ["PerseusArgs"]
@@ -81,7 +81,7 @@ class PerseusArgs(PlanningArgs):
         description="while a plan runs, profile the job again when the all-max reference "
         "rounds' median iteration time or energy drifts by more than this fraction from the "
         "all-max rounds the profile was taken with (the GPUs no longer match it; "
-        "perseus.schedulers.drift); 0: never",
+        "perseus.schedulers.perseus_scheduler.drift); 0: never",
     )
     guard_z: float = Field(
         default=3.0,

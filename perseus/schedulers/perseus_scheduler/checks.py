@@ -13,7 +13,7 @@ The thresholds and why:
   an SM clock cannot follow it either (a real GPU takes 10-20 ms to apply a clock).
   Instructions also must last at least a tenth of the measured clock switch: shorter ones
   put ten or more instructions inside every change, and no per-instruction plan can land.
-  Such a job is planned per stage instead (`perseus.schedulers.stage_clocks`: one clock per stage,
+  Such a job is planned per stage instead (`perseus.schedulers.perseus_scheduler.stage_clocks`: one clock per stage,
   no switch within an iteration), whose profile `profile_problems(per_stage=True)` checks.
 - `MAX_SPEEDUP_BELOW_MAX` (10 %): only a power cap makes a lower clock faster, and by
   little (2 % on the published Bloom A40 profile); more is noise in the profile.
@@ -73,7 +73,7 @@ def profile_problems(
     profile: InstructionProfile, *, switch_latency_s: float, per_stage: bool = False
 ) -> list[str]:
     """What makes `profile` unfit to plan from (empty: nothing). `per_stage`: the profile
-    is scaled per stage from per-stage clock rounds (`perseus.schedulers.stage_clocks`), whose
+    is scaled per stage from per-stage clock rounds (`perseus.schedulers.perseus_scheduler.stage_clocks`), whose
     plans switch no clock and time no instruction alone: short instructions are no problem."""
     problems: list[str] = []
     at_max: list[float] = []

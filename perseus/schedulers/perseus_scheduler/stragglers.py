@@ -17,7 +17,7 @@ from collections.abc import Callable
 from perseus.domain.plan import Plan
 from perseus.errors import ConfigurationError
 from perseus.schedulers.measurement import RoundMeasurement
-from perseus.schedulers.plan_model import PlanModel
+from perseus.schedulers.perseus_scheduler.plan_model import PlanModel
 
 __all__ = ["StragglerTracker"]
 

@@ -1,7 +1,7 @@
 """Per-stage constant clocks: plans for jobs whose instructions are too short to plan one by one.
 
 An instruction shorter than a millisecond (or than a tenth of a clock switch) cannot be
-profiled or planned on its own (`perseus.schedulers.checks.short_instructions`): the timer and the
+profiled or planned on its own (`perseus.schedulers.perseus_scheduler.checks.short_instructions`): the timer and the
 host's wake-ups blur it, a 100 ms energy counter holds hundreds of them per refresh, and a
 clock change lasts longer than several of them. A *stage* of such instructions is another
 matter: its busy time per iteration is the sum of many of them, tens of milliseconds, and

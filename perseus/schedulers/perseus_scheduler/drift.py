@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from perseus.domain.robust import median
-from perseus.schedulers.guard import RoundFigures
+from perseus.schedulers.perseus_scheduler.guard import RoundFigures
 
 __all__ = ["DEFAULT_REPROFILE_DRIFT", "DRIFT_WINDOW", "DriftWatch"]
 

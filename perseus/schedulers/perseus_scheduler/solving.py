@@ -4,7 +4,7 @@ At 16 stages × 256 microbatches with clock switches counted, the frontier takes
 CPU and ~0.8 GB. Solved inside the round that completes profiling, every rank would wait
 that long for its next schedule; solved on a thread, it would share the coordinator's
 interpreter with the event loop of every job. `FrontierSolve` runs such a solve in a
-process of its own (`perseus.schedulers.solve_pool`: at most ``PERSEUS_SOLVE_WORKERS`` at once for
+process of its own (`perseus.schedulers.perseus_scheduler.solve_pool`: at most ``PERSEUS_SOLVE_WORKERS`` at once for
 the whole coordinator, stopped after ``PERSEUS_SOLVE_TIMEOUT_S``, killed when the job ends,
 fails or is evicted: `DeployStep.close`); the `Perseus` scheduler keeps handing out
 all-max rounds (more reference rounds for the guard) and deploys at the first round after
@@ -26,10 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from perseus.errors import PerseusError
-from perseus.schedulers.checks import plan_problems, profile_problems
-from perseus.schedulers.guard import MAX_COOLDOWN_ROUNDS, median_figures
-from perseus.schedulers.plan_model import PlanModel, SolveRequest, solve_in_process
-from perseus.schedulers.solve_pool import (
+from perseus.schedulers.perseus_scheduler.checks import plan_problems, profile_problems
+from perseus.schedulers.perseus_scheduler.guard import MAX_COOLDOWN_ROUNDS, median_figures
+from perseus.schedulers.perseus_scheduler.plan_model import (
+    PlanModel,
+    SolveRequest,
+    solve_in_process,
+)
+from perseus.schedulers.perseus_scheduler.solve_pool import (
     PoolSolve,
     SolveCancelledError,
     SolveFailedError,
@@ -44,7 +48,7 @@ logger = logging.getLogger(__name__)
 SOLVE_RETRY_ROUNDS = 100
 """Rounds of all-max after a first failed solve before it is tried again (a transient
 failure: memory taken by other solves, a timeout under load); doubling at each failure up to
-`perseus.schedulers.guard.MAX_COOLDOWN_ROUNDS`."""
+`perseus.schedulers.perseus_scheduler.guard.MAX_COOLDOWN_ROUNDS`."""
 
 MAX_LEFT_OUT_LISTED = 64
 """Left-out profile rows a ``profile_left_out`` event lists (the count says how many)."""
@@ -180,7 +184,7 @@ def _remove_leftovers(frontier_dir: Path) -> None:
 
 class DeployStep:
     """`Perseus`'s step from a complete profile to a deployed plan (mixed into
-    `perseus.schedulers.perseus_scheduler.Perseus`, whose state it reads and sets): calibrate the
+    `perseus.schedulers.perseus_scheduler.scheduler.Perseus`, whose state it reads and sets): calibrate the
     costs, check the profile, solve the frontier (in a process when it is big), choose the
     point, check it, deploy it or hold all-max. `_deploy` is called at every round until it
     has decided; while the solve runs, `Perseus.plan_next` hands out all-max rounds."""
