@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 from perseus.domain.kinds import DEFAULT_P2P_POWER_W
 from perseus.domain.plan import Plan
 from perseus.domain.profile import InstructionProfile
-from perseus.errors import PlanError
+from perseus.errors import PerseusError, PlanError
 from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.schedulers.args import SchedulerArgs
 from perseus.schedulers.measurement import RoundMeasurement, StagePlan
 from perseus.schedulers.perseus_scheduler.args import PerseusArgs
+from perseus.schedulers.perseus_scheduler.checks import profile_problems
 from perseus.schedulers.perseus_scheduler.costs import CostModel, job_switch_latency
 from perseus.schedulers.perseus_scheduler.drift import DriftWatch
 from perseus.schedulers.perseus_scheduler.guard import (
@@ -29,7 +30,8 @@ from perseus.schedulers.perseus_scheduler.phase import PerseusPhase
 from perseus.schedulers.perseus_scheduler.plan_model import PlanModel, check_frontier_fits
 from perseus.schedulers.perseus_scheduler.profiling_progress import ProfilingProgress
 from perseus.schedulers.perseus_scheduler.promise import Promise
-from perseus.schedulers.perseus_scheduler.solving import DeployStep, FrontierSolve
+from perseus.schedulers.perseus_scheduler.solve_pool import SolveFailedError
+from perseus.schedulers.perseus_scheduler.solving import Deployer, FrontierSolve
 from perseus.schedulers.perseus_scheduler.stage_clocks import (
     StageClockSweep,
     StageCurve,
@@ -53,8 +55,11 @@ __all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
 
 logger = logging.getLogger(__name__)
 
+MAX_LEFT_OUT_LISTED = 64
+"""Left-out profile rows a ``profile_left_out`` event lists (the count says how many)."""
 
-class Perseus(DeployStep, PlanningScheduler):
+
+class Perseus(PlanningScheduler):
     """The whole Perseus loop online (phases: `PerseusPhase`).
 
     1. All-max rounds: the job's measured baseline (time, energy, their spread).
@@ -146,10 +151,11 @@ class Perseus(DeployStep, PlanningScheduler):
         self._last_plan: StagePlan = []
         self._overrides: dict[int, StagePlan] = {}
         self._running: dict[int, Plan] = {}
-        self._solve: FrontierSolve | None = None
-        self._solve_failures = 0
-        self._solve_retry_at: int | None = None
-        """After a failed solve: the round it is tried again (`DeployStep._solve_failed`)."""
+        self.deployer = Deployer(
+            self.job_dir.frontier, perseus_settings, name=f"perseus-solve-{job_info.job_id}"
+        )
+        """From a complete profile to the plan to deploy: the frontier's solve, its back-off
+        after a failure, the point's choice and checks (`_deploy`)."""
         self.stage_sweep: StageClockSweep | None = None
         """The per-stage clock rounds, once the all-max rounds showed instructions too short."""
         self.stage_curves: list[StageCurve] | None = None
@@ -182,7 +188,7 @@ class Perseus(DeployStep, PlanningScheduler):
     # ------------------------------------------------------------------ rounds
     def plan_next(self) -> StagePlan:
         self._round += 1
-        if self.phase is PerseusPhase.ALL_MAX and self._solve_retry_due():
+        if self.phase is PerseusPhase.ALL_MAX and self.deployer.retry_due(self._round):
             self.phase = PerseusPhase.PROFILING  # the profile is complete: `_deploy` solves
             self.promise.note(f"round {self._round}: solving the frontier again")
         if self.phase is PerseusPhase.PROFILING:
@@ -428,6 +434,157 @@ class Perseus(DeployStep, PlanningScheduler):
             self._update_overrides()
 
     # ------------------------------------------------------------------ solve & deploy
+    def _deploy(self) -> None:
+        """From a complete profile to a deployed plan, or all-max saying why: calibrate,
+        check and start the frontier's solve (`_start_solve`), wait for it at each round
+        while it runs in its process (all-max meanwhile: `plan_next`), then choose and check
+        the point (`Deployer.choose`) and deploy it. Called at every round until decided."""
+        deployer = self.deployer
+        if deployer.solve is None:
+            solve = self._start_solve()
+            if solve is None or solve.background:
+                return  # held; or this round runs all-max, the first after the solve deploys
+        solve = deployer.solve
+        assert solve is not None
+        if not deployer.solved():
+            if solve.done() and deployer.failure is not None:
+                self._solve_failed(deployer.failure)
+            return  # all-max meanwhile; cancelled: the job has ended
+        if solve.background:
+            logger.info(
+                "Job %s: frontier solved in its process in %.1f s; deploying at round %d",
+                self.job_info.job_id,
+                solve.seconds or 0.0,
+                self._round,
+            )
+        model = self._scoring()
+        try:
+            chosen, problems = deployer.choose(
+                model,
+                deadline_s=self.deadline_s,
+                max_slowdown=self.max_slowdown,
+                # Whether the job can tell the saving from noise matters to the guard, which
+                # measures it; with the guard off nothing is measured against all-max.
+                baseline_energies_j=(
+                    [r.energy_j for r in self.baseline] if self.promise.guarded else []
+                ),
+            )
+        except PerseusError as exc:  # e.g. a deadline no plan meets: a planning problem
+            self.report_profiling(None)
+            self._hold("held", [f"no frontier point to deploy: {exc}"])
+            return
+        self.report_profiling(chosen)
+        if problems:
+            self._hold("held", problems)
+            return
+        if self.deadline_s is not None:
+            all_max_t = model.all_max().iteration_time
+            self.guard.budget = max(0.0, self.deadline_s / all_max_t - 1.0)
+        self._run(chosen, "deployed", f"budget {self.guard.budget:.2%}", costs=model.costs)
+
+    def _start_solve(self) -> FrontierSolve | None:
+        """Calibrate the costs, check the profile and start the frontier's solve (in a
+        process of its own for pipelines over `solve_on_thread_above` instructions); None:
+        held."""
+        if self.profile is None and self._too_short():
+            self.profile = self._per_stage_profile()  # max clock only without the rounds
+        profile, p2p = self.complete_profile()
+        base_t = median_figures(self.baseline)[0] if self.baseline else None
+        self.model = model = PlanModel.calibrated(
+            self.job_info.job_id,
+            self.pipeline,
+            profile,
+            p2p,
+            self.perseus_args,
+            rank_infos=self.rank_infos,
+            baseline_time_s=base_t,
+            rounds=self.progress.sweep_rounds,
+        )
+        self.promise.costs_known(model.costs)
+        problems = profile_problems(
+            profile, switch_latency_s=model.costs.switch_latency_s, per_stage=self.per_stage
+        )
+        unphysical = self.sweep.estimates.unphysical_at_max() if self.sweep is not None else []
+        left_out = (
+            [e for e in self.sweep.estimates.left_out if not e["max_clock"]]
+            if self.sweep is not None
+            else []
+        )
+        if left_out:
+            reason = (
+                f"{len(left_out)} profile row(s) below the max clock whose power no GPU of the "
+                "job can draw (or the windows could not tell) are left out of the plan: "
+                + "; ".join(
+                    f"stage {e['stage']} {e['instruction']} at {e['frequency']} MHz"
+                    for e in left_out[:3]
+                )
+                + (f" and {len(left_out) - 3} more" if len(left_out) > 3 else "")
+            )
+            # On record too (``/jobs``' promise list), with every row and its reason.
+            self.promise.record(
+                self._round,
+                "profile_left_out",
+                reason,
+                warning=True,
+                text=reason,
+                rows=[
+                    {k: e[k] for k in ("stage", "instruction", "frequency", "reason")}
+                    for e in left_out[:MAX_LEFT_OUT_LISTED]
+                ],
+                rows_left_out=len(left_out),
+            )
+        if unphysical:
+            problems.append(
+                "the profile's max-clock rows include powers no GPU of the job can draw, which "
+                "every plan's accounting would rest on: "
+                + "; ".join(unphysical[:3])
+                + (f" and {len(unphysical) - 3} more" if len(unphysical) > 3 else "")
+            )
+        if problems:
+            self.report_profiling(None)
+            self._hold("held", problems)
+            return None
+        if self.per_stage:  # per-stage plans: a few thousand at most, scored in the round
+            model.per_stage = self._stage_limits()
+        n = self.pipeline.num_instructions
+        background = n > self.perseus_args.solve_on_thread_above and not self.per_stage
+        solve = self.deployer.start(model, background=background)
+        if background and solve.failure is None:
+            queued = " (waiting for a free solver first)" if solve.waiting else ""
+            self.promise.note(
+                f"solving the frontier of {n:,} instructions in a process of its own"
+                f"{queued}; all-max meanwhile"
+            )
+        return solve
+
+    def _solve_failed(self, failure: SolveFailedError) -> None:
+        """Hold all-max because the frontier could not be solved, saying why: the job's
+        log, a ``solve_failed`` event (``promise.jsonl``, ``/jobs``, the metric
+        ``perseus_solve_failures_total``), the hold's own event. The job goes on."""
+        retry_in = self.deployer.failed(self._round)
+        reason = (
+            f"the frontier solve failed ({failure.kind}): {failure.reason}; tried again in "
+            f"{retry_in} rounds"
+        )
+        logger.warning("Job %s: %s; all-max meanwhile", self.job_info.job_id, reason)
+        seconds = None if self.deployer.solve is None else self.deployer.solve.seconds
+        self.promise.record(
+            self._round,
+            "solve_failed",
+            reason,
+            text=None,
+            failure=failure.kind,
+            seconds=seconds,
+            retry_in_rounds=retry_in,
+        )
+        self.report_profiling(None)
+        self._hold("held", [reason])
+
+    def close(self) -> None:
+        """The job ended, failed or was evicted, or the coordinator shuts down: stop its
+        frontier solve (`Deployer.close`). Quick: called on the event loop."""
+        self.deployer.close()
+
     def _scoring(self) -> PlanModel:
         """The plan model (`PlanError` before profiling is complete)."""
         if self.model is None:
@@ -544,8 +701,7 @@ class Perseus(DeployStep, PlanningScheduler):
         args = self._sweep_args.model_copy(update={"profile_path": None})
         self.init_profile_source(args)
         self.profile = None
-        self._solve = None
-        self._solve_retry_at = None
+        self.deployer.reset()
         self.stage_sweep = None
         self.stage_curves = None
         self.stage_sensitivity = None

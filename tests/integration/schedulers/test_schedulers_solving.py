@@ -39,10 +39,10 @@ def test_the_solve_runs_beside_all_max_rounds_and_deploys_the_same_plan(tmp_path
     while time.monotonic() - t0 < TIMEOUT_S:
         schedules = s.next_schedule()
         issued.append(schedules)
-        if started is None and s._solve is not None:
+        if started is None and s.deployer.solve is not None:
             started = k
             # The round that started the solve did not wait for it: it runs all-max.
-            assert s._solve.on_thread and s.phase is PerseusPhase.PROFILING
+            assert s.deployer.solve.on_thread and s.phase is PerseusPhase.PROFILING
             assert _max_mhz(schedules) == {1410}
         s.observe(c.run_round(schedules))
         time.sleep(ROUND_S)
@@ -66,7 +66,7 @@ def test_a_job_given_everything_registers_before_its_solve_ends(tmp_path):
     given = {"profile_path": profile_csv(tmp_path), "p2p_power": c.gpus[0].p2p_block_power_w}
     # No all-max rounds: the solve starts at registration, on its thread.
     s = scheduler(c, tmp_path, **given, baseline_rounds=0, solve_on_thread_above=0)
-    assert s.phase is PerseusPhase.PROFILING and s._solve is not None and s._solve.on_thread
+    assert s.phase is PerseusPhase.PROFILING and s.deployer.solve is not None and s.deployer.solve.on_thread
     schedules = s.next_schedule()
     assert _max_mhz(schedules) == {1410}
     t0 = time.monotonic()

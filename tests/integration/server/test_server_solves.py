@@ -162,7 +162,7 @@ def test_a_solve_s_process_is_killed_when_its_job_ends(tmp_path: Path, end: str)
     with running_server(settings, app=app) as url:
         asyncio.run(register(url))
         coordinated = app.state.job_manager.jobs[job.job_id]
-        solve = coordinated.scheduler._solve
+        solve = coordinated.scheduler.deployer.solve
         assert solve is not None and solve.background
         _wait(lambda: solve.pid is not None, "the solve's process never started")
         pid = solve.pid
