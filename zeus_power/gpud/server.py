@@ -50,8 +50,11 @@ class _Bounded:
     config: GpudConfig
     state: GpuState
 
-    def _init_bounds(self, config: GpudConfig) -> None:
+    def _init_bounds(self, config: GpudConfig, state: GpuState) -> None:
+        """Called once, right after the socketserver's own constructor: the daemon's
+        settings and the GPU state its handlers serve."""
         self.config = config
+        self.state = state
         self._slots = threading.BoundedSemaphore(config.max_connections)
         self._refusers = threading.BoundedSemaphore(REFUSERS)
         self._refused = 0
@@ -129,8 +132,7 @@ class GpudServer:
         self.state = GpuState(gpus)
         self._stop = threading.Event()
         self._listener = self._bind()
-        self._listener._init_bounds(config)
-        self._listener.state = self.state
+        self._listener._init_bounds(config, self.state)
 
     @property
     def address(self) -> str:
