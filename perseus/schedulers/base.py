@@ -1,25 +1,25 @@
 """The scheduler interface the coordinator drives.
 
-One instance per job. The coordinator calls `next_schedule()` when every rank of the job
-has asked for its next schedule (a round), and `observe()` with the round's results.
+One instance per job. The coordinator talks to it through these methods, and no other:
 
-Optional hooks, declared here with defaults and overridden by the schedulers that use them:
-
-- `deployed_plan()`: the plan the scheduler has chosen for the job (default None); the
-  coordinator persists it as ``deployed_plan.json`` when `dump_data` is on.
-- `resume(plan)`: a restarted coordinator found the job's ``deployed_plan.json``; the
-  scheduler goes straight back to running that plan (default: ignore it).
+- A round (Zeus's two): `observe(results)` with the previous round's results, then
+  `next_schedule()`, once every talking rank has asked for its next schedule.
+- `report()`: what goes with the round's schedules (`RoundReport`): the job's status for rank
+  0's log, the plan's events since the last report (deployments, checks, moves: the operator's
+  view), the deployed plan (persisted as ``deployed_plan.json`` when `dump_data` is on) and
+  the all-max plan scored like it (the energy report's baseline). Default: nothing to report.
+- `check_result(result)`: a rank's result on arrival, before it is kept: raise `RankError`
+  when it cannot be this job's (the default refuses only a result without breakdowns when
+  `needs_breakdowns` says why they are needed); a refused result is a 422 for that rank,
+  which may send a corrected one.
 - `on_straggler(dp_rank, slowdown)`: a data-parallel pipeline was announced slow
   (``POST /straggler/{job_id}``); the default refuses (a 400).
-- `check_result(result)`: called by the coordinator when a rank's result arrives, before
-  it is kept: raise `RankError` when it cannot be this job's (the default refuses only a
-  result without breakdowns when `needs_breakdowns` says why they are needed); a refused
-  result is a 422 for that rank, which may send a corrected one.
-- `status()`: what rank 0 should log with the next schedule (default None).
-- `promise_events()`: the plan's deployments, checks and moves since the last call, for
-  the operator's view (default none).
+- `resume(plan)`: a restarted coordinator found the job's ``deployed_plan.json``; the
+  scheduler goes straight back to running that plan (default: ignore it).
 - `close()`: the job ended, failed or was evicted, or the coordinator shuts down: stop
   what works for it in the background (a frontier solve's process); default nothing.
+
+And once per job, at registration, the class method `check_job` (default: any job).
 
 Per-instruction breakdowns (`ProfilingResult.time_breakdown` / ``energy_breakdown``) are
 optional on the wire: Zeus's clients send none by default. A scheduler that cannot work
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import abc
 import inspect
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import ValidationError
@@ -49,13 +50,35 @@ from perseus.settings import PerseusSettings
 if TYPE_CHECKING:
     from perseus.domain.plan import Plan
 
-__all__ = ["FrequencyScheduler", "build_scheduler", "check_scheduler_args", "has_breakdowns"]
+__all__ = [
+    "FrequencyScheduler",
+    "RoundReport",
+    "build_scheduler",
+    "check_scheduler_args",
+    "has_breakdowns",
+]
 
 
 def has_breakdowns(result: ProfilingResult) -> bool:
     """Whether `result` reports any per-instruction time or energy (Zeus's default
     `ProfilingResult` has empty breakdowns)."""
     return any(result.time_breakdown.values()) or any(result.energy_breakdown.values())
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What a scheduler tells the coordinator with a round's schedules
+    (`FrequencyScheduler.report`)."""
+
+    status: RoundStatus | None = None
+    """Where the job stands and what it should log, sent to rank 0 (None: nothing to say)."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """The plan's deployments, checks and moves since the last report, each a JSON object
+    with at least ``round``, ``event`` and ``reason``."""
+    plan: Plan | None = None
+    """The plan chosen for the job, if the scheduler deploys one (persisted on dumps)."""
+    baseline: Plan | None = None
+    """The all-max plan scored like `plan` (the energy report's predicted baseline)."""
 
 
 class FrequencyScheduler(abc.ABC):
@@ -96,24 +119,10 @@ class FrequencyScheduler(abc.ABC):
         (`ConfigurationError`); default: any job."""
         return None
 
-    def deployed_plan(self) -> Plan | None:
-        """The plan chosen for the job, if the scheduler deploys one (persisted on dumps)."""
-        return None
-
-    def baseline_plan(self) -> Plan | None:
-        """The all-max plan scored like `deployed_plan` (the predicted baseline of the energy
-        report), once the scheduler can score plans; default: None."""
-        return None
-
-    def status(self) -> RoundStatus | None:
-        """Where the job stands and what it should log, sent to rank 0 with the next
-        schedule (called after `next_schedule`; default: nothing to say)."""
-        return None
-
-    def promise_events(self) -> list[dict[str, Any]]:
-        """Deployments, checks and moves of the plan since the last call, each a JSON
-        object with at least ``round``, ``event`` and ``reason`` (default: none)."""
-        return []
+    def report(self) -> RoundReport:
+        """What goes with the schedules `next_schedule` just returned (`RoundReport`);
+        default: nothing."""
+        return RoundReport()
 
     def close(self) -> None:  # noqa: B027 - a hook whose default is to do nothing
         """The job is over for the coordinator (it ended, failed or was evicted, or the

@@ -7,6 +7,7 @@ writes `instruction_profile.csv` and measures the blocking power from its all-ma
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -18,6 +19,7 @@ from perseus.errors import PlanError
 from perseus.io.atomic import atomic_write_text
 from perseus.io.profile_csv import load_profile
 from perseus.schedulers.args import PipelineArgs, ProfileSourceArgs
+from perseus.schedulers.base import RoundReport
 from perseus.schedulers.sweep.instruction_sweep import InstructionSweep
 from perseus.schedulers.sweep_then_deploy import SweepThenDeploy
 
@@ -69,6 +71,17 @@ class PlanningScheduler(SweepThenDeploy):
     def profiling_extras(self) -> dict[str, Any]:
         """More for ``profiling.json`` (`Perseus`: the kind of plan); default nothing."""
         return {}
+
+    def report(self) -> RoundReport:
+        """The deployed plan and the all-max plan scored like it (None until the profile and
+        the blocking power are known; a baseline that cannot be scored is left out, saying
+        so: the energy report's baseline must never fail a round)."""
+        try:
+            baseline = self.baseline_plan()
+        except Exception as exc:
+            logger.warning("Job %s: no predicted all-max baseline: %s", self.job_info.job_id, exc)
+            baseline = None
+        return dataclasses.replace(super().report(), baseline=baseline)
 
     def baseline_plan(self) -> Plan | None:
         """The all-max plan on this job's profile and blocking power (None before both are

@@ -9,6 +9,7 @@ from perseus.errors import PlanError
 from perseus.io.plan_file import FrequencyLists, read_plan
 from perseus.protocol import JobInfo, RankInfo
 from perseus.schedulers.args import PipelineArgs, SchedulerArgs
+from perseus.schedulers.base import RoundReport
 from perseus.schedulers.pipeline import FixedPlanScheduler, job_pipeline
 from perseus.settings import PerseusSettings
 
@@ -116,7 +117,11 @@ class PointSolution(FixedPlanScheduler):
         """Any job: the plan says the pipeline (checked when the ranks have registered)."""
 
     def deployed_plan(self) -> Plan | None:
+        """The plan the job runs (None until it is read)."""
         return self.plan
+
+    def report(self) -> RoundReport:
+        return RoundReport(plan=self.plan)
 
     def resume(self, plan: Plan) -> None:
         """Resume at a persisted plan (it must still fit the job)."""

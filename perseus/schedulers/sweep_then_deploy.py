@@ -14,6 +14,7 @@ import abc
 from perseus.domain.plan import Plan
 from perseus.errors import PlanError
 from perseus.protocol import ProfilingResult
+from perseus.schedulers.base import RoundReport
 from perseus.schedulers.measurement import RoundMeasurement, StagePlan
 from perseus.schedulers.pipeline import PipelineScheduler
 from perseus.schedulers.sweep.instruction_sweep import InstructionSweep
@@ -40,7 +41,11 @@ class SweepThenDeploy(PipelineScheduler):
         self.chosen = plan
 
     def deployed_plan(self) -> Plan | None:
+        """The plan chosen for the job (None until the scheduler has planned)."""
         return self.chosen
+
+    def report(self) -> RoundReport:
+        return RoundReport(plan=self.chosen)
 
     def resume(self, plan: Plan) -> None:
         """Resume at a persisted plan (restarted coordinator): no sweep."""

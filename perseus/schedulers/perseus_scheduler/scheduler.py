@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
@@ -14,6 +15,7 @@ from perseus.errors import PerseusError, PlanError
 from perseus.io.profile_csv import load_profile
 from perseus.protocol import JobInfo, ProfilingResult, RankInfo, RoundStatus
 from perseus.schedulers.args import SchedulerArgs
+from perseus.schedulers.base import RoundReport
 from perseus.schedulers.measurement import RoundMeasurement, StagePlan
 from perseus.schedulers.perseus_scheduler.args import PerseusArgs
 from perseus.schedulers.perseus_scheduler.checks import profile_problems
@@ -753,7 +755,15 @@ class Perseus(PlanningScheduler):
         }
 
     def promise_events(self) -> list[dict[str, Any]]:
+        """The plan's deployments, checks and moves since the last call (or report)."""
         return self.promise.story.take_events()
+
+    def report(self) -> RoundReport:
+        """The deployed plan and its baseline (`PlanningScheduler.report`), the job's status
+        for rank 0 and the promise's events since the last report."""
+        return dataclasses.replace(
+            super().report(), status=self.status(), events=self.promise_events()
+        )
 
     def summary(self) -> str:
         """The job's measured figures so far, one line."""
@@ -763,6 +773,7 @@ class Perseus(PlanningScheduler):
         return self.promise.summary(text, held=self.phase is PerseusPhase.ALL_MAX)
 
     def status(self) -> RoundStatus:
+        """Where the job stands and what rank 0 should log (notes since the last call)."""
         notes = self.promise.story.take_notes()
         estimate = None
         if self.phase is PerseusPhase.PROFILING:

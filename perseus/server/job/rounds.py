@@ -164,23 +164,19 @@ class JobRounds:
         if results:
             scheduler.observe(results)
         schedules = scheduler.next_schedule()
-        status = scheduler.status()
-        if status is not None and schedules:
+        report = scheduler.report()
+        if report.status is not None and schedules:
             # The first talking rank (rank 0) tells the job's story; the others need not
             # carry it.
             first = min(s.rank for s in schedules)
             schedules = [
-                s.model_copy(update={"status": status}) if s.rank == first else s for s in schedules
+                s.model_copy(update={"status": report.status}) if s.rank == first else s
+                for s in schedules
             ]
-        self._job.stats.promise_events(scheduler.promise_events())
-        plan = scheduler.deployed_plan()
+        self._job.stats.promise_events(report.events)
+        plan, baseline = report.plan, report.baseline
         if plan is not None and self._job.emulated and not plan.emulated:
             plan = plan.model_copy(update={"emulated": True})  # the persisted plan says so
-        try:
-            baseline = scheduler.baseline_plan()
-        except Exception as exc:  # the report's baseline must never fail a round
-            logger.warning("Job %s: no predicted all-max baseline: %s", self._job.job_id, exc)
-            baseline = None
         if self._rank_max is None:  # every rank has registered: fixed from now on
             self._rank_max = {r: max(i.available_frequencies) for r, i in self._job.ranks.items()}
             self._rank_pp = {r: i.pp_rank for r, i in self._job.ranks.items()}
