@@ -153,9 +153,7 @@ class Perseus(PlanningScheduler):
         self._last_plan: StagePlan = []
         self._overrides: dict[int, StagePlan] = {}
         self._running: dict[int, Plan] = {}
-        self.deployer = Deployer(
-            self.job_dir.frontier, perseus_settings, name=f"perseus-solve-{job_info.job_id}"
-        )
+        self.deployer = Deployer(self.job_dir.frontier, name=f"perseus-solve-{job_info.job_id}")
         """From a complete profile to the plan to deploy: the frontier's solve, its back-off
         after a failure, the point's choice and checks (`_deploy`)."""
         self.stage_sweep: StageClockSweep | None = None
@@ -550,7 +548,7 @@ class Perseus(PlanningScheduler):
             model.per_stage = self._stage_limits()
         n = self.pipeline.num_instructions
         background = n > self.perseus_args.solve_on_thread_above and not self.per_stage
-        solve = self.deployer.start(model, background=background)
+        solve = self.deployer.start(model, self.settings, background=background)
         if background and solve.failure is None:
             queued = " (waiting for a free solver first)" if solve.waiting else ""
             self.promise.note(

@@ -186,9 +186,8 @@ class Deployer:
     It owns the solve and its back-off; the scheduler gives it the model and acts on what
     it decides (`perseus.schedulers.perseus_scheduler.scheduler.Perseus._deploy`)."""
 
-    def __init__(self, frontier_dir: Path, settings: PerseusSettings, *, name: str) -> None:
+    def __init__(self, frontier_dir: Path, *, name: str) -> None:
         self.frontier_dir = frontier_dir
-        self.settings = settings
         self.name = name
         self.solve: FrontierSolve | None = None
         """The current profile's solve (None: not started, or dropped by `reset`)."""
@@ -197,10 +196,13 @@ class Deployer:
         self.retry_at: int | None = None
         """After a failed solve: the round it is tried again (`failed`)."""
 
-    def start(self, model: PlanModel, *, background: bool) -> FrontierSolve:
-        """Solve `model`'s frontier: now (``background=False``), or in a process."""
+    def start(
+        self, model: PlanModel, settings: PerseusSettings, *, background: bool
+    ) -> FrontierSolve:
+        """Solve `model`'s frontier: now (``background=False``), or in a process, within the
+        coordinator's limits in force (`settings`: memory, time, solver processes)."""
         self.solve = FrontierSolve(
-            model, self.frontier_dir, self.settings, background=background, name=self.name
+            model, self.frontier_dir, settings, background=background, name=self.name
         )
         return self.solve
 
