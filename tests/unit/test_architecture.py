@@ -165,3 +165,21 @@ def _classes_by_name(base: Path = REPO) -> dict[str, list[str]]:
 def test_no_two_classes_share_a_name() -> None:
     shared = {name: where for name, where in _classes_by_name().items() if len(where) > 1}
     assert not shared, f"class names defined more than once: {shared}"
+
+
+MAX_MODULES_SIDE_BY_SIDE = 20
+"""Issue 50: a folder where a concept has parts; no folder of the product holds more
+modules than this side by side (``__init__.py`` counts)."""
+
+
+def test_no_product_folder_has_more_than_twenty_modules_side_by_side() -> None:
+    crowded = {
+        str(folder.relative_to(REPO)): n
+        for root in ROOTS
+        for folder in [REPO / root, *(REPO / root).rglob("*")]
+        if folder.is_dir()
+        and folder.name != "__pycache__"
+        and (n := len(list(folder.glob("*.py")))) > MAX_MODULES_SIDE_BY_SIDE
+    }
+    assert not crowded, f"folders with more than {MAX_MODULES_SIDE_BY_SIDE} modules: {crowded}"
+

@@ -91,6 +91,9 @@ def test_the_wheel_carries_profiles_types_and_license(dist: Path) -> None:
     assert "License-Expression: Apache-2.0" in metadata
     assert 'Requires-Dist: torch<3,>=2.8; extra == "torch"' in metadata
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    # Issue 50: only the two roots land in site-packages (no generic `schedulers`, `profiles`).
+    top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top_level == {"perseus", "zeus_power"}, top_level
 
 
 def test_the_installed_wheel_runs_version_and_solve(venv: Path, tmp_path: Path) -> None:
