@@ -151,7 +151,8 @@ class JobRounds:
             or self._job.phase is JobPhase.FINISHED
         ):
             return
-        message = timeout_message(self._job.info, self._job.leaders, self._job.ranks, rnd, self._job.round_timeout_s)
+        job = self._job
+        message = timeout_message(job.info, job.leaders, job.ranks, rnd, job.round_timeout_s)
         error = RoundTimeoutError(message, job_id=self._job.job_id)
         self._job.fail(error)
         fail_round(rnd, error)
@@ -195,7 +196,11 @@ class JobRounds:
                     self._run_scheduler, scheduler, results
                 )
             by_rank = {s.rank: s for s in schedules}
-            expected = set(range(self._job.info.world_size)) if self._job.leaders is None else set(self._job.ranks)
+            expected = (
+                set(range(self._job.info.world_size))
+                if self._job.leaders is None
+                else set(self._job.ranks)
+            )
             missing = sorted(expected - set(by_rank))
             if missing or len(schedules) != self._job.talking_ranks:
                 raise RuntimeError(
@@ -239,7 +244,11 @@ class JobRounds:
         if self._job.phase is not JobPhase.FINISHED:  # a finished job takes its last round's
             self._job.check_usable()
         check_result(
-            self._job.job_id, self._job.leaders, self._job.ranks.get(result.rank), self.current.number - 1, result
+            self._job.job_id,
+            self._job.leaders,
+            self._job.ranks.get(result.rank),
+            self.current.number - 1,
+            result,
         )
         if self.current.number == 0:
             raise RankConflictError(

@@ -66,7 +66,11 @@ def test_a_job_given_everything_registers_before_its_solve_ends(tmp_path):
     given = {"profile_path": profile_csv(tmp_path), "p2p_power": c.gpus[0].p2p_block_power_w}
     # No all-max rounds: the solve starts at registration, on its thread.
     s = scheduler(c, tmp_path, **given, baseline_rounds=0, solve_on_thread_above=0)
-    assert s.phase is PerseusPhase.PROFILING and s.deployer.solve is not None and s.deployer.solve.on_thread
+    assert (
+        s.phase is PerseusPhase.PROFILING
+        and s.deployer.solve is not None
+        and s.deployer.solve.on_thread
+    )
     schedules = s.next_schedule()
     assert _max_mhz(schedules) == {1410}
     t0 = time.monotonic()
