@@ -19,6 +19,8 @@ __all__ = [
     "VirtualStageMeasurement",
     "WindowRow",
     "clean_unit_times",
+    "landing_only_units",
+    "measured_unit_time",
     "unit_time",
     "window_shares",
 ]
@@ -40,6 +42,7 @@ class WindowRow:
     after: Mapping[Unit, tuple[float, ...]] = field(default_factory=dict)
     """Per unit, the idle seconds in each band after its work stopped (`EnergyWindow.after_s`)."""
     tail_after: Mapping[Unit, tuple[float, ...]] = field(default_factory=dict)
+
 
 StagePlan = list[list[tuple[str, int]]]
 """Per pipeline rank, the (instruction, freq_mhz) list of one iteration in execution order."""
@@ -92,6 +95,9 @@ class RoundMeasurement:
         iterations: Iterations in the round (the most any rank ran).
         windows: Per rank, its energy windows keyed by unit (ranks that sent none: absent).
         unit_time: Per rank, per unit it ran, (total seconds, count) over the round.
+        landing_only: Per rank, the units of `unit_time` none of whose instructions ran
+            clear of a clock change in the round (their times hold seconds at the old
+            clock: `landing_only_units`).
         typical_iteration_time_s: Median iteration time, max over all ranks (None: not
             given, `iteration_time_s` stands for it). What the promise guard compares: one
             iteration stalled by the host (a garbage collection, a busy CPU) does not move
@@ -108,6 +114,7 @@ class RoundMeasurement:
     iterations: int = 1
     windows: dict[int, list[WindowRow]] = field(default_factory=dict)
     unit_time: dict[int, dict[Unit, tuple[float, int]]] = field(default_factory=dict)
+    landing_only: dict[int, frozenset[Unit]] = field(default_factory=dict)
     typical_iteration_time_s: float | None = None
 
     @property
@@ -130,6 +137,29 @@ def unit_time(m: RoundMeasurement, stage: int, kind: str, freq: int, fallback_s:
         if count > 0
     ]
     return max(means) if means else fallback_s
+
+
+def measured_unit_time(
+    m: RoundMeasurement, stage: int, kind: str, freq: int, fallback_s: float
+) -> tuple[float, bool]:
+    """`unit_time`, and whether it is the clock's own: False when every rank that ran
+    (stage, kind) at `freq` ran it only while a clock change was landing
+    (`RoundMeasurement.landing_only`), so that the time holds seconds at another clock.
+    A round without per-unit times (an older client) counts as the clock's own."""
+    unit = (stage, kind, freq)
+    ran = [rank for rank, times in m.unit_time.items() if unit in times]
+    own = not ran or any(unit not in m.landing_only.get(rank, ()) for rank in ran)
+    if own and ran:
+        means = [
+            total / count
+            for rank in ran
+            if unit not in m.landing_only.get(rank, ())
+            for total, count in (m.unit_time[rank][unit],)
+            if count > 0
+        ]
+        if means:
+            return max(means), True
+    return unit_time(m, stage, kind, freq, fallback_s), own
 
 
 def _instruction_runs(
@@ -208,6 +238,28 @@ def clean_unit_times(
     return {
         u: (total, int(count)) for u, (total, count) in ((u, clean.get(u, every[u])) for u in every)
     }
+
+
+def landing_only_units(
+    units: list[Unit],
+    where: dict[str, list[int]],
+    time_breakdown: dict[str, list[list[float]]],
+    lag_s: float,
+    idle_before_s: Sequence[float] | None = None,
+) -> frozenset[Unit]:
+    """The units none of whose instructions in the round ran clear of a clock change (the
+    same rule as `clean_unit_times`, which gives them the time of all their instructions):
+    where every instruction of a kind is preceded by a change, as when the kinds a rank
+    alternates run at different clocks and last less than the switch, the GPU may never
+    have run the unit's clock at all, and its time says nothing about that clock."""
+    clean: set[Unit] = set()
+    seen: set[Unit] = set()
+    runs = _instruction_runs(units, where, time_breakdown, lag_s, idle_before_s=idle_before_s)
+    for index, _, since, _ in runs:
+        seen.add(units[index])
+        if since >= lag_s:
+            clean.add(units[index])
+    return frozenset(seen - clean)
 
 
 def window_shares(

@@ -56,6 +56,7 @@ from perseus.schedulers.measurement import (
     VirtualStageMeasurement,
     WindowRow,
     clean_unit_times,
+    landing_only_units,
     window_shares,
 )
 
@@ -276,16 +277,19 @@ class Parallel3D:
         res: ProfilingResult,
         frequencies: list[tuple[str, int]],
         start_mhz: int | None = None,
-    ) -> tuple[list[WindowRow], dict[Unit, tuple[float, int]]]:
-        """One rank's windows and instruction times keyed by (stage, kind, clock);
+    ) -> tuple[list[WindowRow], dict[Unit, tuple[float, int]], frozenset[Unit]]:
+        """One rank's windows, instruction times keyed by (stage, kind, clock), and the
+        units that ran only while a clock change landed (`landing_only_units`);
         `start_mhz`: the clock in force when the round began (the last round's last)."""
         order = self.schedule.orders[info.pp_rank]
         units = [(i.stage, i.kind, int(f)) for i, (_, f) in zip(order, frequencies, strict=True)]
         where, lag_s = self._occurrence_index[info.pp_rank], info.switch_latency_s or 0.0
         idle = res.idle_before_s
         rows: list[WindowRow] = []
+        times = clean_unit_times(units, where, res.time_breakdown, lag_s, idle)
+        landing = landing_only_units(units, where, res.time_breakdown, lag_s, idle)
         if not res.energy_windows:  # nothing to share out (every round: keep it cheap)
-            return rows, clean_unit_times(units, where, res.time_breakdown, lag_s, idle)
+            return rows, times, landing
         shares = window_shares(units, where, res.time_breakdown, lag_s, start_mhz, idle)
         for w in res.energy_windows:
             rows.append(
@@ -299,7 +303,7 @@ class Parallel3D:
                     tail_after=_by_unit(shares, w.tail_after_s),
                 )
             )
-        return rows, clean_unit_times(units, where, res.time_breakdown, lag_s, idle)
+        return rows, times, landing
 
     def measure(
         self,
@@ -325,6 +329,7 @@ class Parallel3D:
         p2p: list[float] = []
         windows: dict[int, list[WindowRow]] = {}
         unit_time: dict[int, dict[Unit, tuple[float, int]]] = {}
+        landing_only: dict[int, frozenset[Unit]] = {}
         for info in self.rank_infos:
             res = by_rank[info.rank]
             numbers = self._rank_numbers(info, res)
@@ -332,8 +337,10 @@ class Parallel3D:
             if frequencies is not None and info.rank in frequencies:
                 before = (previous or {}).get(info.rank)
                 start_mhz = int(before[-1][1]) if before else None
-                rows, times = self._units(info, res, frequencies[info.rank], start_mhz)
+                rows, times, landing = self._units(info, res, frequencies[info.rank], start_mhz)
                 unit_time[info.rank] = times
+                if landing:
+                    landing_only[info.rank] = landing
                 if res.energy_windows is not None:
                     windows[info.rank] = rows
             if self.leaders is not None:  # the median of its group, measured in-job
@@ -402,6 +409,7 @@ class Parallel3D:
             iterations=max(len(r.iter_time) for r in results),
             windows=windows,
             unit_time=unit_time,
+            landing_only=landing_only,
             typical_iteration_time_s=_typical_time(results),
         )
 

@@ -506,14 +506,16 @@ class Perseus(PlanningScheduler):
         )
         unphysical = self.sweep.estimates.unphysical_at_max() if self.sweep is not None else []
         left_out = (
-            [e for e in self.sweep.estimates.left_out if not e["max_clock"]]
+            [e for e in self.sweep.left_out if not e["max_clock"]]
             if self.sweep is not None
             else []
         )
         if left_out:
             reason = (
-                f"{len(left_out)} profile row(s) below the max clock whose power no GPU of the "
-                "job can draw (or the windows could not tell) are left out of the plan: "
+                f"{len(left_out)} profile row(s) below the max clock that no GPU of the job "
+                "can produce (a power it cannot draw or the windows could not tell, a time "
+                "not measured at the row's clock or faster than a higher clock's) are left "
+                "out of the plan: "
                 + "; ".join(
                     f"stage {e['stage']} {e['instruction']} at {e['frequency']} MHz"
                     for e in left_out[:3]

@@ -12,6 +12,8 @@ Its parts, in the order a profile flows through them:
   windows, within idle and the power limit;
 - `option_estimates`: `SweepEstimates`, each option's energy and standard error from that
   fit, and the rows no GPU can draw, left out and said;
+- `row_times`: the rows whose time is not their clock's (every instruction started while a
+  clock change landed, or a lower clock that runs faster), left out and said;
 - `products`: the profile's rows and `profiling.json`.
 
 The modules are imported by their names (nothing is re-exported here: `power_fit` is also

@@ -19,7 +19,7 @@ import logging
 import math
 
 from perseus.schedulers.args import SweepArgs
-from perseus.schedulers.measurement import RoundMeasurement, unit_time
+from perseus.schedulers.measurement import RoundMeasurement, measured_unit_time
 from perseus.schedulers.sweep.levels import refine_levels
 from perseus.schedulers.sweep.option_estimates import SweepEstimates
 
@@ -74,6 +74,9 @@ class FollowUp:
         units: Every (pipeline stage, kind) the schedule runs.
         estimates: The sweep's energies (refitted before CONFIRM picks its options).
         job_id: For the log.
+        landing_only: The sweep's (stage, kind, MHz) whose time holds no instruction that
+            ran clear of a clock change (kept up to date here for the follow-up rounds: a
+            time of the clock's own replaces such a time, and is never averaged with one).
     """
 
     def __init__(
@@ -83,7 +86,10 @@ class FollowUp:
         units: list[Unit],
         estimates: SweepEstimates,
         job_id: str,
+        *,
+        landing_only: set[tuple[int, str, int]] | None = None,
     ) -> None:
+        self.landing_only = set() if landing_only is None else landing_only
         self.levels = levels
         self.units = units
         self.estimates = estimates
@@ -126,7 +132,12 @@ class FollowUp:
             stage, name = unit
             freq = left.pop(0)
             vs = m.virtual_stages[stage]
-            time_s[unit][freq] = unit_time(m, stage, name, freq, vs.time_s[name])
+            t, own = measured_unit_time(m, stage, name, freq, vs.time_s[name])
+            time_s[unit][freq] = t
+            if own:
+                self.landing_only.discard((stage, name, freq))
+            else:
+                self.landing_only.add((stage, name, freq))
             energy_j[unit][freq] = self.estimates.energy(stage, name, freq, vs.energy_j[name])
             if not left:
                 more = self._refine_next(unit, time_s, energy_j)
@@ -193,8 +204,17 @@ class FollowUp:
             vs = m.virtual_stages[stage]
             n = self.repeats.get((stage, name, level), 0)
             times = time_s.setdefault(unit, {})
-            t = unit_time(m, stage, name, level, vs.time_s[name])
-            times[level] = (times.get(level, t) * n + t) / (n + 1)
+            t, own = measured_unit_time(m, stage, name, level, vs.time_s[name])
+            key = (stage, name, level)
+            had_own = level in times and key not in self.landing_only
+            if own and not had_own:  # the first time of the clock's own replaces the other
+                times[level] = t
+                self.landing_only.discard(key)
+            elif own or not had_own:
+                times[level] = (times.get(level, t) * n + t) / (n + 1)
+                if not own:
+                    self.landing_only.add(key)
+            # else: a landing-only time is never averaged into one of the clock's own
             self.repeats[stage, name, level] = n + 1
             energy_j.setdefault(unit, {})[level] = self.estimates.energy(
                 stage, name, level, vs.energy_j[name]

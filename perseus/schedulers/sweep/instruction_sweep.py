@@ -61,7 +61,7 @@ from perseus.domain.rows import ProfileRow
 from perseus.errors import ConfigurationError, RankError
 from perseus.io.profile_csv import write_profile_rows
 from perseus.schedulers.args import SweepArgs
-from perseus.schedulers.measurement import RoundMeasurement, StagePlan, unit_time
+from perseus.schedulers.measurement import RoundMeasurement, StagePlan, measured_unit_time
 from perseus.schedulers.pipeline import PipelineScheduler
 from perseus.schedulers.sweep.followup import FollowUp
 from perseus.schedulers.sweep.levels import (
@@ -71,6 +71,7 @@ from perseus.schedulers.sweep.levels import (
 from perseus.schedulers.sweep.option_estimates import SweepEstimates
 from perseus.schedulers.sweep.power_fit import PowerRegression
 from perseus.schedulers.sweep.products import ProfilingCost, profile_rows, profiling_report
+from perseus.schedulers.sweep.row_times import untrusted_times
 
 __all__ = ["InstructionSweep", "SweepPhase"]
 
@@ -167,6 +168,12 @@ class InstructionSweep:
         self._rises: dict[Hashable, int] = dict.fromkeys(self.groups, 0)
         self.time_s: dict[tuple[int, str], dict[int, float]] = {}
         self.energy_j: dict[tuple[int, str], dict[int, float]] = {}
+        self.landing_only: set[tuple[int, str, int]] = set()
+        """(stage, kind, MHz) whose time in `time_s` holds no instruction that ran clear
+        of a clock change (`perseus.schedulers.sweep.row_times`)."""
+        self.left_out: list[dict[str, Any]] = []
+        """The rows `rows` left out (below the max clock) or could not trust (at it), each
+        with its reason: the estimates' (a power no GPU draws) and the times'."""
         self.measurements: dict[int, RoundMeasurement] = {}
         """Sweep frequency → the measurement of the step that ran it."""
         self.p2p_samples: list[float] = []
@@ -176,7 +183,12 @@ class InstructionSweep:
         """Every option's energy: fitted to the energy counter's windows, or the breakdown."""
         self.round_ticks = args.round_ticks
         self.follow_up = FollowUp(
-            args, self.levels, self.units, self.estimates, scheduler.job_info.job_id
+            args,
+            self.levels,
+            self.units,
+            self.estimates,
+            scheduler.job_info.job_id,
+            landing_only=self.landing_only,
         )
         """REFINE and CONFIRM: the levels still to measure after the pass."""
         self.cost = ProfilingCost()
@@ -289,8 +301,12 @@ class InstructionSweep:
         for g in list(self.active):
             for stage, name in self.groups[g]:
                 vs = m.virtual_stages[stage]
-                t = unit_time(m, stage, name, freq, vs.time_s[name])
+                t, own = measured_unit_time(m, stage, name, freq, vs.time_s[name])
                 self.time_s.setdefault((stage, name), {})[freq] = t
+                if own:
+                    self.landing_only.discard((stage, name, freq))
+                else:
+                    self.landing_only.add((stage, name, freq))
                 self.energy_j.setdefault((stage, name), {})[freq] = self.estimates.energy(
                     stage, name, freq, vs.energy_j[name]
                 )
@@ -320,8 +336,10 @@ class InstructionSweep:
         self.step += 1
         if self.step >= len(self.pass_levels) or not self.active:
             self.active.clear()
-            if self.coarse and self.refine and self.follow_up.start_refine(
-                self.time_s, self.energy_j
+            if (
+                self.coarse
+                and self.refine
+                and self.follow_up.start_refine(self.time_s, self.energy_j)
             ):
                 self.phase = SweepPhase.REFINE
                 logger.info(
@@ -354,9 +372,34 @@ class InstructionSweep:
         refitted; 'windows' rows say they are estimated, with their standard error, and
         leave out options whose energy they could not tell."""
         self.estimates.refit(self.energy_j, self.time_s)
-        return self.estimates.annotate(
+        rows = self.estimates.annotate(
             profile_rows(self.scheduler, self.units, self.time_s, self.energy_j)
         )
+        untrusted = untrusted_times(rows, self.landing_only)
+        if untrusted:
+            new = sorted(
+                set(untrusted)
+                - {(e["stage"], e["instruction"], e["frequency"]) for e in self.left_out}
+            )
+            if new:
+                logger.warning(
+                    "Job %s: %d profile row(s) whose time is not their clock's (left out of "
+                    "the plan): %s",
+                    self.scheduler.job_info.job_id,
+                    len(untrusted),
+                    "; ".join(
+                        f"stage {s} {k} at {f} MHz: {untrusted[s, k, f]}" for s, k, f in new[:3]
+                    )
+                    + (f" and {len(new) - 3} more" if len(new) > 3 else ""),
+                )
+        self.left_out = [
+            *self.estimates.left_out,
+            *(
+                {"stage": s, "instruction": k, "frequency": f, "reason": why, "max_clock": False}
+                for (s, k, f), why in sorted(untrusted.items())
+            ),
+        ]
+        return [r for r in rows if (r.stage, r.instruction, r.frequency) not in untrusted]
 
     def profile(self) -> InstructionProfile:
         """The sweep's numbers as the solver's `InstructionProfile`."""
@@ -369,7 +412,7 @@ class InstructionSweep:
         self, plan_time_s: float | None = None, plan_energy_j: float | None = None
     ) -> dict[str, Any]:
         """What the profile cost and how sure it is (`profiling_report`)."""
-        return profiling_report(
+        report = profiling_report(
             self.cost,
             self.estimates,
             self.energy_j,
@@ -378,6 +421,9 @@ class InstructionSweep:
             plan_time_s=plan_time_s,
             plan_energy_j=plan_energy_j,
         )
+        if self.left_out:  # the estimates' rows and the times' (`rows`)
+            report["left_out"] = self.left_out
+        return report
 
     def write_csv(self, path: Path) -> Path:
         """Write the profile CSV (long form), creating the folder."""

@@ -235,6 +235,48 @@ def test_instructions_run_while_a_clock_change_lands_are_left_out_of_unit_times(
     assert clean_unit_times(units, where, short, 0.015)[(0, "forward", 1410)] == (0.002, 2)
 
 
+def test_a_unit_none_of_whose_instructions_ran_clear_of_a_change_is_landing_only():
+    from perseus.schedulers.measurement import landing_only_units
+
+    units, where = FFBB, FFBB_WHERE
+    # Each pair's second instruction starts 20 / 30 ms after the change: both units clear.
+    tb = {"forward": [[0.02, 0.008]] * 2, "backward": [[0.03, 0.02]] * 2}
+    assert landing_only_units(units, where, tb, 0.015) == frozenset()
+    # 1 ms forwards: both start within the 15 ms of the change the first one asked for.
+    short = {"forward": [[0.001, 0.001]] * 2, "backward": [[0.03, 0.02]] * 2}
+    assert landing_only_units(units, where, short, 0.015) == {(0, "forward", 1410)}
+    assert landing_only_units(units, where, short, 0.0) == frozenset()
+    # Idle before the second forward (a wait for a peer) lets the change land first.
+    assert landing_only_units(units, where, short, 0.015, [0.0, 0.020, 0.0, 0.0]) == set()
+
+
+def test_a_landing_only_time_is_not_the_clocks_own():
+    from perseus.schedulers.measurement import RoundMeasurement, measured_unit_time
+
+    unit = (0, "forward", 810)
+
+    def round_of(unit_time, landing_only):
+        return RoundMeasurement(
+            stages=[],
+            virtual_stages=[],
+            iteration_time_s=1.0,
+            pipeline_energy_j=1.0,
+            job_energy_j=1.0,
+            busy_s={},
+            p2p_power_w=None,
+            unit_time=unit_time,
+            landing_only=landing_only,
+        )
+
+    # Two tensor-parallel ranks: one ran the unit clear of a change, its time is the one.
+    m = round_of({0: {unit: (0.030, 2)}, 1: {unit: (0.018, 2)}}, {1: frozenset({unit})})
+    assert measured_unit_time(m, 0, "forward", 810, 9.0) == (pytest.approx(0.015), True)
+    m = round_of({0: {unit: (0.018, 2)}}, {0: frozenset({unit})})
+    assert measured_unit_time(m, 0, "forward", 810, 9.0) == (pytest.approx(0.009), False)
+    # A round without per-unit times (an older client): the stage's time, taken as own.
+    assert measured_unit_time(round_of({}, {}), 0, "forward", 810, 9.0) == (9.0, True)
+
+
 def test_windows_charge_seconds_run_before_a_change_lands_to_the_previous_clock():
     from perseus.schedulers.measurement import window_shares
 
