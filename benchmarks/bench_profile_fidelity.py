@@ -3,11 +3,13 @@
 Usage::
 
     python benchmarks/bench_profile_fidelity.py [--jobs 60] [--seed 0] [--max-ranks 16]
-        [--max-slowdown 0.01] [--guard-rounds 8] [--json out.json] [--quiet]
+        [--max-slowdown 0.01] [--guard-rounds 8] [--switch-latency] [--json out.json]
+        [--quiet]
 
 Every job of the family (`fidelity_family.py`: 2–16 ranks; 1F1B, interleaved and zero
 bubble; stages unbalanced up to 3×; instructions of 1–100 ms; curves drawn around the
 published A40 profiles; 1–3 % timing jitter, power decaying after work stops, slow drift;
+with ``--switch-latency``, clock changes that land 10–20 ms after they are asked for;
 sensors refreshing every 100 ms and sampling the last 25 % of each period) runs through the
 real online loop in virtual time: the coordinator's `Perseus` scheduler (its all-max
 rounds, sweep, energy-window estimator, checks, planner and guard), driven round by round
@@ -110,6 +112,7 @@ def run_job(job: JobShape, args: argparse.Namespace) -> JobResult:
         frequencies=CLOCKS,
         jitter=job.jitter,
         gpu_options=_disturbances(job, args),
+        switch_latency_s=job.switch_latency_s if args.switch_latency else 0.0,
     )
     sched_args: dict[str, object] = {"max_slowdown": args.max_slowdown}
     with tempfile.TemporaryDirectory() as tmp:
@@ -317,6 +320,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-slowdown", type=float, default=0.01)
     p.add_argument("--guard-rounds", type=int, default=8)
     p.add_argument("--no-disturbances", action="store_true", help="no decay, no drift")
+    p.add_argument(
+        "--switch-latency",
+        action="store_true",
+        help="clock changes land 10-20 ms after they are asked for (drawn per job); the "
+        "short-instruction jobs then take many minutes each in virtual time",
+    )
     p.add_argument("--json", type=str)
     p.add_argument("--quiet", action="store_true")
     return p

@@ -87,6 +87,9 @@ class JobShape:
     jitter: float
     decay_s: float
     drift_per_hour: float
+    switch_latency_s: float
+    """How long a clock change takes to land (10–20 ms, as `nvmlDeviceSetGpuLockedClocks`
+    is reported to take): until then the GPU runs the clock before it."""
     stage_work: tuple[float, ...]
     forward_s: float
     """The lightest stage's forward at the max clock."""
@@ -155,6 +158,8 @@ def draw_job(seed: int, index: int, *, max_ranks: int = 16) -> JobShape:
         jitter=float(rng.uniform(0.01, 0.03)),
         decay_s=float(math.exp(rng.uniform(math.log(0.003), math.log(0.03)))),
         drift_per_hour=float(rng.uniform(-0.05, 0.05)),
+        # Its own stream: the family's other draws stay those of the seed.
+        switch_latency_s=float(np.random.default_rng([seed, index, 1]).uniform(0.010, 0.020)),
         stage_work=tuple(float(x) for x in work),
         forward_s=forward_s,
         backward_ratio=backward_ratio,
