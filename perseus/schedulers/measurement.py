@@ -226,6 +226,21 @@ def clean_unit_times(
     old clock, and its time is not its clock's. Such instructions count only for a unit
     that has no other instruction in the round. `idle_before_s`: as in `_instruction_runs`
     (the landing counted in wall time)."""
+    clean, every = _clear_and_all(units, where, time_breakdown, lag_s, idle_before_s)
+    return {
+        u: (total, int(count)) for u, (total, count) in ((u, clean.get(u, every[u])) for u in every)
+    }
+
+
+def _clear_and_all(
+    units: list[Unit],
+    where: dict[str, list[int]],
+    time_breakdown: dict[str, list[list[float]]],
+    lag_s: float,
+    idle_before_s: Sequence[float] | None,
+) -> tuple[dict[Unit, list[float]], dict[Unit, list[float]]]:
+    """Per unit, [total seconds, count] of its instructions that ran clear of a clock
+    change, and of all of them (`clean_unit_times`)."""
     clean: dict[Unit, list[float]] = {}
     every: dict[Unit, list[float]] = {}
     runs = _instruction_runs(units, where, time_breakdown, lag_s, idle_before_s=idle_before_s)
@@ -235,9 +250,7 @@ def clean_unit_times(
             total = acc.setdefault(unit, [0.0, 0.0])
             total[0] += t
             total[1] += 1
-    return {
-        u: (total, int(count)) for u, (total, count) in ((u, clean.get(u, every[u])) for u in every)
-    }
+    return clean, every
 
 
 def landing_only_units(
@@ -252,14 +265,8 @@ def landing_only_units(
     where every instruction of a kind is preceded by a change, as when the kinds a rank
     alternates run at different clocks and last less than the switch, the GPU may never
     have run the unit's clock at all, and its time says nothing about that clock."""
-    clean: set[Unit] = set()
-    seen: set[Unit] = set()
-    runs = _instruction_runs(units, where, time_breakdown, lag_s, idle_before_s=idle_before_s)
-    for index, _, since, _ in runs:
-        seen.add(units[index])
-        if since >= lag_s:
-            clean.add(units[index])
-    return frozenset(seen - clean)
+    clean, every = _clear_and_all(units, where, time_breakdown, lag_s, idle_before_s)
+    return frozenset(every.keys() - clean.keys())
 
 
 def window_shares(
