@@ -21,6 +21,7 @@ __all__ = [
     "clean_unit_times",
     "landing_only_units",
     "measured_unit_time",
+    "round_unit_times",
     "unit_time",
     "window_shares",
 ]
@@ -142,24 +143,23 @@ def unit_time(m: RoundMeasurement, stage: int, kind: str, freq: int, fallback_s:
 def measured_unit_time(
     m: RoundMeasurement, stage: int, kind: str, freq: int, fallback_s: float
 ) -> tuple[float, bool]:
-    """`unit_time`, and whether it is the clock's own: False when every rank that ran
-    (stage, kind) at `freq` ran it only while a clock change was landing
-    (`RoundMeasurement.landing_only`), so that the time holds seconds at another clock.
-    A round without per-unit times (an older client) counts as the clock's own."""
+    """`unit_time` over the ranks that ran (stage, kind) at `freq` clear of a clock change,
+    and True; where every rank that ran it did so only while a change was landing
+    (`RoundMeasurement.landing_only`), `unit_time` and False: the time holds seconds at
+    another clock. A round without per-unit times (an older client) counts as the clock's
+    own."""
     unit = (stage, kind, freq)
-    ran = [rank for rank, times in m.unit_time.items() if unit in times]
-    own = not ran or any(unit not in m.landing_only.get(rank, ()) for rank in ran)
-    if own and ran:
-        means = [
-            total / count
-            for rank in ran
-            if unit not in m.landing_only.get(rank, ())
-            for total, count in (m.unit_time[rank][unit],)
-            if count > 0
-        ]
-        if means:
-            return max(means), True
-    return unit_time(m, stage, kind, freq, fallback_s), own
+    clear = [
+        total / count
+        for rank, times in m.unit_time.items()
+        if unit in times and unit not in m.landing_only.get(rank, ())
+        for total, count in (times[unit],)
+        if count > 0
+    ]
+    if clear:
+        return max(clear), True
+    ran = any(unit in times for times in m.unit_time.values())
+    return unit_time(m, stage, kind, freq, fallback_s), not ran
 
 
 def _instruction_runs(
@@ -226,10 +226,23 @@ def clean_unit_times(
     old clock, and its time is not its clock's. Such instructions count only for a unit
     that has no other instruction in the round. `idle_before_s`: as in `_instruction_runs`
     (the landing counted in wall time)."""
+    return round_unit_times(units, where, time_breakdown, lag_s, idle_before_s)[0]
+
+
+def round_unit_times(
+    units: list[Unit],
+    where: dict[str, list[int]],
+    time_breakdown: dict[str, list[list[float]]],
+    lag_s: float,
+    idle_before_s: Sequence[float] | None = None,
+) -> tuple[dict[Unit, tuple[float, int]], frozenset[Unit]]:
+    """`clean_unit_times` and `landing_only_units` of one round, from one pass over its
+    instructions (a coordinator computes both for every rank of every round)."""
     clean, every = _clear_and_all(units, where, time_breakdown, lag_s, idle_before_s)
-    return {
+    times = {
         u: (total, int(count)) for u, (total, count) in ((u, clean.get(u, every[u])) for u in every)
     }
+    return times, frozenset(every.keys() - clean.keys())
 
 
 def _clear_and_all(
@@ -265,8 +278,7 @@ def landing_only_units(
     where every instruction of a kind is preceded by a change, as when the kinds a rank
     alternates run at different clocks and last less than the switch, the GPU may never
     have run the unit's clock at all, and its time says nothing about that clock."""
-    clean, every = _clear_and_all(units, where, time_breakdown, lag_s, idle_before_s)
-    return frozenset(every.keys() - clean.keys())
+    return round_unit_times(units, where, time_breakdown, lag_s, idle_before_s)[1]
 
 
 def window_shares(

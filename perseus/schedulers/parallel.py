@@ -55,8 +55,7 @@ from perseus.schedulers.measurement import (
     Unit,
     VirtualStageMeasurement,
     WindowRow,
-    clean_unit_times,
-    landing_only_units,
+    round_unit_times,
     window_shares,
 )
 
@@ -279,15 +278,14 @@ class Parallel3D:
         start_mhz: int | None = None,
     ) -> tuple[list[WindowRow], dict[Unit, tuple[float, int]], frozenset[Unit]]:
         """One rank's windows, instruction times keyed by (stage, kind, clock), and the
-        units that ran only while a clock change landed (`landing_only_units`);
+        units that ran only while a clock change landed (`round_unit_times`);
         `start_mhz`: the clock in force when the round began (the last round's last)."""
         order = self.schedule.orders[info.pp_rank]
         units = [(i.stage, i.kind, int(f)) for i, (_, f) in zip(order, frequencies, strict=True)]
         where, lag_s = self._occurrence_index[info.pp_rank], info.switch_latency_s or 0.0
         idle = res.idle_before_s
         rows: list[WindowRow] = []
-        times = clean_unit_times(units, where, res.time_breakdown, lag_s, idle)
-        landing = landing_only_units(units, where, res.time_breakdown, lag_s, idle)
+        times, landing = round_unit_times(units, where, res.time_breakdown, lag_s, idle)
         if not res.energy_windows:  # nothing to share out (every round: keep it cheap)
             return rows, times, landing
         shares = window_shares(units, where, res.time_breakdown, lag_s, start_mhz, idle)

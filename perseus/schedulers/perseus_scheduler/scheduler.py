@@ -506,9 +506,7 @@ class Perseus(PlanningScheduler):
         )
         unphysical = self.sweep.estimates.unphysical_at_max() if self.sweep is not None else []
         left_out = (
-            [e for e in self.sweep.left_out if not e["max_clock"]]
-            if self.sweep is not None
-            else []
+            [e for e in self.sweep.left_out if not e["max_clock"]] if self.sweep is not None else []
         )
         if left_out:
             reason = (

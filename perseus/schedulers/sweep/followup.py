@@ -22,6 +22,7 @@ from perseus.schedulers.args import SweepArgs
 from perseus.schedulers.measurement import RoundMeasurement, measured_unit_time
 from perseus.schedulers.sweep.levels import refine_levels
 from perseus.schedulers.sweep.option_estimates import SweepEstimates
+from perseus.schedulers.sweep.row_times import note_landing
 
 __all__ = ["FollowUp", "uncertain_options"]
 
@@ -134,10 +135,7 @@ class FollowUp:
             vs = m.virtual_stages[stage]
             t, own = measured_unit_time(m, stage, name, freq, vs.time_s[name])
             time_s[unit][freq] = t
-            if own:
-                self.landing_only.discard((stage, name, freq))
-            else:
-                self.landing_only.add((stage, name, freq))
+            note_landing(self.landing_only, (stage, name, freq), own)
             energy_j[unit][freq] = self.estimates.energy(stage, name, freq, vs.energy_j[name])
             if not left:
                 more = self._refine_next(unit, time_s, energy_j)
@@ -209,12 +207,10 @@ class FollowUp:
             had_own = level in times and key not in self.landing_only
             if own and not had_own:  # the first time of the clock's own replaces the other
                 times[level] = t
-                self.landing_only.discard(key)
             elif own or not had_own:
                 times[level] = (times.get(level, t) * n + t) / (n + 1)
-                if not own:
-                    self.landing_only.add(key)
-            # else: a landing-only time is never averaged into one of the clock's own
+            if own or not had_own:  # a landing-only time never joins one of the clock's own
+                note_landing(self.landing_only, key, own)
             self.repeats[stage, name, level] = n + 1
             energy_j.setdefault(unit, {})[level] = self.estimates.energy(
                 stage, name, level, vs.energy_j[name]

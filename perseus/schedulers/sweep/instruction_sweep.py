@@ -71,7 +71,7 @@ from perseus.schedulers.sweep.levels import (
 from perseus.schedulers.sweep.option_estimates import SweepEstimates
 from perseus.schedulers.sweep.power_fit import PowerRegression
 from perseus.schedulers.sweep.products import ProfilingCost, profile_rows, profiling_report
-from perseus.schedulers.sweep.row_times import untrusted_times
+from perseus.schedulers.sweep.row_times import note_landing, untrusted_times
 
 __all__ = ["InstructionSweep", "SweepPhase"]
 
@@ -303,10 +303,7 @@ class InstructionSweep:
                 vs = m.virtual_stages[stage]
                 t, own = measured_unit_time(m, stage, name, freq, vs.time_s[name])
                 self.time_s.setdefault((stage, name), {})[freq] = t
-                if own:
-                    self.landing_only.discard((stage, name, freq))
-                else:
-                    self.landing_only.add((stage, name, freq))
+                note_landing(self.landing_only, (stage, name, freq), own)
                 self.energy_j.setdefault((stage, name), {})[freq] = self.estimates.energy(
                     stage, name, freq, vs.energy_j[name]
                 )

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 from perseus.domain.rows import ProfileRow
 
-__all__ = ["MAX_SPEEDUP_BELOW", "LANDING_ONLY", "untrusted_times"]
+__all__ = ["LANDING_ONLY", "MAX_SPEEDUP_BELOW", "note_landing", "untrusted_times"]
 
 MAX_SPEEDUP_BELOW = 0.05
 """How much faster a row may run than a higher clock's row of its (stage, kind): the 2 % a
@@ -39,6 +39,15 @@ LANDING_ONLY = (
 )
 
 Key = tuple[int, str, int]
+
+
+def note_landing(landing_only: set[Key], key: Key, own: bool) -> None:
+    """Keep `landing_only` true for a row whose time was just set from a round: in it when
+    the time is not its clock's own (`measured_unit_time`), out of it when it is."""
+    if own:
+        landing_only.discard(key)
+    else:
+        landing_only.add(key)
 
 
 def untrusted_times(rows: Iterable[ProfileRow], landing_only: set[Key]) -> dict[Key, str]:
