@@ -15,6 +15,7 @@ __all__ = [
     "RoundMeasurement",
     "StageMeasurement",
     "StagePlan",
+    "MAX_LANDING_SHARE",
     "Unit",
     "VirtualStageMeasurement",
     "WindowRow",
@@ -29,6 +30,13 @@ __all__ = [
 
 Unit = tuple[int, str, int]
 """(pipeline stage, instruction kind, SM clock in MHz)."""
+
+MAX_LANDING_SHARE = 0.001
+"""An instruction that started while a clock change was landing still times its own clock
+when at most this share of its time was within the landing: its time is then its clock's
+within 0.1 % × the clocks' ratio (under 0.6 % between an A100's highest and lowest clocks).
+A change that lands in microseconds (the emulator without a switching latency; a GPU whose
+driver applies clocks at once) leaves every millisecond instruction clear of it."""
 
 
 @dataclass(frozen=True)
@@ -223,8 +231,9 @@ def clean_unit_times(
     A GPU takes `lag_s` (the rank's measured switch latency) to apply a new clock; an
     instruction that starts within that of a change (its own, a predecessor's, or the
     round's start, when the clocks may have changed since the last round) runs partly at the
-    old clock, and its time is not its clock's. Such instructions count only for a unit
-    that has no other instruction in the round. `idle_before_s`: as in `_instruction_runs`
+    old clock, and its time is not its clock's (unless the landing was at most
+    `MAX_LANDING_SHARE` of it). Such instructions count only for a unit that has no other
+    instruction in the round. `idle_before_s`: as in `_instruction_runs`
     (the landing counted in wall time)."""
     return round_unit_times(units, where, time_breakdown, lag_s, idle_before_s)[0]
 
@@ -259,7 +268,8 @@ def _clear_and_all(
     runs = _instruction_runs(units, where, time_breakdown, lag_s, idle_before_s=idle_before_s)
     for index, t, since, _ in runs:
         unit = units[index]
-        for acc in (every, clean) if since >= lag_s else (every,):
+        landing_s = min(max(lag_s - since, 0.0), t)
+        for acc in (every, clean) if landing_s <= MAX_LANDING_SHARE * t else (every,):
             total = acc.setdefault(unit, [0.0, 0.0])
             total[0] += t
             total[1] += 1

@@ -250,6 +250,27 @@ def test_a_unit_none_of_whose_instructions_ran_clear_of_a_change_is_landing_only
     assert landing_only_units(units, where, short, 0.015, [0.0, 0.020, 0.0, 0.0]) == set()
 
 
+def test_a_change_that_lands_in_microseconds_leaves_millisecond_instructions_clear():
+    from perseus.schedulers.measurement import (
+        MAX_LANDING_SHARE,
+        clean_unit_times,
+        landing_only_units,
+    )
+
+    # Every instruction starts a change (F and B alternate clocks), as in a sweep's refine
+    # round on a zero-bubble or last pipeline rank.
+    units = [(0, "forward", 1410), (0, "backward", 810)] * 2
+    where = {"forward": [0, 2], "backward": [1, 3]}
+    tb = {"forward": [[0.010, 0.010]], "backward": [[0.020, 0.020]]}
+    lag_s = 6.6e-6  # what a rank measures on the emulator without a switching latency
+    assert landing_only_units(units, where, tb, lag_s) == frozenset()
+    assert clean_unit_times(units, where, tb, lag_s)[(0, "backward", 810)] == (0.04, 2)
+    # A landing just over the share of each instruction leaves both units landing-only.
+    lag_s = 0.010 * MAX_LANDING_SHARE * 1.01
+    assert landing_only_units(units, where, tb, lag_s) == {(0, "forward", 1410)}
+    assert landing_only_units(units, where, tb, 0.020 * MAX_LANDING_SHARE * 1.01) == set(units)
+
+
 def test_a_landing_only_time_is_not_the_clocks_own():
     from perseus.schedulers.measurement import RoundMeasurement, measured_unit_time
 
