@@ -147,15 +147,19 @@ def rescore_faster(
     candidates: Sequence[list[list[int]]],
     measured_time_s: float,
     limit_s: float,
+    max_slowdown: float | None = None,
 ) -> tuple[Plan | None, CostModel]:
     """The cheapest of `candidates` faster than `chosen` that meets `limit_s` under the
     costs re-measured on `chosen` (None when none does), and those costs.
 
     `chosen` ran slower than its model said (`measured_time_s`): the hop latency is
     re-calibrated so that the model gives `chosen` its measured time (never below the
-    latency it was planned with), and every candidate is re-scored with it.
+    latency it was planned with), and every candidate is re-scored with it. With
+    `max_slowdown`, a candidate must also be within it of the all-max plan scored with the
+    same costs: the slowdown the job's report predicts for it never exceeds the budget,
+    even where the measured all-max rounds (`limit_s`) ran slower than the model's all-max.
     """
-    from perseus.planning import calibrate_hop_latency, make_plan, pipeline_problem
+    from perseus.planning import all_max_plan, calibrate_hop_latency, make_plan, pipeline_problem
 
     pp = pipeline_problem(profile, schedule, p2p_power_w)
     hop = calibrate_hop_latency(
@@ -181,6 +185,15 @@ def rescore_faster(
         )
 
     now_s = scored(chosen.stage_frequencies()).iteration_time
+    if max_slowdown is not None:
+        all_max = all_max_plan(
+            profile,
+            schedule,
+            p2p_power_w,
+            switch_latency_s=new.switch_latency_s,
+            hop_latency_s=new.hop_latency_s,
+        )
+        limit_s = min(limit_s, (1.0 + max_slowdown) * all_max.iteration_time)
     best: Plan | None = None
     for freqs in candidates:
         plan = scored(freqs)

@@ -368,19 +368,52 @@ class PlanModel:
         return frontier
 
     def choose(self, *, deadline_s: float | None = None, max_slowdown: float = 0.0) -> Plan:
-        """The cheapest frontier point within `deadline_s`, else within `max_slowdown`."""
-        if self.frontier is None:
-            raise PlanError(f"Job {self.job_id}: no frontier to choose a plan from")
-        if deadline_s is not None:
-            point = self.frontier.choose(deadline_s=deadline_s)
-        else:
-            point = self.frontier.choose(max_slowdown=max_slowdown)
-        return self.plan_of(point.frequencies)
+        """The cheapest frontier point within `deadline_s`, else within `max_slowdown` of
+        the all-max plan, both as this model scores them: where the costs or the blocking
+        power changed since the frontier was solved (the guard re-calibrated the hop
+        latency on a deployed plan), every point is re-scored first, so that the slowdown
+        the job predicts for the plan never exceeds the budget."""
+        from perseus.planning.choice import choose_index
 
-    def faster(self, chosen: Plan, *, measured_time_s: float, limit_s: float) -> Plan | None:
-        """The cheapest frontier point faster than `chosen` that meets `limit_s` with the
-        hop latency re-calibrated on `chosen`'s measured time (`rescore_faster`; the costs
-        are updated when there is one); None without a frontier or such a point."""
+        frontier = self.frontier
+        if frontier is None:
+            raise PlanError(f"Job {self.job_id}: no frontier to choose a plan from")
+        scored_as_solved = (
+            frontier.switch_latency_s == self.costs.switch_latency_s
+            and frontier.hop_latency_s == self.costs.hop_latency_s
+            and frontier.p2p_power_w == self.p2p_power_w
+        )
+        bound = {"deadline_s": deadline_s} if deadline_s is not None else {}
+        try:
+            if scored_as_solved:
+                point = frontier.choose(**(bound or {"max_slowdown": max_slowdown}))
+                return self.plan_of(point.frequencies)
+            plans = sorted(  # all-max among them: the frontier's fastest may no longer be
+                [self.all_max(), *(self.plan_of(p.frequencies) for p in frontier.points)],
+                key=lambda p: p.iteration_time,
+            )
+            k = choose_index(
+                [p.iteration_time for p in plans],
+                [p.energy for p in plans],
+                **(bound or {"max_slowdown": max_slowdown}),
+                reference_s=self.all_max().iteration_time,
+            )
+        except SolverError as exc:  # no point meets the deadline
+            raise PlanError(f"Job {self.job_id}: {exc}") from None
+        return plans[k]
+
+    def faster(
+        self,
+        chosen: Plan,
+        *,
+        measured_time_s: float,
+        limit_s: float,
+        max_slowdown: float | None = None,
+    ) -> Plan | None:
+        """The cheapest frontier point faster than `chosen` that meets `limit_s` (and
+        `max_slowdown` against this model's all-max) with the hop latency re-calibrated on
+        `chosen`'s measured time (`rescore_faster`; the costs are updated when there is
+        one); None without a frontier or such a point."""
         if self.frontier is None:
             return None
         plan, self.costs = rescore_faster(
@@ -392,6 +425,7 @@ class PlanModel:
             candidates=[p.frequencies for p in self.frontier.points],
             measured_time_s=measured_time_s,
             limit_s=limit_s,
+            max_slowdown=max_slowdown,
         )
         return plan
 

@@ -721,6 +721,7 @@ class Perseus(PlanningScheduler):
             self.chosen,
             measured_time_s=(1.0 + decision.measured_slowdown) * t_base,
             limit_s=(1.0 + self.guard.budget) * t_base,
+            max_slowdown=self.guard.budget,
         )
 
     # ------------------------------------------------------------------ reporting
