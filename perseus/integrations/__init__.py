@@ -3,11 +3,14 @@
 - `pipelining`: `attach(schedule, server_url=...)` for a `torch.distributed.pipelining`
   schedule: registers the job with the schedule's own action order and wraps every
   stage's forward / backward computation as a Perseus instruction.
+- `deepspeed`: `attach_deepspeed(engine, server_url=...)` for DeepSpeed's `PipelineEngine`.
+- `megatron`: `attach_megatron(num_microbatches=..., server_url=...)`, a drop-in for
+  Megatron-Core's forward-backward function (1F1B without interleaving).
 
 An integration is a client like any user's: it builds on `perseus.client`,
 `perseus.protocol`, `perseus.domain` and `perseus.errors` only (never on the coordinator,
 the schedulers, the planner or the solver). Nothing here is imported by ``import
-perseus``; torch is imported only when an integration is used.
+perseus``; torch and the frameworks are imported only when an integration is used.
 """
 
 from __future__ import annotations

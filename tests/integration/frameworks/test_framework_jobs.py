@@ -1,0 +1,122 @@
+"""A real pipeline job of each framework's own engine, on CPU with gloo, Perseus attached in
+one call (issue 51): it registers, profiles, deploys a plan and ends ``finished``, and the
+deployed plan's measured slowdown and saving hold against the job's own all-max rounds.
+
+The instruction order the engine executed is the one Perseus planned: the adapters raise
+`ScheduleError` at the first instruction that differs from the registered order, which fails
+the job; and the registered order is checked here against Perseus's own 1F1B.
+
+Each library runs in its own cached venv (`framework_venv`); the jobs use nominal emulated
+timing (8 ms forwards, 16 ms backwards at the max clock), an energy counter refreshing every
+40 ms (as the promise e2e job: profiling rounds of 0.4 s) and a clock switch that lands at once.
+With the defaults (100 ms counter, 15 ms switch: these instructions are shorter than it) a job
+needs about 700 steps, two minutes here, and the CI time is the suite's scarcest resource.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e_fixtures import Coordinator, decisions
+from framework_venv import framework_python
+from paths import REPO, TESTS
+
+from perseus.domain.schedule import make_schedule
+from perseus.protocol import JobRecord
+
+pytestmark = pytest.mark.e2e
+
+ASSETS = TESTS / "framework_assets"
+STEPS = 220  # ~100 of profiling (about 28 rounds), then the plan
+BUDGET = 0.05
+ARGS = {"max_slowdown": BUDGET, "freq_step": 4}
+NOMINAL = {"forward": 8, "backward": 16}
+SLOWDOWN_TOLERANCE = 0.02  # as the other e2e jobs: measured slowdown ≤ budget + 2 points
+STAGES, MICROBATCHES = 2, 4  # the jobs in framework_assets
+
+
+def _actions(orders) -> list[list[list]]:
+    """Each rank's (stage, kind, microbatch) actions, as lists (as JSON gives them back)."""
+    return [[[i.stage, i.kind, i.microbatch] for i in order] for order in orders]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "ZEUS_"))}
+    env.update(PYTHONPATH=str(REPO), **extra)  # this checkout's perseus, whatever is installed
+    return env
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "megatron"])
+def test_a_real_job_registers_profiles_deploys_and_finishes(framework, tmp_path):
+    python = framework_python(framework)
+    with Coordinator(
+        scheduler="Perseus",
+        scheduler_args=ARGS,
+        dump_dir=tmp_path / "dump",
+        log_path=tmp_path / "coordinator.log",
+        env={"PERSEUS_DUMP_DATA": "true"},
+    ) as coordinator:
+        env = _env(
+            PERSEUS_URL=coordinator.url,
+            ZEUS_GPU_BACKEND="emulated",
+            ZEUS_EMULATED_SWITCH_LATENCY_MS="0",
+            ZEUS_EMULATED_SENSOR_PERIOD_MS="40",
+            PERSEUS_EMULATE_NOMINAL="1",
+            PERSEUS_EMULATE_NOMINAL_MS=json.dumps(NOMINAL),
+            OMP_NUM_THREADS="1",
+        )
+        script = ASSETS / framework / "train.py"
+        done = subprocess.run(
+            [str(python), "-m", "torch.distributed.run", "--nproc_per_node", str(STAGES),
+             str(script), str(STEPS)],
+            capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        (job_dir,) = coordinator.job_dirs()
+    job_dir = Path(job_dir)
+    assert (job_dir / "finished").is_file() and not (job_dir / "failed").exists()
+    assert "ScheduleError" not in done.stderr
+    # The order the job registered (the library's own schedule, as the adapter read it) is
+    # Perseus's 1F1B: what the engine ran was checked against it instruction by instruction.
+    record = JobRecord.model_validate_json((job_dir / "job.json").read_text())
+    assert record.pipeline is not None
+    planned = make_schedule("1f1b", STAGES, MICROBATCHES).orders
+    assert _actions(record.pipeline.build().orders) == _actions(planned)
+    events = decisions(job_dir)
+    assert events and events[0]["event"] == "deployed", events
+    report = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "perseus", "report", str(job_dir), "--json"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    story = {k: v for k, v in report.items() if "saving" in k or "slowdown" in k}
+    assert report["measured_deployed"] is not None, story
+    assert report["predicted_slowdown"] <= BUDGET + 1e-9, story
+    assert report["measured_slowdown"] <= BUDGET + SLOWDOWN_TOLERANCE, story
+    assert report["measured_saving"] > 0, story
+
+
+def test_deepspeeds_train_schedule_is_perseuss_1f1b():
+    """`deepspeed_spec` reads DeepSpeed's own `TrainSchedule` (in its venv): the same order as
+    Perseus's 1F1B for every shape tried, so DeepSpeed jobs plan on Perseus's DAG."""
+    shapes = [(2, 4), (4, 8), (3, 3), (4, 2), (1, 5)]
+    code = (
+        "import json, sys\n"
+        "from perseus.integrations.deepspeed import deepspeed_spec\n"
+        "shapes = json.loads(sys.argv[1])\n"
+        "print(json.dumps([deepspeed_spec(m, s).orders for s, m in shapes]))\n"
+    )
+    done = subprocess.run(
+        [str(framework_python("deepspeed")), "-c", code, json.dumps(shapes)],
+        capture_output=True, text=True, timeout=300, env=_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    orders = json.loads(done.stdout.strip().splitlines()[-1])
+    for (stages, m), got in zip(shapes, orders, strict=True):
+        assert got == _actions(make_schedule("1f1b", stages, m).orders), (stages, m)
