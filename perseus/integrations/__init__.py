@@ -5,7 +5,7 @@
   stage's forward / backward computation as a Perseus instruction.
 - `deepspeed`: `attach_deepspeed(engine, server_url=...)` for DeepSpeed's `PipelineEngine`.
 - `megatron`: `attach_megatron(num_microbatches=..., server_url=...)`, a drop-in for
-  Megatron-Core's forward-backward function (1F1B without interleaving).
+  Megatron-Core's forward-backward function (1F1B, with or without interleaving).
 
 An integration is a client like any user's: it builds on `perseus.client`,
 `perseus.protocol`, `perseus.domain` and `perseus.errors` only (never on the coordinator,

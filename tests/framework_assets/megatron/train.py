@@ -1,8 +1,9 @@
-"""A Megatron-Core pipeline job (1F1B, pp 2) on CPU (gloo) with Perseus attached in one call.
+"""A Megatron-Core pipeline job (pp 2; 1F1B, or interleaved with VP model chunks per rank)
+on CPU (gloo) with Perseus attached in one call.
 
     PERSEUS_URL=http://127.0.0.1:7792 ZEUS_GPU_BACKEND=emulated PERSEUS_EMULATE_NOMINAL=1 \\
     PERSEUS_EMULATE_NOMINAL_MS='{"forward": 8, "backward": 16}' \\
-    python -m torch.distributed.run --nproc_per_node 2 train.py 700
+    python -m torch.distributed.run --nproc_per_node 2 train.py STEPS [VP]
 
 `cpu_shim` (tests only) lets Megatron-Core's schedules allocate their "cuda" tensors on CPU.
 """
@@ -26,9 +27,12 @@ from perseus.integrations.megatron import attach_megatron  # noqa: E402
 
 HIDDEN, MICROBATCHES, MICROBATCH = 64, 4, 2
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+VP = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 dist.init_process_group("gloo")
 parallel_state.initialize_model_parallel(
-    tensor_model_parallel_size=1, pipeline_model_parallel_size=2
+    tensor_model_parallel_size=1,
+    pipeline_model_parallel_size=2,
+    virtual_pipeline_model_parallel_size=VP if VP > 1 else None,
 )
 
 
@@ -46,6 +50,7 @@ class Stage(nn.Module):
             num_attention_heads=4,
             pipeline_dtype=torch.float32,
             pipeline_model_parallel_size=2,
+            virtual_pipeline_model_parallel_size=VP if VP > 1 else None,
             use_cpu_initialization=True,
         )
 
@@ -56,8 +61,8 @@ class Stage(nn.Module):
         return self.layer(self.input_tensor if self.input_tensor is not None else x)
 
 
-model = Stage()
-optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+chunks = [Stage() for _ in range(VP)]  # model chunk c of rank r: pipeline stage c·2 + r
+optimizer = torch.optim.Adam([p for c in chunks for p in c.parameters()], lr=1e-3)
 
 
 def batches():
@@ -75,7 +80,7 @@ def forward_step(data, model):
     return out, loss
 
 
-data = batches()
+data = [batches() for _ in chunks] if VP > 1 else batches()
 with attach_megatron(
     num_microbatches=MICROBATCHES, server_url=os.environ["PERSEUS_URL"]
 ) as forward_backward:
@@ -84,7 +89,7 @@ with attach_megatron(
         forward_backward(
             forward_step_func=forward_step,
             data_iterator=data,
-            model=[model],
+            model=chunks,
             num_microbatches=MICROBATCHES,
             seq_length=1,
             micro_batch_size=MICROBATCH,

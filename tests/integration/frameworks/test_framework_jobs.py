@@ -27,6 +27,7 @@ from framework_venv import framework_python
 from paths import REPO, TESTS
 
 from perseus.domain.schedule import make_schedule
+from perseus.integrations.megatron import _schedule_table, megatron_spec
 from perseus.protocol import JobRecord
 
 pytestmark = pytest.mark.e2e
@@ -51,8 +52,19 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("framework", ["deepspeed", "megatron"])
-def test_a_real_job_registers_profiles_deploys_and_finishes(framework, tmp_path):
+@pytest.mark.parametrize(
+    ("framework", "chunks", "kept"),
+    [("deepspeed", 1, True), ("megatron", 1, True), ("megatron", 2, False)],
+)
+def test_a_real_job_registers_profiles_deploys_and_finishes(framework, chunks, kept, tmp_path):
+    """`chunks`: model chunks per pipeline rank (2: Megatron-Core's interleaved schedule).
+
+    `kept`: the deployed plan keeps its budget. Megatron-Core's interleaved schedule does
+    not (yet): after each forward-backward pair a rank waits for its next forward's input
+    and its next backward's gradient together (one batched exchange), a dependency the
+    DAG of its order lacks, so plans that use the DAG's slack run slower than predicted
+    (+14 % measured for +5 % predicted). There the guard must withdraw the plan and say so
+    (docs/frameworks.md)."""
     python = framework_python(framework)
     with Coordinator(
         scheduler="Perseus",
@@ -73,7 +85,7 @@ def test_a_real_job_registers_profiles_deploys_and_finishes(framework, tmp_path)
         script = ASSETS / framework / "train.py"
         done = subprocess.run(
             [str(python), "-m", "torch.distributed.run", "--nproc_per_node", str(STAGES),
-             str(script), str(STEPS)],
+             str(script), str(STEPS), *([str(chunks)] if chunks > 1 else [])],
             capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -81,11 +93,17 @@ def test_a_real_job_registers_profiles_deploys_and_finishes(framework, tmp_path)
     job_dir = Path(job_dir)
     assert (job_dir / "finished").is_file() and not (job_dir / "failed").exists()
     assert "ScheduleError" not in done.stderr
-    # The order the job registered (the library's own schedule, as the adapter read it) is
-    # Perseus's 1F1B: what the engine ran was checked against it instruction by instruction.
+    # The order the job registered (the library's own schedule, as the adapter read it):
+    # what the engine ran was checked against it instruction by instruction. Without
+    # interleaving it is Perseus's 1F1B; with, Megatron's own (`megatron_spec`).
     record = JobRecord.model_validate_json((job_dir / "job.json").read_text())
     assert record.pipeline is not None
-    planned = make_schedule("1f1b", STAGES, MICROBATCHES).orders
+    planned = (
+        make_schedule("1f1b", STAGES, MICROBATCHES).orders
+        if chunks == 1
+        else megatron_spec(MICROBATCHES, STAGES, chunks).build().orders
+    )
+    assert record.pipeline.num_chunks == chunks
     assert _actions(record.pipeline.build().orders) == _actions(planned)
     events = decisions(job_dir)
     assert events and events[0]["event"] == "deployed", events
@@ -96,10 +114,15 @@ def test_a_real_job_registers_profiles_deploys_and_finishes(framework, tmp_path)
         ).stdout
     )  # fmt: skip
     story = {k: v for k, v in report.items() if "saving" in k or "slowdown" in k}
-    assert report["measured_deployed"] is not None, story
+    story["events"] = [(e["round"], e["event"], e.get("reason")) for e in events]
     assert report["predicted_slowdown"] <= BUDGET + 1e-9, story
-    assert report["measured_slowdown"] <= BUDGET + SLOWDOWN_TOLERANCE, story
-    assert report["measured_saving"] > 0, story
+    if kept:
+        assert report["measured_deployed"] is not None, story
+        assert report["measured_slowdown"] <= BUDGET + SLOWDOWN_TOLERANCE, story
+        assert report["measured_saving"] > 0, story
+    else:
+        fallbacks = [e for e in events if e["event"] == "fallback"]
+        assert fallbacks and "over the 5.00% budget" in fallbacks[0]["reason"], story
 
 
 def test_deepspeeds_train_schedule_is_perseuss_1f1b():
@@ -120,3 +143,23 @@ def test_deepspeeds_train_schedule_is_perseuss_1f1b():
     orders = json.loads(done.stdout.strip().splitlines()[-1])
     for (stages, m), got in zip(shapes, orders, strict=True):
         assert got == _actions(make_schedule("1f1b", stages, m).orders), (stages, m)
+
+
+def test_megatrons_schedule_table_is_the_one_perseus_computes():
+    """`megatron_spec` computes Megatron-Core's interleaved order as its schedule does; its
+    table of virtual microbatches is checked here against Megatron's own
+    ``get_schedule_table`` (in its venv) for every group size Megatron accepts."""
+    shapes = [(m, vp, g) for m in (2, 4, 5, 8) for vp in (2, 3) for g in range(2, m + 1)]
+    code = (
+        "import json, sys\n"
+        "from megatron.core.pipeline_parallel.schedules import get_schedule_table\n"
+        "print(json.dumps([get_schedule_table(*s) for s in json.loads(sys.argv[1])]))\n"
+    )
+    done = subprocess.run(
+        [str(framework_python("megatron")), "-c", code, json.dumps(shapes)],
+        capture_output=True, text=True, timeout=300, env=_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    tables = json.loads(done.stdout.strip().splitlines()[-1])
+    for shape, table in zip(shapes, tables, strict=True):
+        assert [tuple(x) for x in table] == _schedule_table(*shape), shape
