@@ -1,9 +1,9 @@
 """Virtual environments for the framework integration tests (issue 51), one per library.
 
-Each holds one pinned library (``deepspeed==0.19.8``, ``megatron-core==0.16.1``) on top of
-this environment (``--system-site-packages``: the CPU torch and this project, installed
-editable, are shared), under ``$XDG_CACHE_HOME/perseus-tests`` in a folder named after a hash
-of the requirement and the Python version: created on first use (under a file lock), reused
+Each holds one pinned library (`FRAMEWORKS`: ``deepspeed==0.19.8``, ``megatron-core==0.16.1``,
+``torchtitan==0.2.2``) on top of this environment (``--system-site-packages``: the CPU torch
+and this project, installed editable, are shared), under ``$XDG_CACHE_HOME/perseus-tests`` in
+a folder named after a hash of the requirements and the Python version: created on first use (under a file lock), reused
 after. When it cannot be created the test FAILS with pip's words, never skips.
 """
 
@@ -20,7 +20,12 @@ from pathlib import Path
 
 import pytest
 
-FRAMEWORKS = {"deepspeed": "deepspeed==0.19.8", "megatron": "megatron-core==0.16.1"}
+FRAMEWORKS: dict[str, tuple[str, ...]] = {
+    "deepspeed": ("deepspeed==0.19.8",),
+    "megatron": ("megatron-core==0.16.1",),
+    # torchtitan imports triton at import time (its MoE kernels), CPU or not.
+    "torchtitan": ("torchtitan==0.2.2", "triton==3.9.0"),
+}
 CREATE_TIMEOUT_S = 900
 
 
@@ -51,7 +56,7 @@ def framework_python(name: str) -> Path:
                     "install",
                     "--quiet",
                     "--disable-pip-version-check",
-                    FRAMEWORKS[name],
+                    *FRAMEWORKS[name],
                 ],
             ):
                 done = subprocess.run(
@@ -65,7 +70,7 @@ def framework_python(name: str) -> Path:
                     )
             ready.write_text(
                 json.dumps(
-                    {"requirement": FRAMEWORKS[name], "created_in_s": time.monotonic() - start}
+                    {"requirements": FRAMEWORKS[name], "created_in_s": time.monotonic() - start}
                 )
             )
     return python

@@ -3,6 +3,8 @@
 - `pipelining`: `attach(schedule, server_url=...)` for a `torch.distributed.pipelining`
   schedule: registers the job with the schedule's own action order and wraps every
   stage's forward / backward computation as a Perseus instruction.
+- `torchtitan`: ``python -m perseus.integrations.torchtitan`` in place of ``-m
+  torchtitan.train``: torchtitan's trainer with `attach` on its pipeline schedule.
 - `deepspeed`: `attach_deepspeed(engine, server_url=...)` for DeepSpeed's `PipelineEngine`.
 - `megatron`: `attach_megatron(num_microbatches=..., server_url=...)`, a drop-in for
   Megatron-Core's forward-backward function (1F1B, with or without interleaving).

@@ -52,10 +52,34 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _torchtitan_job(python: Path, tmp_path: Path, env: dict[str, str]) -> list[str]:
+    """torchtitan's own command line for its llama3 debug model, pp 2, 4 microbatches, as a
+    user types it, with ``-m perseus.integrations.torchtitan`` in place of
+    ``-m torchtitan.train`` (its tokenizer and data made here; its CPU shim on the path)."""
+    assets = tmp_path / "assets"
+    subprocess.run(
+        [str(python), str(ASSETS / "torchtitan" / "make_assets.py"), str(assets)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join([str(ASSETS / "torchtitan"), env["PYTHONPATH"]])
+    return [
+        "-m", "perseus.integrations.torchtitan",
+        "--model.name", "llama3", "--model.flavor", "debugmodel",
+        "--model.hf_assets_path", str(assets / "tokenizer"),
+        "--training.dataset", "c4_test", "--training.dataset_path", str(assets / "data"),
+        "--training.steps", str(STEPS), "--training.seq_len", "64",
+        "--training.local_batch_size", str(MICROBATCHES),
+        "--parallelism.pipeline_parallel_degree", str(STAGES),
+        "--parallelism.pipeline_parallel_microbatch_size", "1",
+        "--metrics.log_freq", "50", "--job.dump_folder", str(tmp_path / "titan"),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("framework", "chunks", "kept"),
-    [("deepspeed", 1, True), ("megatron", 1, True), ("megatron", 2, False)],
-)
+    [("deepspeed", 1, True), ("megatron", 1, True), ("megatron", 2, False),
+     ("torchtitan", 1, True)],
+)  # fmt: skip
 def test_a_real_job_registers_profiles_deploys_and_finishes(framework, chunks, kept, tmp_path):
     """`chunks`: model chunks per pipeline rank (2: Megatron-Core's interleaved schedule).
 
@@ -74,7 +98,8 @@ def test_a_real_job_registers_profiles_deploys_and_finishes(framework, chunks, k
         env={"PERSEUS_DUMP_DATA": "true"},
     ) as coordinator:
         env = _env(
-            PERSEUS_URL=coordinator.url,
+            PERSEUS_URL=coordinator.url,  # the jobs in framework_assets read it
+            PERSEUS_SERVER_URL=coordinator.url,  # perseus.integrations.torchtitan reads it
             ZEUS_GPU_BACKEND="emulated",
             ZEUS_EMULATED_SWITCH_LATENCY_MS="0",
             ZEUS_EMULATED_SENSOR_PERIOD_MS="40",
@@ -82,10 +107,13 @@ def test_a_real_job_registers_profiles_deploys_and_finishes(framework, chunks, k
             PERSEUS_EMULATE_NOMINAL_MS=json.dumps(NOMINAL),
             OMP_NUM_THREADS="1",
         )
-        script = ASSETS / framework / "train.py"
+        if framework == "torchtitan":
+            job = _torchtitan_job(python, tmp_path, env)
+        else:
+            job = [str(ASSETS / framework / "train.py"), str(STEPS)]
+            job += [str(chunks)] if chunks > 1 else []
         done = subprocess.run(
-            [str(python), "-m", "torch.distributed.run", "--nproc_per_node", str(STAGES),
-             str(script), str(STEPS), *([str(chunks)] if chunks > 1 else [])],
+            [str(python), "-m", "torch.distributed.run", "--nproc_per_node", str(STAGES), *job],
             capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -163,3 +191,25 @@ def test_megatrons_schedule_table_is_the_one_perseus_computes():
     tables = json.loads(done.stdout.strip().splitlines()[-1])
     for shape, table in zip(shapes, tables, strict=True):
         assert [tuple(x) for x in table] == _schedule_table(*shape), shape
+
+
+def test_torchtitan_without_pipeline_parallelism_trains_without_perseus(tmp_path):
+    """pp 1: torchtitan trains as alone, the coordinator sees no job, the log says why; the
+    URL comes from the ``[perseus]`` section (``--perseus.server_url``) this time."""
+    python = framework_python("torchtitan")
+    with Coordinator(
+        scheduler="Perseus", dump_dir=tmp_path / "dump", log_path=tmp_path / "coordinator.log"
+    ) as coordinator:
+        env = _env(ZEUS_GPU_BACKEND="emulated", OMP_NUM_THREADS="1")
+        job = _torchtitan_job(python, tmp_path, env)
+        job[job.index("--parallelism.pipeline_parallel_degree") + 1] = "1"
+        job[job.index("--training.steps") + 1] = "2"
+        done = subprocess.run(
+            [str(python), "-m", "torch.distributed.run", "--nproc_per_node", "1", *job,
+             "--perseus.server_url", coordinator.url],
+            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert coordinator.job_dirs() == []
+    log = done.stdout + done.stderr  # torchtitan's logger writes to stdout
+    assert "pipeline parallelism is off" in log and "Training completed" in log, log[-3000:]
