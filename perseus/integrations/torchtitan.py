@@ -41,6 +41,7 @@ __all__ = [
     "SERVER_URL_ENV",
     "JobConfig",
     "PerseusConfig",
+    "PerseusJobConfig",
     "device_mesh",
     "main",
     "trainer_class",
@@ -69,11 +70,15 @@ class PerseusConfig:
 
 
 @dataclass
-class JobConfig:
+class PerseusJobConfig:
     """What this module adds to torchtitan's ``JobConfig`` (``--job.custom_config_module``
-    merges it in)."""
+    merges in the module's ``JobConfig``: this class)."""
 
     perseus: PerseusConfig = field(default_factory=PerseusConfig)
+
+
+JobConfig = PerseusJobConfig
+"""The name torchtitan looks for in a custom config module."""
 
 
 @cache
