@@ -215,9 +215,12 @@ class Promise:
         round_: int,
         decision: GuardDecision,
         faster: Callable[[GuardDecision], Plan | None],
+        *,
+        no_faster: str = "no faster plan meets the budget with the measured costs",
     ) -> Verdict:
         """Record the guard's `decision` and say what it asks for (`Verdict`); `faster`
-        finds the faster plan a ``faster`` move asks for (None: there is none)."""
+        finds the faster plan a ``faster`` move asks for (None: there is none, for the
+        reason `no_faster`)."""
         figures = {
             "measured_slowdown": decision.measured_slowdown,
             "measured_saving": decision.measured_saving,
@@ -237,7 +240,7 @@ class Promise:
             if plan is not None:
                 self.record(round_, "check", decision.reason, warning=True, text=None, **figures)
                 return plan, f"guard: {decision.reason}; re-scored with the measured costs"
-            reason = decision.reason + "; no faster plan meets the budget with the measured costs"
+            reason = f"{decision.reason}; {no_faster}"
         else:
             reason = decision.reason
         self.record(round_, "check", reason, text=None, **figures)

@@ -127,3 +127,30 @@ def test_profiling_json_says_the_plan_is_per_stage(job):
         ratios = c["time_ratio"]
         assert ratios[0] == 1.0 and ratios == sorted(ratios) and ratios[-1] > 1.1
     assert report["rounds"] >= 4 + 12  # the all-max rounds and the per-stage rounds
+
+
+def test_a_per_stage_plan_over_its_budget_falls_back_instead_of_moving(tmp_path):
+    """A per-stage plan's time is the stages' measured sensitivity, which the guard's move
+    (the frontier re-scored with a re-calibrated hop latency) does not hold: a plan found
+    over budget goes to all-max for a cool-down, saying why, and is not replaced by a
+    "faster" one whose prediction is unfounded."""
+    from perseus.schedulers.perseus_scheduler.guard import GuardDecision
+
+    sensors = SensorSpec(period_s=0.1, window=1.0, read_latency_s=0.0, noise=0.01)
+    ranks = Ranks(SCHEDULE, dvfs_truth(FORWARD_MS), sensors, seed=3, jitter=0.05)
+    settings = PerseusSettings(scheduler="Perseus", scheduler_args=ARGS, dump_dir=str(tmp_path))
+    s = build_scheduler(Perseus, ranks.job_info("short"), ranks.rank_infos(), settings, ARGS)
+    assert isinstance(s, Perseus)
+    for _ in range(40):
+        s.observe(ranks.run(s.next_schedule())[0])
+        if s.phase is PerseusPhase.DEPLOYED:
+            break
+    assert s.per_stage and s.phase is PerseusPhase.DEPLOYED
+    s._on_guard(
+        GuardDecision("faster", "measured slowdown +12.00% is over the 2.00% budget",
+                      0.12, 0.1, 0.01, 0.01, (s._round - 3, s._round))
+    )  # fmt: skip
+    assert s.phase is PerseusPhase.ALL_MAX
+    events = s.promise_events()
+    assert events[-1]["event"] == "fallback" and "move" not in [e["event"] for e in events]
+    assert "a per-stage plan is not re-scored with measured costs" in events[-1]["reason"]
