@@ -20,20 +20,17 @@ Usage, after ``deepspeed.initialize`` returned a `PipelineEngine`::
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from perseus.client.hook import PerseusOptimizer
 from perseus.client.lifecycle import ClosesOnExit
 from perseus.errors import ConfigurationError, ScheduleError
+from perseus.integrations.iteration import Action, OrderedIteration
 from perseus.protocol.jobs import PipelineSpec
 
 __all__ = ["DeepSpeedAttachment", "attach_deepspeed", "deepspeed_spec"]
-
-Action = tuple[int, str, int]
-"""(pipeline stage, instruction kind, microbatch)."""
 
 SCHEDULE_NAME = "DeepSpeedTrainSchedule"
 
@@ -96,9 +93,10 @@ class DeepSpeedAttachment(ClosesOnExit):
         self.spec = spec
         self.stage = int(engine.stage_id)
         self.order: list[Action] = [(int(s), str(k), int(m)) for s, k, m in spec.orders[self.stage]]
-        self._next = 0
-        self._count = {"forward": 0, "backward": 0}
-        self._measuring = False
+        self.iteration = OrderedIteration(
+            hook, self.order, engine="DeepSpeed", order_name="TrainSchedule"
+        )
+        self._count = {"forward": 0, "backward": 0}  # of this iteration: the microbatch
         self._closed = False
         had = "_INSTRUCTION_MAP" in vars(engine)
         self._saved = (had, vars(engine).get("_INSTRUCTION_MAP"), vars(engine).get("train_batch"))
@@ -113,51 +111,20 @@ class DeepSpeedAttachment(ClosesOnExit):
 
     def _instruction_fn(self, kind: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def run(engine: Any, **kwargs: Any) -> Any:
-            with self._instruction(kind):
-                return original(engine, **kwargs)
+            # The k-th forward (backward) of a stage's TrainSchedule is microbatch k.
+            with self.iteration.instruction((self.stage, kind, self._count[kind])):
+                out = original(engine, **kwargs)
+            self._count[kind] += 1
+            return out
 
         return run
-
-    @contextlib.contextmanager
-    def _instruction(self, kind: str) -> Iterator[None]:
-        if not self._measuring:  # eval_batch, or after close()
-            yield
-            return
-        action = (self.stage, kind, self._count[kind])
-        k = self._next
-        if k >= len(self.order) or self.order[k] != action:
-            due = self.order[k] if k < len(self.order) else "nothing more"
-            raise ScheduleError(
-                f"Rank {self.hook.rank} (pipeline stage {self.stage}), step {self.hook.step}: "
-                f"DeepSpeed executed {action} as action #{k}, but its TrainSchedule says {due}"
-            )
-        self.hook.on_instruction_begin(kind, stage=self.stage, microbatch=action[2])
-        yield
-        self.hook.on_instruction_end(kind)
-        self._count[kind] += 1
-        self._next += 1
 
     def _train_batch(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def train_batch(*args: Any, **kwargs: Any) -> Any:
             if self._closed:
                 return original(*args, **kwargs)
-            self.hook.on_step_begin()
-            self._next, self._measuring = 0, True
             self._count = {"forward": 0, "backward": 0}
-            try:
-                out = original(*args, **kwargs)
-                if self._next != len(self.order):
-                    raise ScheduleError(
-                        f"Rank {self.hook.rank}: train_batch ran {self._next} of the "
-                        f"{len(self.order)} compute actions of DeepSpeed's TrainSchedule"
-                    )
-            except BaseException:
-                self._measuring = False
-                self.hook.abort_step()
-                raise
-            self._measuring = False
-            self.hook.on_step_end()
-            return out
+            return self.iteration.run(lambda: original(*args, **kwargs))
 
         return train_batch
 
@@ -167,7 +134,7 @@ class DeepSpeedAttachment(ClosesOnExit):
         if self._closed:
             return
         self._closed = True
-        self._measuring = False
+        self.iteration.measuring = False
         try:
             had, table, train_batch = self._saved
             if had:

@@ -24,20 +24,19 @@ Usage, after ``parallel_state.initialize_model_parallel``::
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from perseus.client.hook import PerseusOptimizer
 from perseus.client.lifecycle import ClosesOnExit
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ConfigurationError, ScheduleError
+from perseus.integrations.iteration import Action, OrderedIteration
 from perseus.protocol.jobs import PipelineSpec
 
 __all__ = ["MegatronPipeline", "attach_megatron", "megatron_spec"]
 
-Action = tuple[int, str, int]
 SCHEDULE_NAME = "MegatronCore1F1B"
 INTERLEAVED_NAME = "MegatronCoreInterleaved1F1B"
 
@@ -139,26 +138,23 @@ class MegatronPipeline(ClosesOnExit):
         self.pp_size = spec.num_stages // spec.num_chunks
         self.group = self.pp_size if microbatch_group_size is None else microbatch_group_size
         self.order: list[Action] = [(int(s), str(k), int(m)) for s, k, m in spec.orders[self.rank]]
-        self._next = 0
+        self.iteration = OrderedIteration(
+            hook, self.order, engine="Megatron-Core", order_name="order"
+        )
         self._chunks: list[Any] = []
         self._closed = False
 
-    @contextlib.contextmanager
-    def _instruction(self, kind: str, chunk: int | None) -> Iterator[None]:
-        k = self._next
-        due = self.order[k] if k < len(self.order) else None
-        if due is None or due[1] != kind or (chunk is not None and due[0] != self._stage(chunk)):
-            ran = kind if chunk is None else f"{kind} of model chunk {chunk}"
-            raise ScheduleError(
-                f"Rank {self.hook.rank} (pipeline rank {self.rank}), step {self.hook.step}: "
-                f"Megatron-Core ran a {ran} as action #{k}, but its order says "
-                f"{due if due is not None else 'nothing more'}"
-            )
-        stage, _, microbatch = due
-        self.hook.on_instruction_begin(kind, stage=stage, microbatch=microbatch)
-        yield
-        self.hook.on_instruction_end(kind)
-        self._next += 1
+    def _action(self, kind: str, chunk: int | None) -> tuple[Action, str | None]:
+        """The action a ``forward_step`` / ``backward_step`` call runs: the next one of the
+        order where its kind (and, for a forward, its chunk's stage) match, else what the
+        call is known to run, for `OrderedIteration.instruction`'s message."""
+        due = self.iteration.due
+        if due is not None and due[1] == kind and (chunk is None or due[0] == self._stage(chunk)):
+            return due, None
+        stage = self._stage(chunk) if chunk is not None else -1
+        return (stage, kind, -1), (
+            f"a {kind} of model chunk {chunk}" if chunk is not None else f"a {kind}"
+        )
 
     def _stage(self, chunk: int) -> int:
         return chunk * self.pp_size + self.rank
@@ -174,7 +170,8 @@ class MegatronPipeline(ClosesOnExit):
     def _wrapped(self, kind: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def step(*args: Any, **kwargs: Any) -> Any:
             chunk = self._chunk_of(args, kwargs) if kind == "forward" else None
-            with self._instruction(kind, chunk):
+            action, ran = self._action(kind, chunk)
+            with self.iteration.instruction(action, ran=ran):
                 return original(*args, **kwargs)
 
         return step
@@ -204,24 +201,16 @@ class MegatronPipeline(ClosesOnExit):
         from megatron.core.pipeline_parallel import schedules
 
         forward, backward = schedules.forward_step, schedules.backward_step
-        self.hook.on_step_begin()
-        self._next = 0
-        schedules.forward_step = self._wrapped("forward", forward)
-        schedules.backward_step = self._wrapped("backward", backward)
-        try:
-            out = self.function(*args, **kwargs)
-            if self._next != len(self.order):
-                raise ScheduleError(
-                    f"Rank {self.hook.rank}: the call ran {self._next} of the "
-                    f"{len(self.order)} compute actions of its order"
-                )
-        except BaseException:
-            self.hook.abort_step()
-            raise
-        finally:
-            schedules.forward_step, schedules.backward_step = forward, backward
-        self.hook.on_step_end()
-        return out
+
+        def iteration() -> Any:
+            schedules.forward_step = self._wrapped("forward", forward)
+            schedules.backward_step = self._wrapped("backward", backward)
+            try:
+                return self.function(*args, **kwargs)
+            finally:
+                schedules.forward_step, schedules.backward_step = forward, backward
+
+        return self.iteration.run(iteration)
 
     def close(self, *, finish: bool = True) -> None:
         """Close the hook (`PerseusOptimizer.close`); calls pass through after. Idempotent."""

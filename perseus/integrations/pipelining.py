@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from perseus.client.hook import PerseusOptimizer
@@ -59,6 +59,7 @@ from perseus.client.lifecycle import ClosesOnExit
 from perseus.client.place import mesh_place
 from perseus.errors import ConfigurationError, ScheduleError
 from perseus.integrations._torch_internals import TorchSchedule
+from perseus.integrations.iteration import OrderedIteration
 from perseus.integrations.orders import (
     Action,
     action_name,
@@ -190,8 +191,13 @@ class PipelineAttachment(ClosesOnExit):
         ]
         self._torch = TorchSchedule.of(schedule)
         self._stages = self._torch.stages
-        self._next = 0
-        self._measuring = False
+        self.iteration = OrderedIteration(
+            hook,
+            self.order,
+            engine=type(schedule).__name__,
+            order_name="pipeline_order",
+            describe=action_name,
+        )
         self._closed = False
         self._saved: list[tuple[Any, str, bool, Any]] = []
         self._wrap()
@@ -249,49 +255,20 @@ class PipelineAttachment(ClosesOnExit):
 
         return backward_weight_one_chunk
 
-    @contextlib.contextmanager
-    def _instruction(self, action: Action) -> Iterator[None]:
-        if not self._measuring:  # eval(), a step without backward, or after close()
-            yield
-            return
-        k = self._next
-        if k >= len(self.order) or self.order[k] != action:
-            due = action_name(self.order[k]) if k < len(self.order) else "nothing more"
-            raise ScheduleError(
-                f"Rank {self.hook.rank} (pipeline rank {self.hook.pp_rank}), step "
-                f"{self.hook.step}: {type(self.schedule).__name__} executed {action_name(action)} "
-                f"as action #{k}, but its pipeline_order says {due}"
-            )
-        stage, kind, mb = action
-        self.hook.on_instruction_begin(kind, stage=stage, microbatch=mb)
-        yield
-        self.hook.on_instruction_end(kind)
-        self._next += 1
+    def _instruction(self, action: Action) -> contextlib.AbstractContextManager[None]:
+        return self.iteration.instruction(action)
 
     def _step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def step(*args: Any, **kwargs: Any) -> Any:
-            if self._closed or not self._trains():
+            if self._closed or not self._trains():  # eval(), a step without backward
                 return original(*args, **kwargs)
-            self.hook.on_step_begin()
-            self._next, self._measuring = 0, True
-            try:
-                out = original(*args, **kwargs)
-                if self._next != len(self.order):
-                    raise ScheduleError(
-                        f"Rank {self.hook.rank} (pipeline rank {self.hook.pp_rank}), step "
-                        f"{self.hook.step}: {type(self.schedule).__name__}.step() ran "
-                        f"{self._next} of the {len(self.order)} compute actions of its "
-                        f"pipeline_order; the first one missing is {action_name(self.order[self._next])} "
-                        "(a custom function registered for a compute action may bypass the "
-                        "stage's *_one_chunk methods)"
-                    )
-            except BaseException:
-                self._measuring = False
-                self.hook.abort_step()
-                raise
-            self._measuring = False
-            self.hook.on_step_end()
-            return out
+            return self.iteration.run(
+                lambda: original(*args, **kwargs),
+                missing_hint=(
+                    " (a custom function registered for a compute action may bypass the "
+                    "stage's *_one_chunk methods)"
+                ),
+            )
 
         return step
 
@@ -314,7 +291,7 @@ class PipelineAttachment(ClosesOnExit):
         if self._closed:
             return
         self._closed = True
-        self._measuring = False
+        self.iteration.measuring = False
         try:
             self._unwrap()
         finally:
