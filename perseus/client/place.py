@@ -8,13 +8,14 @@ the client then trusts it. A mesh given beside explicit coordinates must agree w
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from perseus.errors import ConfigurationError
 from perseus.protocol import ParallelLayout
 
-__all__ = ["MeshPlace", "RankPlace", "check_layout", "mesh_place"]
+__all__ = ["MeshPlace", "RankPlace", "check_layout", "local_device_id", "mesh_place"]
 
 
 @dataclass(frozen=True)
@@ -163,3 +164,20 @@ def mesh_place(mesh: Any) -> MeshPlace:
         tp_rank=coords[tp[0]] if tp else 0,
         tp_degree=sizes[tp[0]] if tp else 1,
     )
+
+
+def local_device_id(given: int | None) -> int:
+    """This rank's GPU index on its node: `given`, else ``LOCAL_RANK`` (which torchrun
+    sets). Without either, a `ConfigurationError`: SLURM and mpirun set no ``LOCAL_RANK``,
+    and Perseus does not guess GPU 0."""
+    if given is not None:
+        return given
+    local = os.environ.get("LOCAL_RANK")
+    if local is None:
+        raise ConfigurationError(
+            "set LOCAL_RANK or pass device_id= (this rank's GPU index on its node)"
+        )
+    try:
+        return int(local)
+    except ValueError:
+        raise ConfigurationError(f"LOCAL_RANK={local!r} is not an integer") from None

@@ -20,12 +20,12 @@ Usage, after ``deepspeed.initialize`` returned a `PipelineEngine`::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from perseus.client.hook import PerseusOptimizer
 from perseus.client.lifecycle import ClosesOnExit
+from perseus.client.place import local_device_id
 from perseus.errors import ConfigurationError, ScheduleError
 from perseus.integrations.iteration import Action, OrderedIteration
 from perseus.protocol.jobs import PipelineSpec
@@ -164,11 +164,7 @@ def attach_deepspeed(
 
     if getattr(engine, "is_pipe_parallel", False) is not True or not hasattr(engine, "stage_id"):
         raise ConfigurationError("attach_deepspeed needs a PipelineEngine (a PipelineModule)")
-    if device_id is None:
-        local = os.environ.get("LOCAL_RANK")
-        if local is None:
-            raise ConfigurationError("set LOCAL_RANK or pass device_id= (this rank's GPU)")
-        device_id = int(local)
+    device_id = local_device_id(device_id)
     grid = engine.grid
     model_parallel = int(getattr(grid, "model_parallel_size", 1))
     if model_parallel > 1:

@@ -24,12 +24,12 @@ Usage, after ``parallel_state.initialize_model_parallel``::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from perseus.client.hook import PerseusOptimizer
 from perseus.client.lifecycle import ClosesOnExit
+from perseus.client.place import local_device_id
 from perseus.domain.schedule import make_schedule
 from perseus.errors import ConfigurationError, ScheduleError
 from perseus.integrations.iteration import Action, OrderedIteration
@@ -249,11 +249,7 @@ def attach_megatron(
             "attach_megatron supports Megatron-Core's pipeline schedules (1F1B with or without "
             f"interleaving), not {getattr(function, '__name__', function)}"
         )
-    if device_id is None:
-        local = os.environ.get("LOCAL_RANK")
-        if local is None:
-            raise ConfigurationError("set LOCAL_RANK or pass device_id= (this rank's GPU)")
-        device_id = int(local)
+    device_id = local_device_id(device_id)
     pp_size = ps.get_pipeline_model_parallel_world_size()
     vp_size = ps.get_virtual_pipeline_model_parallel_world_size() if supported[function] else None
     spec = megatron_spec(num_microbatches, pp_size, vp_size, microbatch_group_size)
