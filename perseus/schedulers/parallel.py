@@ -275,11 +275,9 @@ class Parallel3D:
         info: RankInfo,
         res: ProfilingResult,
         frequencies: list[tuple[str, int]],
-        start_mhz: int | None = None,
     ) -> tuple[list[WindowRow], dict[Unit, tuple[float, int]], frozenset[Unit]]:
         """One rank's windows, instruction times keyed by (stage, kind, clock), and the
-        units that ran only while a clock change landed (`round_unit_times`);
-        `start_mhz`: the clock in force when the round began (the last round's last)."""
+        units that ran only while a clock change landed (`round_unit_times`)."""
         order = self.schedule.orders[info.pp_rank]
         units = [(i.stage, i.kind, int(f)) for i, (_, f) in zip(order, frequencies, strict=True)]
         where, lag_s = self._occurrence_index[info.pp_rank], info.switch_latency_s or 0.0
@@ -288,7 +286,7 @@ class Parallel3D:
         times, landing = round_unit_times(units, where, res.time_breakdown, lag_s, idle)
         if not res.energy_windows:  # nothing to share out (every round: keep it cheap)
             return rows, times, landing
-        shares = window_shares(units, where, res.time_breakdown, lag_s, start_mhz, idle)
+        shares = window_shares(units, where, res.time_breakdown, lag_s, idle)
         for w in res.energy_windows:
             rows.append(
                 WindowRow(
@@ -307,7 +305,6 @@ class Parallel3D:
         self,
         results: list[ProfilingResult],
         frequencies: dict[int, list[tuple[str, int]]] | None = None,
-        previous: dict[int, list[tuple[str, int]]] | None = None,
     ) -> RoundMeasurement | None:
         """Aggregate one round's results (None when a rank did not report).
 
@@ -333,9 +330,7 @@ class Parallel3D:
             numbers = self._rank_numbers(info, res)
             per_rank[info.rank] = numbers
             if frequencies is not None and info.rank in frequencies:
-                before = (previous or {}).get(info.rank)
-                start_mhz = int(before[-1][1]) if before else None
-                rows, times, landing = self._units(info, res, frequencies[info.rank], start_mhz)
+                rows, times, landing = self._units(info, res, frequencies[info.rank])
                 unit_time[info.rank] = times
                 if landing:
                     landing_only[info.rank] = landing

@@ -105,8 +105,6 @@ class PipelineScheduler(FrequencyScheduler):
         self._observed = False
         self._issued_frequencies: dict[int, list[tuple[str, int]]] = {}
         """Per rank, the (kind, MHz) list of the round last issued."""
-        self._previous_frequencies: dict[int, list[tuple[str, int]]] = {}
-        """The same of the round issued before it (whose last clocks a round starts at)."""
 
     @classmethod
     def check_job(cls, job_info: JobInfo, args: SchedulerArgs) -> None:
@@ -154,7 +152,6 @@ class PipelineScheduler(FrequencyScheduler):
         overrides = self.pipeline_overrides()
         self._issued, self._observed = True, False
         schedules = self.parallel.schedules_for(plan, overrides, steps=self.round_steps())
-        self._previous_frequencies = self._issued_frequencies
         self._issued_frequencies = {s.rank: s.frequencies for s in schedules}
         return schedules
 
@@ -169,11 +166,7 @@ class PipelineScheduler(FrequencyScheduler):
         self._observed = True
         complete = all(has_breakdowns(r) for r in profiling_results)
         measurement = (
-            self.parallel.measure(
-                profiling_results, self._issued_frequencies, self._previous_frequencies
-            )
-            if complete
-            else None
+            self.parallel.measure(profiling_results, self._issued_frequencies) if complete else None
         )
         self.on_measurement(measurement, profiling_results)
 

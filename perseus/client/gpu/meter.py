@@ -124,9 +124,16 @@ class EnergyReader:
             return (self.read_mj() - start_mj) / 1000.0
         return self._gpu.power_usage_mw() / 1000.0 * duration_s
 
-    def close_round(self, record: RoundRecord, num_indices: int) -> list[EnergyWindow] | None:
+    def close_round(
+        self, record: RoundRecord, num_indices: int, *, settle_s: float = 0.0
+    ) -> list[EnergyWindow] | None:
         """The round cut at the counter's refreshes (None without a watcher); with a
-        periodic counter, also spreads the round's mean power over its steps."""
+        periodic counter, also spreads the round's mean power over its steps.
+
+        The windows begin `settle_s` (the GPU's measured clock switch) after the round's
+        first instruction started: the clock change the round starts with is made once,
+        and its seconds at the last round's clock would be charged to every window of the
+        round (`perseus.schedulers.measurement.window_shares`)."""
         poller = self._poller
         if poller is None:
             return None
@@ -139,11 +146,14 @@ class EnergyReader:
             self._poller = None
             return None
         ticks = poller.ticks(record.start_s, record.end_s)
+        start_s = record.start_s
+        if record.intervals and settle_s > 0:
+            start_s = max(start_s, record.intervals[0][1] + settle_s)
         windows = energy_windows(
             ticks,
             record.intervals,
             num_indices,
-            start_s=record.start_s,
+            start_s=start_s,
             end_s=record.end_s,
         )
         poller.forget(record.end_s - 1.0)

@@ -146,8 +146,11 @@ class RankGPU:
         return timing
 
     def close_round(self, record: RoundRecord, num_indices: int) -> list[EnergyWindow] | None:
-        """The round's energy windows (`EnergyReader.close_round`)."""
-        return self._meter.close_round(record, num_indices) if self._meter is not None else None
+        """The round's energy windows (`EnergyReader.close_round`), from when the clock
+        change the round starts with has landed."""
+        if self._meter is None:
+            return None
+        return self._meter.close_round(record, num_indices, settle_s=self.switch_latency_s or 0.0)
 
     def stop(self) -> None:
         """Stop the counter's watcher, the emulator, the timing and the frequency controller

@@ -307,14 +307,19 @@ def test_windows_charge_seconds_run_before_a_change_lands_to_the_previous_clock(
     tb = {"forward": [[0.02, 0.008]] * 3, "backward": [[0.03, 0.02]] * 3}
     shares = window_shares(units, where, tb, 0.015)
     assert shares[1] == [(units[1], 1.0)] and shares[3] == [(units[3], 1.0)]
-    assert shares[0] == [((0, "forward", 810), 0.75), (units[0], 0.25)]
     assert shares[2] == [((0, "backward", 1410), 0.5), (units[2], 0.5)]
     assert window_shares(units, where, tb, 0.0) == [[(u, 1.0)] for u in units]
-    # The round began at 510 MHz (the last round's last clock): its first forward ran its
-    # first 15 ms there, a third of that index's seconds over the round's three iterations.
-    first = window_shares(units, where, tb, 0.015, start_mhz=510)[0]
-    assert first[0] == ((0, "forward", 510), pytest.approx(0.25))
-    assert first[1] == ((0, "forward", 810), pytest.approx(0.5))
+    # The round's first forward lands the change the round starts with, made once: its
+    # first 15 ms are in no window (the rank's windows begin once it landed) and count for
+    # no clock. The next two iterations' first forwards land the backwards' 810 MHz for
+    # 15 ms each: 30 of the 45 ms the windows hold.
+    assert shares[0] == [
+        ((0, "forward", 810), pytest.approx(2 / 3)),
+        (units[0], pytest.approx(1 / 3)),
+    ]
+    # A round whose only change is its first: every window second is the unit's own.
+    same = [(0, "forward", 810), (0, "forward", 810), (0, "backward", 810), (0, "backward", 810)]
+    assert window_shares(same, where, tb, 0.015) == [[(u, 1.0)] for u in same]
     # 1 ms forwards: both run wholly before the change lands, at the backwards' clock.
     short = {"forward": [[0.001, 0.001]] * 3, "backward": [[0.03, 0.02]] * 3}
     assert window_shares(units, where, short, 0.015)[1] == [((0, "forward", 810), 1.0)]

@@ -105,3 +105,33 @@ def test_a_ranks_facts_carry_its_gpus_power_limit_and_idle_power() -> None:
         assert facts.power_limit_w is None and facts.idle_power_w is None
     finally:
         side.stop()
+
+
+def test_a_rounds_windows_begin_once_its_first_clock_change_has_landed() -> None:
+    """The change a round starts with is made once: its seconds at the last round's clock
+    would be charged to every window of the round. The windows begin the GPU's switch
+    latency after the round's first instruction started, so that instruction, run wholly
+    inside the switch, is in none of them; without a latency it is."""
+    from perseus.client.gpu.rounds import RoundRecord
+
+    gpu = EmulatedGPU(0, sensors="ideal")  # a continuous counter: a window every ~20 ms
+    reader = EnergyReader(gpu, rank=0)
+    try:
+        record = RoundRecord(0, lambda _: None)
+        record.start_s = time.perf_counter()
+        time.sleep(0.03)
+        record.interval(0, record.start_s, time.perf_counter())
+        time.sleep(0.05)
+        second = time.perf_counter()
+        time.sleep(0.03)
+        record.interval(1, second, time.perf_counter())
+        time.sleep(0.1)
+        record.end_s = time.perf_counter()
+        plain = reader.close_round(record, 2)
+        settled = reader.close_round(record, 2, settle_s=0.04)
+        assert plain and settled
+        assert sum(w.busy_s[0] for w in plain) > 0.01
+        assert sum(w.busy_s[0] for w in settled) == 0.0
+        assert sum(w.busy_s[1] for w in settled) == pytest.approx(0.03, abs=0.005)
+    finally:
+        reader.close()
