@@ -101,6 +101,11 @@ class Ranks:
         self.prev = [(0.0, float(g.total_energy_mj())) for g in self.gpus]
         self.ticks: list[list[Tick]] = [[] for _ in schedule.orders]
         self.now_s = 0.0
+        self.last_span_s = (0.0, 0.0)
+        """The last round's span: its first step's start, its last step's end."""
+        self.last_drawn_j = 0.0
+        """The energy the GPUs drew over `last_span_s` (and the exchange before it),
+        exactly: power after work stops and drift included (`EmulatedGPU.drawn_energy_j`)."""
         self._rng = np.random.default_rng(seed)
         self.idle_w = [self._measure_idle(r) for r in range(len(self.gpus))]
         """Each GPU's idle power as its rank measures it at start (`EnergyReader`): the
@@ -167,6 +172,9 @@ class Ranks:
         intervals: list[list[tuple[int, float, float]]] = [[] for _ in self.schedule.orders]
         durations: list[list[list[tuple[str, float]]]] = [[] for _ in self.schedule.orders]
         start = max(self.now_s, 0.45) + EXCHANGE_S
+        # Read before the round: a meter folds old work into one figure, after which it
+        # can no longer tell the energy drawn up to a past time.
+        drawn_before_j = sum(g.drawn_energy_j(start) for g in self.gpus)
         true_j = 0.0
         for _ in range(steps):
             finish = [0.0] * len(self._order)
@@ -197,9 +205,12 @@ class Ranks:
                 marks[r].append(end)
             start = end + STEP_GAP_S
         self.now_s = start
+        self.last_span_s = (marks[0][0], end)
         results = []
+        drawn_after_j = 0.0
         for r, gpu in enumerate(self.gpus):
             counter = self._replay(r, events[r], marks[r])
+            drawn_after_j += gpu.drawn_energy_j(end)
             iter_time = [b - a for a, b in zip(marks[r][::2], marks[r][1::2], strict=True)]
             iter_energy = [
                 max(0.0, (b - a) / 1000) for a, b in zip(counter[::2], counter[1::2], strict=True)
@@ -217,11 +228,14 @@ class Ranks:
                             if k == kind
                         ]
                     )
+            # As a rank does (`EnergyReader.close_round`): the windows begin once the clock
+            # change the round starts with has landed.
+            first = intervals[r][0][1] if intervals[r] else marks[r][0]
             windows = energy_windows(
                 self.ticks[r],
                 intervals[r],
                 len(freqs[r]),
-                start_s=marks[r][0],
+                start_s=max(marks[r][0], first + self.switch_latency_s),
                 end_s=marks[r][-1],
             )
             self.ticks[r] = self.ticks[r][-2:]
@@ -238,9 +252,12 @@ class Ranks:
             )
             idle = sum(iter_time) - sum(t for instrs in durations[r] for _, t, _ in instrs)
             true_j += idle * gpu.idle_power_w  # the model's figure, before decay or drift
+        self.last_drawn_j = drawn_after_j - drawn_before_j
         return results, true_j
 
-    def _switching(self, r: int, stage: int, kind: str, f: int, begin: float) -> tuple[float, float]:
+    def _switching(
+        self, r: int, stage: int, kind: str, f: int, begin: float
+    ) -> tuple[float, float]:
         """(time, energy) of an instruction of rank `r` at clock `f` that begins at `begin`
         (seconds of the job's time): a change asked for then lands `switch_latency_s` later,
         counted in time, not in the rank's busy seconds; until it lands the work runs at the

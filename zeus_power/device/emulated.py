@@ -166,6 +166,13 @@ class EmulatedGPU(GPU):
         """Power with nothing running."""
         return self.spec.idle_power_w
 
+    def drawn_energy_j(self, t_s: float | None = None) -> float:
+        """The energy this GPU has drawn from its start to `t_s` (default: now), exactly:
+        the truth behind its counter, with the power after work stops and the drift but no
+        refresh, sampling or noise. For tests and benchmarks; no real GPU shows it."""
+        with self._lock:
+            return float(self._meter.exact_j(self._clock() if t_s is None else t_s))
+
     @property
     def p2p_block_power_w(self) -> float:
         """Power while blocked on peer-to-peer communication."""
