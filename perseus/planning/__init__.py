@@ -15,9 +15,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "AfterWork",
     "Frontier",
     "FrontierPoint",
     "PipelineProblem",
+    "after_work_energy_j",
     "all_max_plan",
     "calibrate_hop_latency",
     "check_frontier_memory",
@@ -35,8 +37,10 @@ __all__ = [
 
 _FRONTIER = {"Frontier", "FrontierPoint", "check_frontier_memory", "solve_frontier"}
 _HOPS = {"calibrate_hop_latency", "hop_times"}
+_AFTER_WORK = {"AfterWork", "after_work_energy_j"}
 
 if TYPE_CHECKING:
+    from perseus.planning.after_work import AfterWork, after_work_energy_j
     from perseus.planning.choice import choose_index
     from perseus.planning.frontier import (
         Frontier,
@@ -63,6 +67,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if name == "choose_index":
         module = "choice"
+    elif name in _AFTER_WORK:
+        module = "after_work"
     else:
         module = "frontier" if name in _FRONTIER else "hops" if name in _HOPS else "problem"
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)

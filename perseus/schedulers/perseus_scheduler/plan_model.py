@@ -41,7 +41,7 @@ from perseus.schedulers.perseus_scheduler.costs import (
 )
 
 if TYPE_CHECKING:
-    from perseus.planning import Frontier
+    from perseus.planning import AfterWork, Frontier
     from perseus.schedulers.perseus_scheduler.stage_clocks import StageLimits
 
 __all__ = [
@@ -181,6 +181,9 @@ class PlanModel:
         self.per_stage: StageLimits | None = None
         """What a job whose plans are per-stage constant clocks aims at (`solve_per_stage`);
         None: per-instruction plans (the solver's frontier)."""
+        self.after_work: AfterWork | None = None
+        """What the GPUs draw after their work stops, as the profile's fit found it: counted
+        in every plan's predicted saving (`predicted`); None: nothing."""
 
     @classmethod
     def calibrated(
@@ -274,9 +277,25 @@ class PlanModel:
         return cached[2]
 
     def predicted(self, plan: Plan) -> tuple[float, float]:
-        """(saving, slowdown) of `plan` against all-max, both scored by the same model."""
+        """(saving, slowdown) of `plan` against all-max, both scored by the same model, the
+        energy the GPUs draw after their work stops (`after_work`) counted in both."""
         base = self.all_max()
-        return 1.0 - plan.energy / base.energy, plan.iteration_time / base.iteration_time - 1.0
+        energy = plan.energy + self.after_work_j(plan)
+        base_energy = base.energy + self.after_work_j(base)
+        return 1.0 - energy / base_energy, plan.iteration_time / base.iteration_time - 1.0
+
+    def after_work_j(self, plan: Plan) -> float:
+        """The energy above blocking `plan`'s GPUs draw after their instructions stop, per
+        iteration (`perseus.planning.after_work`; 0 without `after_work`)."""
+        after = self.after_work
+        if after is None or after.is_empty():
+            return 0.0
+        from perseus.planning import after_work_energy_j, pipeline_problem
+
+        problem = pipeline_problem(
+            self._profile(), self.pipeline, plan.p2p_power, hop_latency_s=plan.hop_latency
+        )
+        return after_work_energy_j(problem, plan.stage_frequencies(), after)
 
     def solve_request(
         self, out_dir: Path, *, memory_budget_bytes: int | None = None

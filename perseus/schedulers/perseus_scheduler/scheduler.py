@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import statistics
@@ -50,7 +51,7 @@ from perseus.settings import PerseusSettings
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from perseus.planning import Frontier
+    from perseus.planning import AfterWork, Frontier
     from perseus.schedulers.sweep.instruction_sweep import InstructionSweep
 
 __all__ = ["DEFAULT_P2P_POWER_W", "Perseus", "PerseusArgs", "PerseusPhase"]
@@ -500,6 +501,7 @@ class Perseus(PlanningScheduler):
             baseline_time_s=base_t,
             rounds=self.progress.sweep_rounds,
         )
+        model.after_work = self._after_work()
         self.promise.costs_known(model.costs)
         problems = profile_problems(
             profile, switch_latency_s=model.costs.switch_latency_s, per_stage=self.per_stage
@@ -584,6 +586,29 @@ class Perseus(PlanningScheduler):
         """The job ended, failed or was evicted, or the coordinator shuts down: stop its
         frontier solve (`Deployer.close`). Quick: called on the event loop."""
         self.deployer.close()
+
+    def _after_work(self) -> AfterWork | None:
+        """What the GPUs draw after their work stops, as the profile's fit found it: from the
+        sweep, else (a restarted coordinator) from the job's ``profiling.json``; None when
+        neither says (an unreadable figure is logged and left out)."""
+        from perseus.planning import AfterWork
+
+        if self.sweep is not None:
+            shares = self.sweep.estimates.after_work_shares()
+            return AfterWork(shares) if shares else None
+        path = self.job_dir.profiling
+        try:
+            data = json.loads(path.read_text()).get("after_work_shares") if path.exists() else None
+            return AfterWork.from_json(data) if data else None
+        except (OSError, ValueError, AttributeError) as exc:
+            logger.warning(
+                "Job %s: the after-work shares in %s are unreadable (%s): predicted savings "
+                "leave the power after work stops out",
+                self.job_info.job_id,
+                path,
+                exc,
+            )
+            return None
 
     def _scoring(self) -> PlanModel:
         """The plan model (`PlanError` before profiling is complete)."""
@@ -817,6 +842,7 @@ class Perseus(PlanningScheduler):
         self.model = PlanModel.of_plan(
             self.job_info.job_id, self.pipeline, self.profile, plan, self.job_dir.frontier
         )
+        self.model.after_work = self._after_work()
         self.sweep = None
         self.phase = PerseusPhase.DEPLOYED
         state = self.promise.load()

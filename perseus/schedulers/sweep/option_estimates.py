@@ -153,6 +153,26 @@ class SweepEstimates:
                 else:
                     se[freq] = math.inf
 
+    def after_work_shares(self) -> dict[int, list[float]]:
+        """'windows': per pipeline rank, the fitted share of an instruction's power above
+        blocking its GPUs still draw in each band after work stops (`GPUFit.decay`; the mean
+        over the GPUs of the first data-parallel pipeline), for the plans' predicted
+        savings (`perseus.planning.after_work`). Empty without a fit."""
+        if not self.windows:
+            return {}
+        fits = self.regression.fit()
+        first_dp = min((r.dp_rank for r in self._scheduler.rank_infos), default=0)
+        per_rank: dict[int, list[list[float]]] = {}
+        for info in self._scheduler.rank_infos:
+            fit = fits.get(info.rank)
+            if info.dp_rank != first_dp or fit is None or not fit.decay:
+                continue
+            per_rank.setdefault(info.pp_rank, []).append(fit.decay)
+        return {
+            pp: [statistics.fmean(band) for band in zip(*shares, strict=False)]
+            for pp, shares in sorted(per_rank.items())
+        }
+
     def block_power_w(self) -> float | None:
         """'windows': the median over GPUs of the fitted blocking power (None: no fit)."""
         fits = self.regression.fit()
@@ -225,4 +245,5 @@ class SweepEstimates:
             "energy_se_median": statistics.median(rel) if rel else None,
             "energy_se_max": rel[-1] if rel else None,
             "left_out": self.left_out,
+            "after_work_shares": {str(pp): s for pp, s in self.after_work_shares().items()},
         }

@@ -254,6 +254,33 @@ def test_a_restarted_coordinator_re_arms_the_guard_from_the_dump(tmp_path):
     assert checks[0]["round"] > saved["round"]  # round numbers go on
 
 
+def test_a_restarted_coordinator_predicts_with_the_power_after_work_stops_it_found(
+    tmp_path, caplog
+):
+    """The shares of power the GPUs draw after their work stops, which the profile's fit
+    found, are in the job's ``profiling.json``; a restarted coordinator scores plans with
+    them as the one before did, and one that cannot read them says so and leaves them out."""
+    from perseus.planning import AfterWork
+
+    c = cluster()
+    s = scheduler(c, tmp_path, dump_data=True, **_plan_args(c, tmp_path))
+    run_rounds(s, c, 8)
+    assert s.phase is PerseusPhase.DEPLOYED and s.model is not None
+    plain, _ = s.model.predicted(s.chosen)
+    shares = {str(r): [0.9, 0.5, 0.1] for r in range(S)}
+    s.job_dir.profiling.write_text(json.dumps({"rounds": 3, "after_work_shares": shares}))
+    r = scheduler(c, tmp_path, dump_data=True, **_plan_args(c, tmp_path))
+    r.resume(s.chosen)
+    assert r.model is not None and r.model.after_work == AfterWork.from_json(shares)
+    with_tails, _ = r.model.predicted(s.chosen)
+    assert with_tails != pytest.approx(plain, abs=1e-4)  # the bubbles' decay is saved too
+    s.job_dir.profiling.write_text(json.dumps({"after_work_shares": {"0": [7.0]}}))
+    again = scheduler(c, tmp_path, dump_data=True, **_plan_args(c, tmp_path))
+    again.resume(s.chosen)
+    assert again.model is not None and again.model.after_work is None
+    assert "after-work shares" in caplog.text and "unreadable" in caplog.text
+
+
 def test_a_dump_without_the_guards_state_re_measures_all_max_then_checks(tmp_path):
     c = cluster()
     s = scheduler(c, tmp_path, dump_data=True, **_plan_args(c, tmp_path))
