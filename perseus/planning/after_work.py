@@ -33,23 +33,31 @@ if TYPE_CHECKING:
 
 __all__ = ["AfterWork", "after_work_energy_j"]
 
+_ROUNDING = 1e-9
+"""How far off [0, 1] a share may be and still be one: a bounded least-squares fit returns
+its bounds give or take rounding."""
+
 
 @dataclass(frozen=True)
 class AfterWork:
     """Per pipeline rank, the share of an instruction's power above blocking its GPU draws in
-    each band of idle time after it (`AFTER_WORK_EDGES_S`), each in [0, 1]."""
+    each band of idle time after it (`AFTER_WORK_EDGES_S`), each in [0, 1]; a share off that
+    range by no more than rounding (`_ROUNDING`: a bounded fit's −2e-19) is put on it."""
 
     shares: Mapping[int, Sequence[float]]
 
     def __post_init__(self) -> None:
+        clipped: dict[int, list[float]] = {}
         for rank, shares in self.shares.items():
             if len(shares) > len(AFTER_WORK_EDGES_S) or not all(
-                math.isfinite(s) and 0.0 <= s <= 1.0 for s in shares
+                math.isfinite(s) and -_ROUNDING <= s <= 1.0 + _ROUNDING for s in shares
             ):
                 raise ValueError(
                     f"pipeline rank {rank}: after-work shares must be at most "
                     f"{len(AFTER_WORK_EDGES_S)} numbers in [0, 1], got {list(shares)!r}"
                 )
+            clipped[rank] = [min(max(float(s), 0.0), 1.0) for s in shares]
+        object.__setattr__(self, "shares", clipped)
 
     def is_empty(self) -> bool:
         """No GPU draws anything after its work stops (no share above 0)."""

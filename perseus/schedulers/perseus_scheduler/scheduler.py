@@ -593,10 +593,19 @@ class Perseus(PlanningScheduler):
         neither says (an unreadable figure is logged and left out)."""
         from perseus.planning import AfterWork
 
+        path = self.job_dir.profiling
         if self.sweep is not None:
             shares = self.sweep.estimates.after_work_shares()
-            return AfterWork(shares) if shares else None
-        path = self.job_dir.profiling
+            try:
+                return AfterWork(shares) if shares else None
+            except ValueError as exc:  # never a reason to fail the job: leave them out
+                logger.warning(
+                    "Job %s: the fitted after-work shares are unusable (%s): predicted savings "
+                    "leave the power after work stops out",
+                    self.job_info.job_id,
+                    exc,
+                )
+                return None
         try:
             data = json.loads(path.read_text()).get("after_work_shares") if path.exists() else None
             return AfterWork.from_json(data) if data else None

@@ -98,6 +98,8 @@ def test_the_power_after_work_stops_is_what_the_static_accounting_misses(setup, 
 def test_after_work_shares_are_bounded_and_round_trip():
     after = AfterWork({0: [0.9, 0.4, 0.1], 2: [0.5]})
     assert AfterWork.from_json(after.to_json()) == AfterWork({0: [0.9, 0.4, 0.1], 2: [0.5]})
+    # A bounded fit's shares are its bounds give or take rounding (seen: -2.2e-19).
+    assert AfterWork({1: [0.0, -2.2e-19, 1 + 1e-12]}).shares == {1: [0.0, 0.0, 1.0]}
     for bad in ({0: [1.5]}, {0: [-0.1]}, {0: [math.nan]}, {0: [0.1, 0.1, 0.1, 0.1]}):
         with pytest.raises(ValueError, match="shares"):
             AfterWork(bad)
