@@ -228,15 +228,13 @@ class Ranks:
                             if k == kind
                         ]
                     )
-            # As a rank does (`EnergyReader.close_round`): the windows begin once the clock
-            # change the round starts with has landed.
-            first = intervals[r][0][1] if intervals[r] else marks[r][0]
             windows = energy_windows(
                 self.ticks[r],
                 intervals[r],
                 len(freqs[r]),
-                start_s=max(marks[r][0], first + self.switch_latency_s),
+                start_s=marks[r][0],
                 end_s=marks[r][-1],
+                settle_s=self.switch_latency_s,  # as a rank does (`EnergyReader.close_round`)
             )
             self.ticks[r] = self.ticks[r][-2:]
             results.append(

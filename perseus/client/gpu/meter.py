@@ -130,10 +130,8 @@ class EnergyReader:
         """The round cut at the counter's refreshes (None without a watcher); with a
         periodic counter, also spreads the round's mean power over its steps.
 
-        The windows begin `settle_s` (the GPU's measured clock switch) after the round's
-        first instruction started: the clock change the round starts with is made once,
-        and its seconds at the last round's clock would be charged to every window of the
-        round (`perseus.schedulers.measurement.window_shares`)."""
+        `settle_s`: the GPU's measured clock switch, after which the windows begin
+        (`energy_windows`)."""
         poller = self._poller
         if poller is None:
             return None
@@ -146,15 +144,13 @@ class EnergyReader:
             self._poller = None
             return None
         ticks = poller.ticks(record.start_s, record.end_s)
-        start_s = record.start_s
-        if record.intervals and settle_s > 0:
-            start_s = max(start_s, record.intervals[0][1] + settle_s)
         windows = energy_windows(
             ticks,
             record.intervals,
             num_indices,
-            start_s=start_s,
+            start_s=record.start_s,
             end_s=record.end_s,
+            settle_s=settle_s,
         )
         poller.forget(record.end_s - 1.0)
         if poller.period_s:

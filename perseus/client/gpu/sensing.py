@@ -281,6 +281,7 @@ def energy_windows(
     *,
     start_s: float,
     end_s: float,
+    settle_s: float = 0.0,
     min_window_s: float = 0.02,
     tail: float = SAMPLED_TAIL,
     max_windows: int = MAX_WINDOWS,
@@ -292,11 +293,17 @@ def energy_windows(
         intervals: ``(index, start, end)`` of every instruction run, index in the rank's
             iteration order (0 .. `num_indices` − 1), times on the ticks' clock.
         start_s, end_s: The round's span; windows lie inside it.
+        settle_s: The GPU's clock switch: the windows begin this long after the first
+            instruction started. The clock change a round starts with is made once, and
+            its seconds at the last round's clock would otherwise be charged to every window
+            of the round (`perseus.schedulers.measurement.window_shares`).
         min_window_s: Consecutive refreshes closer than this are merged into one window
             (a continuous counter is read every few ms); raised so that at most
             `max_windows` windows come out.
         tail: The share of each refresh period whose busy seconds go to `tail_busy_s`.
     """
+    if intervals and settle_s > 0:
+        start_s = max(start_s, min(a for _, a, _ in intervals) + settle_s)
     ticks = periodic_ticks([k for k in ticks if start_s <= k.time_s <= end_s])
     bounds = [k for k in ticks if k.precise]
     if len(bounds) < 2:

@@ -594,27 +594,19 @@ class Perseus(PlanningScheduler):
         from perseus.planning import AfterWork
 
         path = self.job_dir.profiling
-        if self.sweep is not None:
-            shares = self.sweep.estimates.after_work_shares()
-            try:
+        where = "the fit" if self.sweep is not None else str(path)
+        try:  # never a reason to fail the job: unusable shares are left out
+            if self.sweep is not None:
+                shares = self.sweep.estimates.after_work_shares()
                 return AfterWork(shares) if shares else None
-            except ValueError as exc:  # never a reason to fail the job: leave them out
-                logger.warning(
-                    "Job %s: the fitted after-work shares are unusable (%s): predicted savings "
-                    "leave the power after work stops out",
-                    self.job_info.job_id,
-                    exc,
-                )
-                return None
-        try:
             data = json.loads(path.read_text()).get("after_work_shares") if path.exists() else None
             return AfterWork.from_json(data) if data else None
         except (OSError, ValueError, AttributeError) as exc:
             logger.warning(
-                "Job %s: the after-work shares in %s are unreadable (%s): predicted savings "
+                "Job %s: the after-work shares from %s are unreadable (%s): predicted savings "
                 "leave the power after work stops out",
                 self.job_info.job_id,
-                path,
+                where,
                 exc,
             )
             return None
