@@ -90,6 +90,8 @@ class JobResult:
     """The same plan's saving on the truth's static figures (each instruction's time and
     power, idle power whenever no instruction runs): no power after work stops."""
     guard_phase: str | None = None
+    worst_row: dict[str, Any] | None = None
+    """The row of the largest energy error: its key, estimate, stated error and truth."""
     wall_s: float = 0.0
     failed: str | None = None
 
@@ -208,6 +210,17 @@ def run_job(job: JobShape, args: argparse.Namespace) -> JobResult:
             t_true, p_true = job.truth(stage, kind, int(f))
             e_true = p_true * t_true
             result.energy_err.append(abs(e / e_true - 1))
+            if result.energy_err[-1] >= max(result.energy_err):
+                result.worst_row = {
+                    "stage": stage,
+                    "kind": str(kind),
+                    "mhz": int(f),
+                    "energy_j": e,
+                    "energy_se_j": profile.energy_se.get((stage, kind, int(f)), 0.0),
+                    "true_energy_j": e_true,
+                    "time_s": t,
+                    "true_time_s": t_true,
+                }
             result.unphysical += not (IDLE_W <= e / t <= LIMIT_W * (1 + 1e-9))
             result.time_err.append(abs(t / t_true - 1))
             s = profile.energy_se.get((stage, kind, int(f)), 0.0)

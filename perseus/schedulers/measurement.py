@@ -8,6 +8,7 @@ the tensor-parallel ranks of the first data-parallel pipeline).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ __all__ = [
     "StageMeasurement",
     "StagePlan",
     "MAX_LANDING_SHARE",
+    "MAX_UNSURE_CLOCK_SHARE",
     "Unit",
     "VirtualStageMeasurement",
     "WindowRow",
@@ -24,6 +26,7 @@ __all__ = [
     "measured_unit_time",
     "round_unit_times",
     "unit_time",
+    "unsure_clock_share",
     "window_shares",
 ]
 
@@ -37,6 +40,12 @@ when at most this share of its time was within the landing: its time is then its
 within 0.1 % × the clocks' ratio (under 0.6 % between an A100's highest and lowest clocks).
 A change that lands in microseconds (the emulator without a switching latency; a GPU whose
 driver applies clocks at once) leaves every millisecond instruction clear of it."""
+
+MAX_UNSURE_CLOCK_SHARE = 0.02
+"""A rank's energy windows of a round count for the power fit only while at most this share
+of its busy seconds ran at a clock that cannot be known (`unsure_clock_share`): charged to a
+clock the GPU may not have run, they would move a row's power by up to this share times
+the power between two clocks (under 1 % of the row)."""
 
 
 @dataclass(frozen=True)
@@ -176,11 +185,13 @@ def _instruction_runs(
     time_breakdown: dict[str, list[list[float]]],
     lag_s: float,
     idle_before_s: Sequence[float] | None = None,
-) -> Iterator[tuple[int, float, float, int, bool]]:
+) -> Iterator[tuple[int, float, float, int, bool, float]]:
     """Every instruction of a round's iterations, in order: (its index in the order, its
     time, the wall seconds since the last clock change began when it started (it ran clear
-    of the change from `lag_s` on), the clock in force before that change, and whether that
-    change is the one at the round's start). A change begins at the start of the round's
+    of the change from `lag_s` on), the clock in force before that change, whether that
+    change is the one at the round's start, and, where the instruction begins a change
+    within the round, the wall seconds the change before it had had to land (else
+    infinity)). A change begins at the start of the round's
     first instruction (the clocks may have changed since the last round; the clock before
     is then taken as this iteration's last) and of every instruction whose clock differs
     from the one before (wrapping around the iteration): a rank asks for an instruction's
@@ -208,13 +219,15 @@ def _instruction_runs(
         for index, t in enumerate(durations):
             if t is None:
                 continue
+            previous_s = math.inf
             if it == 0 and index == 0:
                 since, before = 0.0, units[-1][2]
             elif units[index][2] != units[index - 1][2]:
+                previous_s = since + (gaps[index] if gaps is not None else 0.0)
                 since, before, at_start = 0.0, units[index - 1][2], False
             elif gaps is not None:
                 since += gaps[index]
-            yield index, t, since, before, at_start
+            yield index, t, since, before, at_start, previous_s
             since += t
 
 
@@ -266,7 +279,7 @@ def _clear_and_all(
     clean: dict[Unit, list[float]] = {}
     every: dict[Unit, list[float]] = {}
     runs = _instruction_runs(units, where, time_breakdown, lag_s, idle_before_s)
-    for index, t, since, _, _ in runs:
+    for index, t, since, _, _, _ in runs:
         unit = units[index]
         landing_s = min(max(lag_s - since, 0.0), t)
         for acc in (every, clean) if landing_s <= MAX_LANDING_SHARE * t else (every,):
@@ -289,6 +302,39 @@ def landing_only_units(
     alternates run at different clocks and last less than the switch, the GPU may never
     have run the unit's clock at all, and its time says nothing about that clock."""
     return round_unit_times(units, where, time_breakdown, lag_s, idle_before_s)[1]
+
+
+def unsure_clock_share(
+    units: list[Unit],
+    where: dict[str, list[int]],
+    time_breakdown: dict[str, list[list[float]]],
+    lag_s: float,
+    idle_before_s: Sequence[float] | None = None,
+) -> float:
+    """The share of a round's busy seconds that ran while a clock change landed which was
+    asked for before the change before it had landed (`lag_s`, the rank's measured switch
+    latency; `idle_before_s` as in `_instruction_runs`).
+
+    Which clock a GPU runs then is not something the rank can know: the one asked for just
+    before (as `window_shares` charges a landing), or, if a GPU restarts its switch when
+    asked again, the last one that landed, several changes back (the emulator does so). Where
+    a rank alternates kinds at different clocks and its instructions are shorter than its
+    switch, every change is such a one, and most of its seconds are unsure: charged to
+    either clock, they would pull the rows towards another clock's power (on the fidelity
+    family with 10–20 ms switches, a per-row energy error of 5.5 % median and 30 % at p95 on a
+    job where it was 0.8 / 3.4 % with clocks that land at once)."""
+    if lag_s <= 0:
+        return 0.0
+    unsure = total = 0.0
+    superseding = False  # the change landing now was asked for before the one before landed
+    runs = _instruction_runs(units, where, time_breakdown, lag_s, idle_before_s)
+    for _, t, since, _, _, previous_s in runs:
+        if math.isfinite(previous_s):
+            superseding = previous_s < lag_s
+        if superseding:
+            unsure += min(max(lag_s - since, 0.0), t)
+        total += t
+    return unsure / total if total > 0 else 0.0
 
 
 def window_shares(
@@ -320,7 +366,7 @@ def window_shares(
     old_s: list[dict[int, float]] = [{} for _ in units]  # per previous clock
     total_s = [0.0] * len(units)
     runs = _instruction_runs(units, where, time_breakdown, lag_s, idle_before_s)
-    for index, t, since, before, at_start in runs:
+    for index, t, since, before, at_start, _ in runs:
         landing_s = min(max(lag_s - since, 0.0), t)
         if at_start:  # the round's own change: its landing lies before the first window
             total_s[index] += t - landing_s

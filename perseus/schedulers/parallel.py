@@ -49,6 +49,7 @@ from perseus.domain.schedule import PipelineSchedule
 from perseus.errors import ConfigurationError, PlanError, RankError
 from perseus.protocol import FrequencySchedule, JobInfo, ProfilingResult, RankInfo
 from perseus.schedulers.measurement import (
+    MAX_UNSURE_CLOCK_SHARE,
     RoundMeasurement,
     StageMeasurement,
     StagePlan,
@@ -56,6 +57,7 @@ from perseus.schedulers.measurement import (
     VirtualStageMeasurement,
     WindowRow,
     round_unit_times,
+    unsure_clock_share,
     window_shares,
 )
 
@@ -277,7 +279,9 @@ class Parallel3D:
         frequencies: list[tuple[str, int]],
     ) -> tuple[list[WindowRow], dict[Unit, tuple[float, int]], frozenset[Unit]]:
         """One rank's windows, instruction times keyed by (stage, kind, clock), and the
-        units that ran only while a clock change landed (`round_unit_times`)."""
+        units that ran only while a clock change landed (`round_unit_times`). No windows
+        where more than `MAX_UNSURE_CLOCK_SHARE` of the round ran at a clock the rank cannot
+        know (`unsure_clock_share`): they would charge power to clocks the GPU did not run."""
         order = self.schedule.orders[info.pp_rank]
         units = [(i.stage, i.kind, int(f)) for i, (_, f) in zip(order, frequencies, strict=True)]
         where, lag_s = self._occurrence_index[info.pp_rank], info.switch_latency_s or 0.0
@@ -285,6 +289,19 @@ class Parallel3D:
         rows: list[WindowRow] = []
         times, landing = round_unit_times(units, where, res.time_breakdown, lag_s, idle)
         if not res.energy_windows:  # nothing to share out (every round: keep it cheap)
+            return rows, times, landing
+        unsure = unsure_clock_share(units, where, res.time_breakdown, lag_s, idle)
+        if unsure > MAX_UNSURE_CLOCK_SHARE:
+            logger.debug(
+                "Job %s: rank %d's energy windows of this round are left out of the power fit: "
+                "%.0f %% of its busy seconds ran while a clock change landed that was asked for "
+                "before the one before it had (its switch takes %.1f ms), at a clock it cannot "
+                "know",
+                self.job_id,
+                info.rank,
+                unsure * 100,
+                lag_s * 1000,
+            )
             return rows, times, landing
         shares = window_shares(units, where, res.time_breakdown, lag_s, idle)
         for w in res.energy_windows:

@@ -181,9 +181,10 @@ class SweepEstimates:
 
     def annotate(self, rows: list[ProfileRow]) -> list[ProfileRow]:
         """'windows': `rows` marked as estimated, with their standard error. An option whose
-        energy the windows could not tell (a power below `MIN_PLAUSIBLE_POWER_W`) or whose
-        fitted power no GPU can draw (`unphysical`) is left out below the max clock: the plan
-        does without the clock rather than trust it. At the max clock it stays in the rows
+        energy the windows could not tell (a power below `MIN_PLAUSIBLE_POWER_W`, or a fit
+        that found no finite standard error: no window it used separates the row) or whose fitted power no GPU can
+        draw (`unphysical`) is left out below the max clock: the plan does without the clock
+        rather than trust it. At the max clock it stays in the rows
         and `unphysical_at_max` says so (all-max stays)."""
         if not self.windows:
             return rows
@@ -196,7 +197,14 @@ class SweepEstimates:
             why = self.unphysical(r.stage, r.instruction, r.frequency)
             if why is None and (r.energy <= 0 or r.energy < MIN_PLAUSIBLE_POWER_W * r.time):
                 why = "its energy could not be estimated from the counter's refreshes"
+            se = self.energy_se.get((r.stage, r.instruction), {}).get(r.frequency)
             at_max = r.frequency >= top[r.stage, r.instruction]
+            if why is None and not at_max and se is not None and not math.isfinite(se):
+                why = (
+                    "no energy window told its power apart (its clock ran only in rounds "
+                    "whose windows were left out, or always beside another row in one "
+                    "proportion)"
+                )
             if why is not None:
                 left_out.append(
                     {
@@ -209,8 +217,7 @@ class SweepEstimates:
                 )
                 if not at_max:
                     continue
-            se = self.energy_se.get((r.stage, r.instruction), {}).get(r.frequency, math.inf)
-            out.append(r._replace(estimated=True, energy_se=se))
+            out.append(r._replace(estimated=True, energy_se=math.inf if se is None else se))
         if left_out and left_out != self.left_out:
             logger.warning(
                 "Job %s: %d profile row(s) a GPU cannot produce (left out below the max clock): %s",

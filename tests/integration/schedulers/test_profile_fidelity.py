@@ -154,3 +154,23 @@ def test_a_fitted_energy_below_zero_is_left_out_not_fatal(tmp_path):
         (r.stage, r.instruction, r.frequency) for r in kept
     } == {(0, "backward", 540)}
     assert all(r.energy > 0 for r in kept)
+
+
+def test_clock_changes_that_land_late_do_not_bend_the_profile():
+    """Job 2 of seed 0 again, on GPUs whose clock changes land 10–20 ms after they are asked
+    for (as `nvmlDeviceSetGpuLockedClocks` is reported to take; `--switch-latency`) while its
+    instructions last 4.6 ms or more: where a rank alternates kinds at different clocks,
+    every change is asked for before the last one landed, and which clock the GPU then runs
+    is not something a rank can know. Those rounds' windows stay out of the power fit
+    (`perseus.schedulers.measurement.unsure_clock_share`), and the rows no other window
+    separates stay out of the plan. Charged to the clock asked for just before, they put the
+    rows at 5.5 % median, 30 % p95 and 63 % worst energy error, coverage 75 %."""
+    args = bench.parser().parse_args(
+        ["--jobs", "1", "--start", "2", "--switch-latency", "--guard-rounds", "2", "--quiet"]
+    )
+    (result,), fig = bench.run_family(args)
+    assert not result.failed and fig["unphysical"] == 0, result.summary()
+    e = fig["energy_err"]
+    assert e["median"] <= 0.015 and e["p95"] <= 0.04 and e["max"] <= 0.10, (e, result.worst_row)
+    assert fig["coverage"] >= 0.9, fig["coverage"]
+    assert fig["regret"]["0.01"]["median"] <= 0.005, fig["regret"]

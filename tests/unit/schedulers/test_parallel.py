@@ -342,3 +342,77 @@ def test_a_clock_change_lands_in_wall_time_across_idle_gaps():
     assert window_shares(units, where, tb, 0.015)[1] == [((0, "forward", 810), 1.0)]
     # Idle before an instruction that starts a change does not count: it begins there.
     assert clean_unit_times(units, where, tb, 0.015, [0.0, 0.0, 0.050, 0.0]) == busy
+
+
+def test_seconds_landing_a_change_asked_for_before_the_last_one_landed_are_unsure():
+    """With 1 ms forwards and a 15 ms switch, the backwards' change is asked for 2 ms after
+    the forwards': the GPU may still run the clock before both (a GPU that restarts its
+    switch when asked again) or the forwards' (as `window_shares` charges it). The first
+    backward's first 15 ms, in each of the three iterations, are unsure: 45 of 156 ms."""
+    from perseus.schedulers.measurement import unsure_clock_share
+
+    units, where = FFBB, FFBB_WHERE
+    short = {"forward": [[0.001, 0.001]] * 3, "backward": [[0.03, 0.02]] * 3}
+    assert unsure_clock_share(units, where, short, 0.015) == pytest.approx(45 / 156)
+    # Every change lands before the next is asked for (the forwards last 28 ms together).
+    long = {"forward": [[0.02, 0.008]] * 3, "backward": [[0.03, 0.02]] * 3}
+    assert unsure_clock_share(units, where, long, 0.015) == 0.0
+    # A clock that lands at once, or a round with no change but its first: nothing unsure.
+    assert unsure_clock_share(units, where, short, 0.0) == 0.0
+    same = [(0, "forward", 810), (0, "forward", 810), (0, "backward", 810), (0, "backward", 810)]
+    assert unsure_clock_share(same, where, short, 0.015) == 0.0
+    # The GPU waits 20 ms for a peer before the first backward: the forwards' change lands
+    # meanwhile, and the backwards' is an ordinary one (`window_shares` charges it).
+    assert unsure_clock_share(units, where, short, 0.015, [0.0, 0.0, 0.020, 0.0]) == 0.0
+
+
+def _one_rank(switch_latency_s: float) -> Parallel3D:
+    info = RankInfo(
+        rank=0,
+        dp_rank=0,
+        pp_rank=0,
+        tp_rank=0,
+        available_frequencies=[1410, 810],
+        switch_latency_s=switch_latency_s,
+    )
+    job = JobInfo(pp_degree=1, dp_degree=1, tp_degree=1, world_size=1)
+    return Parallel3D(job, [info], make_schedule("1f1b", 1, 2))
+
+
+def test_a_round_run_mostly_at_unsure_clocks_gives_the_power_fit_no_windows():
+    from perseus.protocol import EnergyWindow
+
+    par = _one_rank(0.015)
+    order = par.schedule.orders[0]
+    kinds = [i.kind for i in order]
+    clocks = [("forward", 1410) if k == "forward" else ("backward", 810) for k in kinds]
+    window = EnergyWindow(energy_j=20.0, time_s=0.1, busy_s=[0.02] * len(order))
+
+    def round_with(forward_s: float):
+        result = ProfilingResult(
+            rank=0,
+            iter_time=[0.1] * 3,
+            iter_energy=[20.0] * 3,
+            time_breakdown={
+                "forward": [[forward_s] * kinds.count("forward")] * 3,
+                "backward": [[0.03] * kinds.count("backward")] * 3,
+            },
+            energy_breakdown={
+                "forward": [[1.0] * kinds.count("forward")] * 3,
+                "backward": [[2.0] * kinds.count("backward")] * 3,
+            },
+            energy_windows=[window] * 4,
+        )
+        m = par.measure([result], {0: clocks})
+        assert m is not None
+        return m.windows[0]
+
+    # Each kind lasts longer than the switch: every change lands before the next.
+    assert len(round_with(0.020)) == 4
+    # 1 ms forwards between 30 ms backwards at another clock: each backward's change is
+    # asked for 1 ms after the forward's, a third of the round runs at a clock the rank
+    # cannot know, and no window of the round reaches the fit.
+    assert round_with(0.001) == []
+    # The same round on a GPU whose clocks land at once keeps its windows.
+    par = _one_rank(0.0)
+    assert len(round_with(0.001)) == 4
