@@ -158,6 +158,11 @@ def rescore_faster(
     `max_slowdown`, a candidate must also be within it of the all-max plan scored with the
     same costs: the slowdown the job's report predicts for it never exceeds the budget,
     even where the measured all-max rounds (`limit_s`) ran slower than the model's all-max.
+
+    A candidate that saves nothing against all-max under those costs (the frontier's
+    fastest point is all-max's clocks) is no move: where it is the only one left, None, and
+    the guard falls back, with the fall-back's cool-down and re-deployment, instead of
+    keeping all-max as a deployed plan for good.
     """
     from perseus.planning import all_max_plan, calibrate_hop_latency, make_plan, pipeline_problem
 
@@ -185,20 +190,22 @@ def rescore_faster(
         )
 
     now_s = scored(chosen.stage_frequencies()).iteration_time
+    all_max = all_max_plan(
+        profile,
+        schedule,
+        p2p_power_w,
+        switch_latency_s=new.switch_latency_s,
+        hop_latency_s=new.hop_latency_s,
+    )
     if max_slowdown is not None:
-        all_max = all_max_plan(
-            profile,
-            schedule,
-            p2p_power_w,
-            switch_latency_s=new.switch_latency_s,
-            hop_latency_s=new.hop_latency_s,
-        )
         limit_s = min(limit_s, (1.0 + max_slowdown) * all_max.iteration_time)
     best: Plan | None = None
     for freqs in candidates:
         plan = scored(freqs)
         if plan.iteration_time >= now_s or plan.iteration_time > limit_s:
             continue  # only plans faster than the one that broke its budget, within it
+        if plan.energy >= all_max.energy:
+            continue  # saves nothing: all-max itself, which the guard reaches by falling back
         if best is None or plan.energy < best.energy:
             best = plan
     return best, (new if best is not None else costs)

@@ -91,3 +91,26 @@ def test_a_plan_chosen_after_the_costs_changed_is_within_the_budget_as_rescored(
     # Costs under which no frontier point is within the budget any more: all-max.
     model.costs = replace(costs, hop_latency_s=0.004)
     assert model.choose(max_slowdown=0.01).frequencies == model.all_max().frequencies
+
+
+def test_all_max_is_no_move():
+    """When the only candidate fast enough is all-max's clocks (a CI run's DeepSpeed job,
+    whose re-calibrated hop latency left no slower point within its budget), there is no
+    move: the guard falls back instead, and re-deploys after its cool-down."""
+    profile, schedule, costs, frontier = _setup()
+    chosen = _scored(profile, schedule, costs, frontier.choose(max_slowdown=0.05).frequencies)
+    top = all_max_plan(profile, schedule, P2P_W).stage_frequencies()
+    measured_s = 1.03 * chosen.iteration_time
+    plan, same = rescore_faster(
+        profile, schedule, P2P_W, costs, chosen=chosen, candidates=[top],
+        measured_time_s=measured_s, limit_s=1.2 * chosen.iteration_time,
+    )  # fmt: skip
+    assert plan is None and same == costs
+    # With a candidate that saves, that one is the move.
+    middle = frontier.choose(max_slowdown=0.01).frequencies
+    plan, new = rescore_faster(
+        profile, schedule, P2P_W, costs, chosen=chosen, candidates=[top, middle],
+        measured_time_s=measured_s, limit_s=1.2 * chosen.iteration_time,
+    )  # fmt: skip
+    assert plan is not None and plan.stage_frequencies() == middle
+    assert new.hop_latency_s > costs.hop_latency_s
