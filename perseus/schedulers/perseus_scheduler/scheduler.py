@@ -535,6 +535,13 @@ class Perseus(PlanningScheduler):
                 ],
                 rows_left_out=len(left_out),
             )
+        if self.per_stage:
+            unphysical = [
+                f"stage {c.stage} at {c.freqs[0]} MHz ({c.unphysical_at_max}, read from the "
+                "per-stage rounds: the power drawn after work stops is charged to busy time)"
+                for c in self.stage_curves or []
+                if c.unphysical_at_max is not None
+            ]
         if unphysical:
             problems.append(
                 "the profile's max-clock rows include powers no GPU of the job can draw, which "

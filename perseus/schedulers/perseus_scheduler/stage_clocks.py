@@ -29,7 +29,11 @@ The pieces, in the order the job goes through them:
   is never credited with speed), and its standard error added (`TIME_Z`) so the plan's time
   errs on the slow side; ``P`` never rising as the clock falls (isotonic, weighted by the
   samples). A level whose power is not within the stage's idle power and power limit is
-  left out ("no value a GPU cannot produce").
+  left out ("no value a GPU cannot produce"); at the max clock, which every plan needs, such
+  a power keeps the job at all-max (`StageCurve.unphysical_at_max`): the power its GPUs
+  draw in the bubbles after work stops, which this model charges to busy time, can put a
+  stage of 1 ms instructions above its GPUs' limit, and every plan's accounting would rest
+  on it.
 - `stage_profile`: an `InstructionProfile` scaled per stage: ``t(stage, kind, f) =
   t_max(stage, kind)·r(f)`` and ``e = t·P(f)``. Only sums over a stage's instructions
   matter to a plan that runs them all at one clock, and those are what was measured.
@@ -248,6 +252,10 @@ class StageCurve:
     the busy time's stands for it)."""
     left_out: list[str] = field(default_factory=list)
     """Levels left out, each with why."""
+    unphysical_at_max: str | None = None
+    """Why the max clock's busy power is one the stage's GPUs cannot draw (None: they can).
+    The max clock is never left out (all-max needs it): a job with such a stage keeps
+    all-max (`Perseus._start_solve`)."""
 
     def describe(self) -> str:
         pairs = ", ".join(
@@ -370,6 +378,7 @@ def fit_stage_curves(
         cap = power_cap_w[s] if power_cap_w is not None else None
         keep: list[int] = []
         left_out = []
+        at_max = None
         for k, f in enumerate(kept):
             p = power[k]
             why = None
@@ -383,6 +392,7 @@ def fit_stage_curves(
                 left_out.append(f"{f} MHz ({why})")
             else:
                 keep.append(k)
+                at_max = why if k == 0 else at_max
         curves.append(
             StageCurve(
                 s,
@@ -394,6 +404,7 @@ def fit_stage_curves(
                 [counts[k] for k in keep],
                 {u: [r[k] for k in keep] for u, r in unit_ratio.items()},
                 left_out,
+                at_max,
             )
         )
     return curves

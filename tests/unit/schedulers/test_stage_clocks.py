@@ -139,6 +139,19 @@ def test_a_power_below_the_gpus_idle_leaves_the_level_out():
     assert curves[1].freqs == levels
 
 
+def test_a_busy_power_above_the_limit_at_the_max_clock_is_named_not_dropped():
+    """Stage 0's GPUs are capped below what its rounds read at the top two levels (the power
+    drawn after work stops, charged to busy time, can do that): the lower one is left out,
+    the max clock stays (all-max needs it) and says why, which keeps the job at all-max."""
+    levels = stage_levels(A100_CLOCKS)
+    cap = [busy_power(levels[2]) + 1.0, None, None, None]
+    curves = fit_stage_curves(samples(levels), levels, p2p_power_w=P_BLOCK, power_cap_w=cap)
+    assert curves[0].freqs == [levels[0], *levels[2:]]
+    assert len(curves[0].left_out) == 1 and "limit" in curves[0].left_out[0]
+    assert curves[0].unphysical_at_max is not None and "limit" in curves[0].unphysical_at_max
+    assert all(c.unphysical_at_max is None for c in curves[1:])
+
+
 def test_a_stage_never_measured_at_the_max_clock_keeps_only_the_max():
     levels = stage_levels(A100_CLOCKS)
     some = [x for x in samples(levels) if x.freqs[0] != levels[0]]
