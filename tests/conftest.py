@@ -11,6 +11,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# One OpenBLAS thread per process, set before numpy loads: two xdist workers on two cores,
+# each with OpenBLAS's spinning threads, ran the fidelity family's fits 70x slower beside
+# each other (its fixture 200 s instead of 3 s; part 1 of the suite 421 s instead of ~230).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import pytest
 from paths import SHARED_DATA, TESTS, ci_mode, require_data, require_module
 
