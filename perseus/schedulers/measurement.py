@@ -179,6 +179,12 @@ def measured_unit_time(
     return unit_time(m, stage, kind, freq, fallback_s), not ran
 
 
+def _landing_s(lag_s: float, since_s: float, t: float) -> float:
+    """The seconds of an instruction of `t` seconds, started `since_s` after a change
+    began, that ran before the change landed (`lag_s` after it began)."""
+    return min(max(lag_s - since_s, 0.0), t)
+
+
 def _instruction_runs(
     units: list[Unit],
     where: dict[str, list[int]],
@@ -281,7 +287,7 @@ def _clear_and_all(
     runs = _instruction_runs(units, where, time_breakdown, lag_s, idle_before_s)
     for index, t, since, _, _, _ in runs:
         unit = units[index]
-        landing_s = min(max(lag_s - since, 0.0), t)
+        landing_s = _landing_s(lag_s, since, t)
         for acc in (every, clean) if landing_s <= MAX_LANDING_SHARE * t else (every,):
             total = acc.setdefault(unit, [0.0, 0.0])
             total[0] += t
@@ -332,7 +338,7 @@ def unsure_clock_share(
         if math.isfinite(previous_s):
             superseding = previous_s < lag_s
         if superseding:
-            unsure += min(max(lag_s - since, 0.0), t)
+            unsure += _landing_s(lag_s, since, t)
         total += t
     return unsure / total if total > 0 else 0.0
 
@@ -367,7 +373,7 @@ def window_shares(
     total_s = [0.0] * len(units)
     runs = _instruction_runs(units, where, time_breakdown, lag_s, idle_before_s)
     for index, t, since, before, at_start, _ in runs:
-        landing_s = min(max(lag_s - since, 0.0), t)
+        landing_s = _landing_s(lag_s, since, t)
         if at_start:  # the round's own change: its landing lies before the first window
             total_s[index] += t - landing_s
             continue
